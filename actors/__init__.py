@@ -1,0 +1,33 @@
+"""A small actor runtime on anyio, independent of CDC.
+
+An :class:`Actor` owns its state and handles one message at a time from a bounded
+mailbox. Other code talks to it only through an :class:`ActorRef`:
+
+* ``await ref.tell(msg)`` enqueues and returns; while the mailbox is full it waits.
+  That wait *is* the backpressure of every pipeline built on this runtime.
+* ``await ref.ask(msg, timeout=...)`` enqueues and waits for the value ``receive``
+  returns (or the exception it raised).
+
+Actors are run by :class:`ActorCell`, which is also a supervision child: every start
+builds a fresh actor instance from its factory, so a restart begins from clean state.
+"""
+
+from actors.actor import Actor
+from actors.cell import ActorCell
+from actors.errors import ActorError, ActorStopped, AskTimeout
+from actors.message import message
+from actors.ref import ActorRef
+from actors.snapshot import NodeSnapshot
+from actors.threads import BlockingRunner
+
+__all__ = [
+    "Actor",
+    "ActorCell",
+    "ActorError",
+    "ActorRef",
+    "ActorStopped",
+    "AskTimeout",
+    "BlockingRunner",
+    "NodeSnapshot",
+    "message",
+]

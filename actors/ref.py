@@ -1,0 +1,81 @@
+"""ActorRef: the only handle other code holds on an actor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from actors.errors import ActorStopped, AskTimeout
+from actors.mailbox import Envelope
+
+if TYPE_CHECKING:
+    from actors.cell import ActorCell
+
+
+class ActorRef:
+    """A stable address for an actor across its restarts.
+
+    A restart gives the actor a fresh mailbox; the ref always points at the current
+    one, so holders never need a new ref. While the actor is down, ``tell`` and
+    ``ask`` raise :class:`ActorStopped` instead of queueing into the void.
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def name(self) -> str:
+        return self._cell.name
+
+    @property
+    def mailbox_depth(self) -> int:
+        mb = self._cell.mailbox
+        return mb.depth if mb is not None else 0
+
+    @property
+    def waiting_senders(self) -> int:
+        """How many tellers are blocked on this actor's full mailbox right now."""
+        mb = self._cell.mailbox
+        return mb.waiting_senders if mb is not None else 0
+
+    async def tell(self, message: Any) -> None:
+        """Enqueue ``message``; wait while the mailbox is full (backpressure)."""
+        await self._put(Envelope(message))
+
+    async def ask(self, message: Any, timeout: float | None = 30.0) -> Any:
+        """Enqueue ``message`` and return what ``receive`` returns for it.
+
+        Raises what ``receive`` raised, :class:`AskTimeout` past ``timeout``
+        seconds (waiting for mailbox space counts), or :class:`ActorStopped` if the
+        actor is down or dies before replying.
+        """
+        send, recv = anyio.create_memory_object_stream[tuple[bool, Any]](1)
+        try:
+            with anyio.fail_after(timeout):
+                await self._put(Envelope(message, send))
+                try:
+                    ok, value = await recv.receive()
+                except anyio.EndOfStream:
+                    raise ActorStopped(self.name, "stopped before replying") from None
+        except TimeoutError:
+            raise AskTimeout(self.name, message, timeout or 0.0) from None
+        finally:
+            recv.close()
+        if ok:
+            return value
+        raise value
+
+    async def _put(self, envelope: Envelope) -> None:
+        mailbox = self._cell.mailbox
+        if mailbox is None:
+            raise ActorStopped(self.name)
+        try:
+            await mailbox.put(envelope)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ActorStopped(self.name) from None
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.name!r})"

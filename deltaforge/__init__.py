@@ -1,0 +1,3 @@
+"""deltaforge: change-data-capture on supervised actors."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,250 @@
+"""The Supervisor: starts children, watches them, restarts them by policy."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from actors.snapshot import NodeSnapshot
+from supervision.backoff import Backoff
+from supervision.clock import Clock, MonotonicClock
+from supervision.errors import Fatal, SupervisorFailed
+from supervision.intensity import Intensity, RestartIntensity
+from supervision.spec import ChildSpec, Restart, Strategy
+
+
+@dataclass(eq=False)
+class _Running:
+    """The supervisor's bookkeeping for one child."""
+
+    spec: ChildSpec
+    task: asyncio.Task[None] | None = None
+    generation: int = 0
+    stopping: bool = False
+    state: str = "new"
+    restarts: int = 0
+    last_error: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Exited:
+    running: _Running
+    generation: int
+    error: BaseException | None
+
+
+_STOP = object()
+
+
+def _describe(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    if isinstance(exc, Fatal):
+        return f"fatal: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Supervisor:
+    """Runs children and applies a restart strategy when they end.
+
+    Children run as their own asyncio tasks rather than in a task group: a child
+    that ignores cancellation past its ``shutdown_timeout`` can then be reported
+    and abandoned, and shutdown still completes (a task group would wait forever).
+
+    ``run()`` returns normally when no child is left running (all ended and none
+    is to be restarted) or after :meth:`request_stop`; it raises
+    :class:`SupervisorFailed` when restart intensity is exceeded and re-raises
+    :class:`Fatal` from any child. Either way every child is stopped first, in
+    reverse start order.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        children: Sequence[ChildSpec],
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        intensity: Intensity | None = None,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        names = [c.name for c in children]
+        if len(set(names)) != len(names):
+            raise ValueError(f"supervisor {name!r}: child names must be unique, got {names}")
+        self.name = name
+        self.specs = list(children)
+        self.strategy = strategy
+        self.intensity = intensity or Intensity()
+        self.backoff = backoff or Backoff()
+        self.clock: Clock = clock or MonotonicClock()
+        self.rng = rng or random.Random()
+        self.state = "new"
+        self.last_error: str | None = None
+        self._children = [_Running(spec) for spec in self.specs]
+        self._exits: asyncio.Queue[_Exited | object] | None = None
+        self.log = structlog.get_logger().bind(supervisor=name)
+
+    # -- public ----------------------------------------------------------------
+    async def run(self) -> None:
+        """Start every child in order and supervise until stopped or failed."""
+        self._exits = asyncio.Queue()
+        tracker = RestartIntensity(self.intensity)
+        self.state = "running"
+        try:
+            for child in self._children:
+                self._start(child)
+            while any(c.task is not None for c in self._children):
+                item = await self._exits.get()
+                if item is _STOP:
+                    break
+                assert isinstance(item, _Exited)
+                if item.generation != item.running.generation or item.running.stopping:
+                    continue  # a stale report from an incarnation already replaced
+                await self._on_exit(item, tracker)
+            if self.state == "running":
+                self.state = "stopped"
+        except Fatal as exc:
+            self.state, self.last_error = "fatal", _describe(exc)
+            raise
+        except SupervisorFailed as exc:
+            self.state, self.last_error = "failed", str(exc)
+            raise
+        except BaseException:
+            self.state = "stopped"
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_all()
+
+    def request_stop(self) -> None:
+        """Stop every child (reverse order) and return from ``run()`` normally."""
+        if self._exits is not None:
+            self._exits.put_nowait(_STOP)
+
+    def snapshot(self) -> NodeSnapshot:
+        """This supervisor and everything under it, as the operator sees it."""
+        kids = []
+        for c in self._children:
+            snap = c.spec.child.snapshot()
+            state = snap.state if c.state == "running" else c.state
+            kids.append(
+                dataclasses.replace(
+                    snap, state=state, restarts=c.restarts, last_error=c.last_error or snap.last_error
+                )
+            )
+        return NodeSnapshot(
+            name=self.name,
+            kind="supervisor",
+            state=self.state,
+            last_error=self.last_error,
+            children=tuple(kids),
+        )
+
+    # -- internals -------------------------------------------------------------
+    def _start(self, child: _Running) -> None:
+        child.generation += 1
+        child.stopping = False
+        child.state = "running"
+        child.task = asyncio.create_task(
+            self._watch(child, child.generation), name=f"{self.name}/{child.spec.name}"
+        )
+
+    async def _watch(self, child: _Running, generation: int) -> None:
+        error: BaseException | None = None
+        try:
+            await child.spec.child.run()
+        except asyncio.CancelledError:
+            if child.stopping:
+                raise
+            error = RuntimeError("cancelled from outside its supervisor")
+        except BaseException as exc:  # noqa: BLE001 - a supervisor must see every failure
+            error = exc
+        if not child.stopping and self._exits is not None:
+            self._exits.put_nowait(_Exited(child, generation, error))
+
+    async def _on_exit(self, item: _Exited, tracker: RestartIntensity) -> None:
+        child, error = item.running, item.error
+        child.task = None
+        name = child.spec.name
+        reason = _describe(error)
+        if error is not None:
+            child.last_error = reason
+        if isinstance(error, Fatal):
+            child.state = "fatal"
+            self.log.error("child_fatal", actor=name, reason=error.reason)
+            raise error
+        restart = child.spec.restart
+        if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT and error is None):
+            child.state = "stopped" if error is None else "failed"
+            self.log.info("child_exited", actor=name, reason=reason or "normal", restarted=False)
+            return
+        if not tracker.record(self.clock.now()):
+            child.state = "failed"
+            self.log.error(
+                "supervisor_escalated",
+                actor=name,
+                reason=reason or "normal exit",
+                max_restarts=self.intensity.max_restarts,
+                within_seconds=self.intensity.within_seconds,
+            )
+            raise SupervisorFailed(self.name, name, error)
+        group = self._restart_group(child)
+        for other in reversed(group):
+            if other is not child:
+                await self._stop_child(other)
+        delay = self.backoff.delay(tracker.recent, self.rng)
+        for member in group:
+            member.state = "restarting"
+        await self.clock.sleep(delay)
+        for member in group:
+            if member is not child and member.spec.restart is Restart.TEMPORARY:
+                member.state = "stopped"
+                continue
+            member.restarts += 1
+            self._start(member)
+            self.log.warning(
+                "child_restarted",
+                actor=member.spec.name,
+                reason=reason or "normal exit",
+                failed=name,
+                restarts=member.restarts,
+                delay_s=round(delay, 4),
+            )
+
+    def _restart_group(self, failed: _Running) -> list[_Running]:
+        if self.strategy is Strategy.ONE_FOR_ONE:
+            return [failed]
+        if self.strategy is Strategy.ONE_FOR_ALL:
+            return [c for c in self._children if c.task is not None or c is failed]
+        idx = self._children.index(failed)
+        return [c for c in self._children[idx:] if c.task is not None or c is failed]
+
+    async def _stop_child(self, child: _Running) -> None:
+        task = child.task
+        child.task = None
+        if task is None:
+            return
+        child.stopping = True
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=child.spec.shutdown_timeout)
+        if done:
+            child.state = "stopped"
+            return
+        child.state = "abandoned"
+        self.log.error(
+            "child_shutdown_timeout",
+            actor=child.spec.name,
+            reason=f"ignored cancellation for {child.spec.shutdown_timeout:g}s; abandoned",
+        )
+
+    async def _stop_all(self) -> None:
+        for child in reversed(self._children):
+            if child.task is not None:
+                await self._stop_child(child)
