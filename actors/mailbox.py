@@ -36,6 +36,10 @@ class Mailbox:
     async def put(self, envelope: Envelope) -> None:
         await self._send.send(envelope)
 
+    def put_nowait(self, envelope: Envelope) -> None:
+        """Enqueue or raise :class:`anyio.WouldBlock` when full."""
+        self._send.send_nowait(envelope)
+
     async def get(self) -> Envelope:
         return await self._recv.receive()
 

@@ -45,6 +45,22 @@ class ActorRef:
         """Enqueue ``message``; wait while the mailbox is full (backpressure)."""
         await self._put(Envelope(message))
 
+    def try_tell(self, message: Any) -> bool:
+        """Enqueue without waiting; False when the mailbox is full (nothing sent).
+
+        For messages that are worthless when late, such as timer ticks.
+        """
+        mailbox = self._cell.mailbox
+        if mailbox is None:
+            raise ActorStopped(self.name)
+        try:
+            mailbox.put_nowait(Envelope(message))
+        except anyio.WouldBlock:
+            return False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ActorStopped(self.name) from None
+        return True
+
     async def ask(self, message: Any, timeout: float | None = 30.0) -> Any:
         """Enqueue ``message`` and return what ``receive`` returns for it.
 

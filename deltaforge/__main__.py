@@ -1,0 +1,3 @@
+from deltaforge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""REST endpoints: health, pipelines, their actor trees and checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from deltaforge.pipeline.runner import PipelineRunner
+
+
+def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
+    """A Starlette app over the running pipelines (the mapping is read live)."""
+
+    def _get(request: Request) -> PipelineRunner | Response:
+        name = request.path_params["name"]
+        runner = pipelines.get(name)
+        if runner is None:
+            return JSONResponse({"error": f"no pipeline named {name!r}"}, status_code=404)
+        return runner
+
+    async def health(request: Request) -> Response:
+        failed = {n: r.failure for n, r in pipelines.items() if r.state == "failed"}
+        if failed:
+            reasons = [f"{n}: {why}" for n, why in failed.items()]
+            return JSONResponse({"status": "failed", "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "ok", "pipelines": {n: r.state for n, r in pipelines.items()}})
+
+    async def list_pipelines(request: Request) -> Response:
+        return JSONResponse([r.status() for r in pipelines.values()])
+
+    async def pipeline(request: Request) -> Response:
+        r = _get(request)
+        return r if isinstance(r, Response) else JSONResponse(r.status())
+
+    async def actors(request: Request) -> Response:
+        r = _get(request)
+        return r if isinstance(r, Response) else JSONResponse(r.snapshot().to_dict())
+
+    async def checkpoints(request: Request) -> Response:
+        r = _get(request)
+        if isinstance(r, Response):
+            return r
+        try:
+            return JSONResponse(await r.checkpoints())
+        except RuntimeError as exc:  # store closed: the pipeline has stopped
+            return JSONResponse({"error": str(exc)}, status_code=409)
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/pipelines", list_pipelines),
+            Route("/pipelines/{name}", pipeline),
+            Route("/pipelines/{name}/actors", actors),
+            Route("/pipelines/{name}/checkpoints", checkpoints),
+        ]
+    )

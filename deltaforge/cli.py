@@ -1,0 +1,194 @@
+"""Command line: serve, validate, checkpoints, logs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import structlog
+import uvicorn
+
+from deltaforge import logging as df_logging
+from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
+from deltaforge.defaults import default_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.workload import DemoWorkload
+from deltaforge.state.checkpoints import open_store
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: ``serve`` drains pipelines first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+def _workload(cfg: PipelineConfig) -> DemoWorkload | None:
+    if cfg.source.type != "turso":
+        return None
+    w = cfg.source.config.get("workload")
+    if not w or not w.get("enabled", True):
+        return None
+    return DemoWorkload(
+        cfg.source.config["path"], float(w.get("rows_per_second", 20)), int(w.get("max_rows", 0))
+    )
+
+
+async def _serve(configs: list[PipelineConfig], api_addr: str) -> int:
+    log = structlog.get_logger().bind(actor="cli")
+    runners = {c.name: PipelineRunner(c, workload=_workload(c)) for c in configs}
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server: _Server | None = None
+    api_task: asyncio.Task[None] | None = None
+    if api_addr and api_addr != "off":
+        from deltaforge.api import build_app
+
+        host, _, port = api_addr.rpartition(":")
+        server = _Server(
+            uvicorn.Config(build_app(runners), host=host or "127.0.0.1", port=int(port), log_level="warning")
+        )
+        api_task = asyncio.create_task(server.serve())
+        while not server.started and not api_task.done():
+            await asyncio.sleep(0.01)
+        if api_task.done():
+            log.error("api_failed", reason=f"cannot serve the REST API on {api_addr}")
+            return 2
+        log.info("api_listening", addr=api_addr)
+    tasks = [asyncio.create_task(r.run(), name=f"pipeline:{n}") for n, r in runners.items()]
+    await stop.wait()
+    log.info("shutdown_requested", reason="signal")
+    await asyncio.gather(*(r.drain() for r in runners.values()))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if server is not None and api_task is not None:
+        server.should_exit = True
+        await api_task
+    log.info("shutdown_complete")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    df_logging.configure(args.log_level, args.log_file, stderr=not args.quiet)
+    try:
+        if args.config:
+            configs = load(args.config)
+        else:
+            configs = [
+                parse_pipeline(
+                    default_pipeline(args.data_dir, workload=not args.no_workload),
+                    source_name="default pipeline",
+                )
+            ]
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.no_workload:
+        for c in configs:
+            c.source.config.pop("workload", None)
+    return asyncio.run(_serve(configs, args.api_addr))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        configs = load(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for c in configs:
+        print(f"ok: pipeline {c.name!r}: {c.source.type} -> {', '.join(f'{s.type}:{s.id}' for s in c.sinks)}")
+    return 0
+
+
+async def _checkpoints(args: argparse.Namespace) -> int:
+    store = open_store(args.storage_type, args.storage_path)
+    await store.open()
+    try:
+        if args.rollback:
+            await store.rollback(args.rollback, args.to)
+            print(f"rolled back {args.rollback} to version {args.to}")
+            return 0
+        if args.versions:
+            for v in await store.versions(args.versions):
+                when = datetime.fromtimestamp(v.created_at, UTC).isoformat(timespec="seconds")
+                print(f"{v.version:>6}  {when}  {v.value}")
+            return 0
+        listed = await store.list_all()
+        if not listed:
+            print("no checkpoints")
+        for key, (version, updated, value) in listed.items():
+            when = datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds")
+            print(f"{key}  v{version}  {when}  {value}")
+        return 0
+    except KeyError as exc:
+        print(exc.args[0], file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    if args.rollback and args.to is None:
+        print("--rollback KEY needs --to VERSION", file=sys.stderr)
+        return 2
+    return asyncio.run(_checkpoints(args))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from deltaforge import logview
+
+    color = True if args.color == "always" else False if args.color == "never" else None
+    return logview.run(args.file, args.follow, args.pipeline, args.actor, args.level, color)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deltaforge", description="Change data capture on supervised actors.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run pipelines (the built-in default when no --config)")
+    s.add_argument("--config", help="a pipeline YAML file or a folder of them")
+    s.add_argument("--api-addr", default="127.0.0.1:8080", help="REST API host:port, or 'off'")
+    s.add_argument("--data-dir", default="./data", help="where the default pipeline keeps its files")
+    s.add_argument("--no-workload", action="store_true", help="do not run the built-in demo workload")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-file", help="also append JSON logs to this file")
+    s.add_argument("--quiet", action="store_true", help="no JSON logs on stderr")
+    s.set_defaults(fn=cmd_serve)
+
+    v = sub.add_parser("validate", help="check a pipeline config; list every wrong field")
+    v.add_argument("file")
+    v.set_defaults(fn=cmd_validate)
+
+    c = sub.add_parser("checkpoints", help="list checkpoints, their versions, or roll one back")
+    c.add_argument("--storage-path", default="./data/deltaforge.db")
+    c.add_argument("--storage-type", default="sqlite", choices=["sqlite", "file"])
+    c.add_argument("--versions", metavar="KEY", help="list the versions of one checkpoint")
+    c.add_argument("--rollback", metavar="KEY", help="make an older version current")
+    c.add_argument("--to", type=int, metavar="VERSION")
+    c.set_defaults(fn=cmd_checkpoints)
+
+    lg = sub.add_parser("logs", help="show JSON logs readably (from FILE or stdin)")
+    lg.add_argument("file", nargs="?")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--pipeline")
+    lg.add_argument("--actor")
+    lg.add_argument("--level", choices=["debug", "info", "warning", "error"])
+    lg.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    lg.set_defaults(fn=cmd_logs)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""structlog set-up: one JSON object per line with ``pipeline``, ``actor`` and ``event``.
+
+Logs are a user interface: ``python -m deltaforge logs`` reads these lines back
+and shows them filtered and coloured.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import structlog
+
+
+class _Tee:
+    """Writes each rendered line to several streams (stderr and a log file)."""
+
+    def __init__(self, streams: list[IO[str]]) -> None:
+        self.streams = streams
+
+    def msg(self, message: str) -> None:
+        for s in self.streams:
+            s.write(message + "\n")
+            s.flush()
+
+    log = debug = info = warn = warning = error = critical = exception = msg
+
+
+class _TeeFactory:
+    def __init__(self, streams: list[IO[str]]) -> None:
+        self.tee = _Tee(streams)
+
+    def __call__(self, *args: Any) -> _Tee:
+        return self.tee
+
+
+def _serialize(obj: Any, **kw: Any) -> str:
+    return orjson.dumps(obj, default=str).decode()
+
+
+def configure(level: str = "info", log_file: str | Path | None = None, stderr: bool = True) -> None:
+    """JSON lines to stderr and/or ``log_file``, at ``level`` and above."""
+    streams: list[IO[str]] = []
+    if stderr:
+        streams.append(sys.stderr)
+    if log_file is not None:
+        path = Path(log_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        streams.append(open(path, "a", buffering=1))  # noqa: SIM115 - lives as long as the process
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(serializer=_serialize),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=_TeeFactory(streams),
+        cache_logger_on_first_use=False,
+    )

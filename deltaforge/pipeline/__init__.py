@@ -1,0 +1,1 @@
+"""The pipeline: its actors, its supervisor tree (tree.py) and its runner."""

@@ -1,0 +1,78 @@
+"""Accumulator: cuts the event stream into batches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from actors import Actor
+from deltaforge.events import Event
+from deltaforge.pipeline.batching import cut_point
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.messages import Batch, DeliverBatch, EventsRead, FlushDue, FlushNow
+
+
+class Accumulator(Actor):
+    """Buffers chunks and cuts batches by ``max_events``, ``max_bytes`` and ``max_ms``.
+
+    With ``respect_source_tx`` a cut happens only at a transaction end, so a
+    transaction larger than the limits makes a larger batch. Batches go to the
+    coordinator, whose mailbox holds ``max_inflight`` of them: when it is full
+    this actor waits, its own mailbox fills, and the reader waits in turn.
+    """
+
+    mailbox_size = 4
+
+    def __init__(self, ctx: PipelineContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.cfg = ctx.config.batch
+        self.buffer: list[Event] = []
+        self.first_at: float | None = None
+        self.next_id = 0
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def on_start(self) -> None:
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        period = max(self.cfg.max_ms / 2000, 0.005)
+        while True:
+            await asyncio.sleep(period)
+            if self.buffer:
+                with contextlib.suppress(Exception):
+                    self.ref.try_tell(FlushDue())
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, EventsRead):
+            if not self.buffer:
+                self.first_at = time.monotonic()
+            self.buffer.extend(message.events)
+            await self._cut(final=False)
+        elif isinstance(message, FlushDue):
+            if self.first_at is not None and (time.monotonic() - self.first_at) * 1000 >= self.cfg.max_ms:
+                await self._cut(final=True)
+        elif isinstance(message, FlushNow):
+            await self._cut(final=True)
+            return True
+        else:
+            return await super().receive(message)
+        return None
+
+    async def _cut(self, final: bool) -> None:
+        cfg = self.cfg
+        while self.buffer:
+            n = cut_point(self.buffer, cfg.max_events, cfg.max_bytes, cfg.respect_source_tx, final=final)
+            if n == 0:
+                return
+            events, self.buffer = self.buffer[:n], self.buffer[n:]
+            self.first_at = time.monotonic() if self.buffer else None
+            self.next_id += 1
+            batch = Batch(self.next_id, events, sum(e.size for e in events))
+            await self.ctx.ref("coordinator").tell(DeliverBatch(batch))
+
+    async def on_stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()

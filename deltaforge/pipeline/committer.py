@@ -1,0 +1,32 @@
+"""CheckpointCommitter: the only writer of checkpoints."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors import Actor
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.messages import CommitCheckpoint
+
+
+class CheckpointCommitter(Actor):
+    """Writes a batch's per-sink checkpoints in one atomic store write.
+
+    It is asked only after the commit policy is satisfied, so a checkpoint
+    never names a position a sink has not acknowledged. The reply comes after
+    the write is durable; the coordinator waits for it before the next batch.
+    """
+
+    mailbox_size = 4
+
+    def __init__(self, ctx: PipelineContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    async def receive(self, message: Any) -> Any:
+        if not isinstance(message, CommitCheckpoint):
+            return await super().receive(message)
+        await self.ctx.store.put_many(message.checkpoints)
+        self.ctx.stats.last_commit_at = time.time()
+        return message.batch_id

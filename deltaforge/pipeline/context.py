@@ -1,0 +1,74 @@
+"""What the actors of one pipeline share: config, store, plug-ins, refs, counters."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors import ActorRef
+from deltaforge.config import PipelineConfig
+from deltaforge.sinks.base import Sink
+from deltaforge.sources.base import Source
+from deltaforge.state.checkpoints import CheckpointStore, sink_key
+
+
+@dataclass
+class SinkStats:
+    """Per-sink counters for the API."""
+
+    events: int = 0
+    batches: int = 0
+    skipped: int = 0
+    errors: int = 0
+    retries: int = 0
+    lagging: bool = False
+    last_error: str | None = None
+
+
+@dataclass
+class PipelineStats:
+    """Counters the REST API shows; written only by the pipeline's own actors."""
+
+    events_read: int = 0
+    batches_committed: int = 0
+    events_committed: int = 0
+    commit_failures: int = 0
+    last_checkpoint: dict[str, Any] | None = None
+    last_commit_at: float | None = None
+    started_at: float = field(default_factory=time.time)
+    sinks: dict[str, SinkStats] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "events_read": self.events_read,
+            "batches_committed": self.batches_committed,
+            "events_committed": self.events_committed,
+            "commit_failures": self.commit_failures,
+            "last_checkpoint": self.last_checkpoint,
+            "last_commit_at": self.last_commit_at,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "sinks": {k: vars(v) for k, v in self.sinks.items()},
+        }
+
+
+@dataclass
+class PipelineContext:
+    """Built once per pipeline; actors read it, refs are filled in by tree.py."""
+
+    config: PipelineConfig
+    store: CheckpointStore
+    source: Source
+    sinks: dict[str, Sink]
+    stats: PipelineStats = field(default_factory=PipelineStats)
+    refs: dict[str, ActorRef] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for sid in self.sinks:
+            self.stats.sinks.setdefault(sid, SinkStats())
+
+    def key(self, sink_id: str) -> str:
+        return sink_key(self.config.source.id, sink_id)
+
+    def ref(self, name: str) -> ActorRef:
+        return self.refs[name]

@@ -1,0 +1,91 @@
+"""DeliveryWorker: one per sink; delivers batches with retries and reports the outcome."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+
+from actors import Actor
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverBatch, DeliveryFailed
+from deltaforge.sinks.base import Sink, SinkError
+from supervision import Backoff, Fatal
+
+RETRY = Backoff(base=0.1, max=10.0)
+ATTEMPTS = 3
+
+
+class DeliveryWorker(Actor):
+    """Owns one sink: skips what the sink already has, delivers, retries.
+
+    On start it loads the sink's own checkpoint; events at or before it are
+    skipped (this is how a sink ahead of the source's resume point avoids
+    duplicates). Retryable errors are retried ``ATTEMPTS`` times with
+    exponential backoff and jitter, then reported as :class:`DeliveryFailed`;
+    non-retryable errors are reported at once; :class:`Fatal` and unexpected
+    errors crash the worker, for its supervisor to judge.
+    """
+
+    mailbox_size = 1
+
+    def __init__(self, ctx: PipelineContext, sink_id: str) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.sink_id = sink_id
+        self.sink: Sink = ctx.sinks[sink_id]
+        self.stats = ctx.stats.sinks[sink_id]
+        self.position: dict[str, Any] | None = None
+        self.rng = random.Random()
+
+    async def on_start(self) -> None:
+        self.position = await self.ctx.store.get(self.ctx.key(self.sink_id))
+        await self.sink.open()
+
+    async def on_stop(self) -> None:
+        await self.sink.close()
+
+    def _pending(self, batch: Batch) -> list[Any]:
+        if self.position is None:
+            return batch.events
+        done = self.ctx.source.order_of(self.position)
+        if batch.events[0].order > done:
+            return batch.events
+        return [e for e in batch.events if e.order > done]
+
+    async def receive(self, message: Any) -> Any:
+        if not isinstance(message, DeliverBatch):
+            return await super().receive(message)
+        batch = message.batch
+        events = self._pending(batch)
+        self.stats.skipped += len(batch.events) - len(events)
+        if events:
+            for attempt in range(1, ATTEMPTS + 1):
+                try:
+                    await self.sink.deliver(events)
+                    break
+                except Fatal:
+                    raise
+                except SinkError as exc:
+                    self.stats.errors += 1
+                    self.stats.last_error = str(exc)
+                    if not exc.retryable or attempt == ATTEMPTS:
+                        self.log.warning(
+                            "delivery_failed",
+                            sink=self.sink_id,
+                            batch=batch.id,
+                            reason=str(exc),
+                            attempts=attempt,
+                        )
+                        return DeliveryFailed(self.sink_id, batch.id, str(exc), exc.retryable)
+                    self.stats.retries += 1
+                    await anyio.sleep(RETRY.delay(attempt, self.rng))
+        if self.position is None or self.ctx.source.order_of(batch.checkpoint) > self.ctx.source.order_of(
+            self.position
+        ):
+            self.position = batch.checkpoint
+        self.stats.events += len(events)
+        self.stats.batches += 1
+        assert self.position is not None
+        return BatchDelivered(self.sink_id, batch.id, self.position, len(events))

@@ -1,0 +1,138 @@
+"""PipelineRunner: builds one pipeline's tree, runs it, drains it, reports its state."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from actors import ActorStopped, NodeSnapshot
+from deltaforge.config import PipelineConfig
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.messages import Barrier, FlushNow, StopReading
+from deltaforge.pipeline.tree import build_tree, workload_child
+from deltaforge.plugins import build_sink, build_source
+from deltaforge.sinks.base import Sink
+from deltaforge.sources.base import Source
+from deltaforge.sources.workload import DemoWorkload
+from deltaforge.state.checkpoints import CheckpointStore, open_store
+from supervision import Fatal, FunctionChild, SupervisorFailed
+
+
+class PipelineRunner:
+    """Runs one pipeline until it is drained, stopped, or fails.
+
+    ``state`` is ``starting``, ``running``, ``draining``, ``stopped`` or
+    ``failed`` (then ``failure`` says why: a Fatal reason such as a lost
+    position, or the escalation that exceeded restart intensity).
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        store: CheckpointStore | None = None,
+        sinks: dict[str, Sink] | None = None,
+        workload: DemoWorkload | None = None,
+        source: Source | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._own_store = store is None
+        self.store = store or open_store(config.storage.type, config.storage.path)
+        self.sinks = sinks or {s.id: build_sink(s) for s in config.sinks}
+        self.source = source or build_source(config.source, config.tenant)
+        self.workload = workload
+        self.ctx = PipelineContext(config, self.store, self.source, self.sinks)
+        extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
+        self.tree = build_tree(self.ctx, extra)
+        self.state = "starting"
+        self.failure: str | None = None
+        self.log = structlog.get_logger().bind(pipeline=self.name)
+
+    async def run(self) -> None:
+        """Run until stopped; never raises for a pipeline failure (see ``state``)."""
+        structlog.contextvars.bind_contextvars(pipeline=self.name)
+        if self._own_store:
+            await self.store.open()
+        self.state = "running"
+        self.log.info("pipeline_started", source=self.config.source.id, sinks=list(self.sinks))
+        try:
+            await self.tree.run()
+            self.state = "stopped"
+        except Fatal as exc:
+            self._failed(exc.reason)
+        except SupervisorFailed as exc:
+            self._failed(str(exc))
+        finally:
+            if self._own_store:
+                await self.store.close()
+            self.log.info("pipeline_stopped", state=self.state, reason=self.failure)
+
+    def _failed(self, reason: str) -> None:
+        self.state = "failed"
+        self.failure = reason
+        self.log.error("pipeline_failed", reason=reason)
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Stop reading, deliver and checkpoint what is buffered, then stop the tree."""
+        if self.state != "running":
+            self.tree.request_stop()
+            return
+        self.state = "draining"
+        refs = self.ctx.refs
+        try:
+            async with asyncio.timeout(timeout):
+                await refs["reader"].ask(StopReading(), timeout=timeout)
+                await refs["accumulator"].ask(FlushNow(), timeout=timeout)
+                await refs["coordinator"].ask(Barrier(), timeout=timeout)
+            self.log.info("pipeline_drained", checkpoint=self.ctx.stats.last_checkpoint)
+        except (TimeoutError, ActorStopped) as exc:
+            self.log.warning("pipeline_drain_incomplete", reason=str(exc))
+        self.tree.request_stop()
+
+    async def _run_workload(self) -> None:
+        assert self.workload is not None
+        wl = self.workload
+        wl.start()
+        try:
+            while wl.is_alive():
+                await asyncio.sleep(0.1)
+            if wl.error is not None:
+                raise RuntimeError(f"demo workload failed: {wl.error}")
+        finally:
+            await asyncio.to_thread(wl.stop)
+
+    def snapshot(self) -> NodeSnapshot:
+        return self.tree.snapshot()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "failure": self.failure,
+            "source": {"type": self.config.source.type, "id": self.config.source.id},
+            "sinks": [{"type": s.type, "id": s.id, "required": s.required} for s in self.config.sinks],
+            "commit_policy": {
+                "mode": self.config.commit_policy.mode,
+                "quorum": self.config.commit_policy.quorum,
+            },
+            "counters": self.ctx.stats.to_dict(),
+        }
+
+    async def checkpoints(self) -> dict[str, Any]:
+        """Current per-sink checkpoints with their versions."""
+        store = self.store
+        keys = {self.ctx.key(sid): sid for sid in self.sinks}
+        listed = await store.list_all()
+        return {
+            sid: {
+                "key": key,
+                "version": listed[key][0],
+                "updated_at": listed[key][1],
+                "position": listed[key][2],
+            }
+            if key in listed
+            else None
+            for key, sid in keys.items()
+        }

@@ -1,0 +1,24 @@
+"""Source and sink types by name: the one place a new plug-in is registered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from deltaforge.config import SinkConfig, SourceConfig
+from deltaforge.sinks.base import Sink
+from deltaforge.sinks.file import FileSink
+from deltaforge.sinks.stdout import StdoutSink
+from deltaforge.sources.base import Source
+from deltaforge.sources.turso import TursoSource
+
+SINKS: dict[str, Callable[[SinkConfig], Sink]] = {"file": FileSink, "stdout": StdoutSink}
+SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {"turso": TursoSource}
+
+
+def build_sink(cfg: SinkConfig) -> Sink:
+    return SINKS[cfg.type](cfg)
+
+
+def build_source(cfg: SourceConfig, tenant: str) -> Source:
+    return SOURCES[cfg.type](cfg.config, tenant)

@@ -1,0 +1,48 @@
+"""The protocol every sink implements, and its error classes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from deltaforge.config import SinkConfig
+from deltaforge.events import Event
+
+
+class SinkError(Exception):
+    """A delivery failed; the subclass says whether trying again can help."""
+
+    retryable = True
+
+
+class RetryableSinkError(SinkError):
+    """Connection lost, timeout, queue full: back off and try again."""
+
+
+class NonRetryableSinkError(SinkError):
+    """Bad credentials, message too large: trying again cannot help."""
+
+    retryable = False
+
+
+class Sink(ABC):
+    """Delivers batches; ``deliver`` returns only when the batch is durable there.
+
+    A batch is the unit of delivery: it succeeds or fails as a whole, and a
+    retried batch holds the same events in the same order. Raise
+    :class:`RetryableSinkError` or :class:`NonRetryableSinkError` to classify a
+    failure, and :class:`supervision.Fatal` when the pipeline must stop.
+    """
+
+    def __init__(self, config: SinkConfig) -> None:
+        self.config = config
+        self.id = config.id
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Connect."""
+
+    @abstractmethod
+    async def deliver(self, events: list[Event]) -> None:
+        """Deliver ``events`` durably, in order."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Flush and disconnect."""

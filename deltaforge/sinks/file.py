@@ -1,0 +1,85 @@
+"""File sink: JSON lines, appended and fsynced once per batch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO
+
+import anyio.to_thread
+
+from deltaforge.config import SinkConfig
+from deltaforge.envelopes import encode_lines
+from deltaforge.events import Event
+from deltaforge.sinks.base import RetryableSinkError, Sink
+
+
+class FileSink(Sink):
+    """Appends one envelope per line to ``path``; the batch is durable after fsync."""
+
+    def __init__(self, config: SinkConfig) -> None:
+        super().__init__(config)
+        self.path = Path(config.config["path"])
+        self.fsync = bool(config.config.get("fsync", True))
+        self._file: IO[bytes] | None = None
+
+    async def open(self) -> None:
+        await anyio.to_thread.run_sync(self._open)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)
+        self._file = open(self.path, "ab")  # noqa: SIM115 - held open across batches
+
+    async def deliver(self, events: list[Event]) -> None:
+        data = encode_lines(events, self.config.envelope)
+        try:
+            await anyio.to_thread.run_sync(self._write, data)
+        except OSError as exc:
+            raise RetryableSinkError(f"file sink {self.id!r}: cannot write {self.path}: {exc}") from exc
+
+    def _write(self, data: bytes) -> None:
+        if self._file is None:
+            self._open()
+        assert self._file is not None
+        self._file.write(data)
+        self._file.flush()
+        if self.fsync:
+            os.fsync(self._file.fileno())
+
+    async def close(self) -> None:
+        if self._file is not None:
+            f, self._file = self._file, None
+            await anyio.to_thread.run_sync(f.close)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line that a crash left half-written.
+
+    That line belongs to a batch that was never acknowledged, so it will be
+    delivered again whole; keeping the torn copy would leave invalid JSON.
+    """
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        block = 1 << 16
+        pos = size
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                f.truncate(start + nl + 1)
+                break
+            pos = start
+        else:
+            f.truncate(0)
+        f.flush()
+        os.fsync(f.fileno())

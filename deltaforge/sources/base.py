@@ -1,0 +1,54 @@
+"""The protocol every source implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from deltaforge.events import Event
+from supervision import Fatal
+
+
+class SourceError(Exception):
+    """A source failed in a way a restart may fix (connection lost, timeout)."""
+
+
+class PositionLost(Fatal):
+    """The checkpointed position is gone from the source: never skip, halt."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"position lost: {reason}. Re-snapshot required.")
+
+
+class Source(ABC):
+    """A reader of committed changes, resumed from a checkpoint.
+
+    ``read()`` returns the next chunk of events in source order (empty when the
+    source is idle; the caller waits before asking again). Every event ends a
+    chunk only at a transaction boundary unless the source cannot tell.
+    Blocking client libraries must run in worker threads, never on the loop.
+    """
+
+    id: str
+    connector: str
+
+    @abstractmethod
+    async def open(self, resume_after: dict[str, Any] | None) -> None:
+        """Connect and position after ``resume_after`` (None: from the beginning)."""
+
+    @abstractmethod
+    async def read(self) -> list[Event]:
+        """The next chunk of events; ``[]`` when nothing new is committed."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Disconnect."""
+
+    @staticmethod
+    @abstractmethod
+    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
+        """A checkpoint's position as a tuple that sorts in source order."""
+
+    @property
+    def idle_wait(self) -> float:
+        """Seconds to wait after an empty read."""
+        return 0.05

@@ -1,0 +1,180 @@
+"""Turso source: reads the ``turso_cdc`` table after the checkpointed change_id.
+
+Writes land in ``turso_cdc`` only from connections that ran
+``PRAGMA unstable_capture_data_changes_conn('full')``. Each transaction ends
+with a commit marker row (change_type 2); events are held back until their
+marker is read, so every chunk ends on a transaction boundary and the last
+event of a transaction carries ``tx_end`` and the marker's change_id as its
+checkpoint (a resume then starts after the marker).
+
+pyturso locks the database file per process: the application writing it must
+run inside this service's process (see ``workload.py``) or stop while it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from actors import BlockingRunner
+from deltaforge.events import Event, SourceInfo
+from deltaforge.sources.base import Source, SourceError
+from deltaforge.sources.sqlite_record import decode_record
+
+_OPS = {1: "c", 0: "u", -1: "d"}
+_COMMIT = 2
+_SCHEMA_TABLE = "sqlite_schema"
+
+
+class TursoSource(Source):
+    """Change events from an embedded Turso database file."""
+
+    connector = "turso"
+
+    def __init__(self, config: dict[str, Any], tenant: str = "default") -> None:
+        self.id: str = config["id"]
+        self.path = str(config["path"])
+        self.db_name = Path(self.path).stem
+        self.tables: set[str] | None = set(config["tables"]) if config.get("tables") else None
+        self.chunk = int(config.get("read_chunk", 2000))
+        self._idle = int(config.get("poll_interval_ms", 50)) / 1000
+        self.tenant = tenant
+        self._conn: Any = None
+        self._after = 0
+        self._columns: dict[str, tuple[list[str], int | None]] = {}
+        self._pending: list[tuple[Any, ...]] = []
+        self._threads = BlockingRunner(1)
+        self._has_cdc_table = False
+
+    @staticmethod
+    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
+        return (int(checkpoint.get("change_id", 0)),)
+
+    @property
+    def idle_wait(self) -> float:
+        return self._idle
+
+    async def open(self, resume_after: dict[str, Any] | None) -> None:
+        self._after = int(resume_after["change_id"]) if resume_after else 0
+        self._pending = []
+        self._columns = {}
+        self._has_cdc_table = False
+        self._conn = await self._threads.run(self._connect)
+
+    def _connect(self) -> Any:
+        import turso
+
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = turso.connect(self.path)
+        except Exception as exc:
+            raise SourceError(f"turso source {self.id!r}: cannot open {self.path}: {exc}") from exc
+        return conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await self._threads.run(conn.close)
+
+    async def read(self) -> list[Event]:
+        if self._conn is None:
+            raise SourceError(f"turso source {self.id!r} is not open")
+        return await self._threads.run(self._read_sync)
+
+    def _read_sync(self) -> list[Event]:
+        if not self._has_cdc_table:
+            # Turso creates turso_cdc on the first captured write; until then there is nothing.
+            found = self._conn.execute(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'turso_cdc'"
+            ).fetchall()
+            self._conn.commit()
+            if not found:
+                return []
+            self._has_cdc_table = True
+        out: list[Event] = []
+        while True:
+            cursor = self._pending[-1][0] if self._pending else self._after
+            rows = self._conn.execute(
+                "SELECT change_id, change_time, change_txn_id, change_type, table_name, id, before, after "
+                "FROM turso_cdc WHERE change_id > ? ORDER BY change_id LIMIT ?",
+                (cursor, self.chunk),
+            ).fetchall()
+            self._conn.commit()  # end the read transaction so the next read sees new commits
+            tx: list[tuple[Any, ...]] = self._pending
+            for row in rows:
+                if row[3] == _COMMIT:
+                    out.extend(self._events(tx, row))
+                    tx = []
+                    self._after = row[0]
+                else:
+                    tx.append(row)
+            self._pending = tx
+            # A transaction larger than a chunk: keep reading rather than report "idle".
+            if out or len(rows) < self.chunk:
+                return out
+
+    def _events(self, tx: list[tuple[Any, ...]], marker: tuple[Any, ...]) -> list[Event]:
+        changes = [r for r in tx if r[4] != _SCHEMA_TABLE]
+        if len(changes) != len(tx):
+            self._columns.clear()  # DDL in this transaction: reload column lists
+        if self.tables is not None:
+            changes = [r for r in changes if r[4] in self.tables]
+        events: list[Event] = []
+        last = len(changes) - 1
+        for i, (change_id, change_time, txn_id, change_type, table, rowid, before, after) in enumerate(
+            changes
+        ):
+            end = i == last
+            position = {"change_id": change_id}
+            events.append(
+                Event(
+                    op=_OPS[change_type],
+                    before=self._row(table, before, rowid),
+                    after=self._row(table, after, rowid),
+                    source=SourceInfo(
+                        connector=self.connector,
+                        db=self.db_name,
+                        table=table,
+                        position=position,
+                        ts_ms=int(change_time) * 1000 if change_time else int(time.time() * 1000),
+                    ),
+                    tx_id=str(txn_id),
+                    tx_end=end,
+                    event_id=str(change_id),
+                    order=(change_id,),
+                    checkpoint={"change_id": marker[0]} if end else position,
+                    tenant=self.tenant,
+                    size=96 + len(before or b"") + len(after or b""),
+                )
+            )
+        return events
+
+    def _row(self, table: str, blob: bytes | None, rowid: Any) -> dict[str, Any] | None:
+        if blob is None:
+            return None
+        names, alias = self._table_columns(table)
+        values = decode_record(blob)
+        row = dict(zip(names, values, strict=False))
+        for name in names[len(values) :]:
+            row[name] = None  # a column added after this row was written
+        if alias is not None and row.get(names[alias]) is None:
+            row[names[alias]] = rowid
+        return row
+
+    def _table_columns(self, table: str) -> tuple[list[str], int | None]:
+        cached = self._columns.get(table)
+        if cached is None:
+            info = self._conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+            names = [r[1] for r in info]
+            pks = [r for r in info if r[5]]
+            alias = None
+            if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
+                alias = int(pks[0][0])
+            cached = (names, alias)
+            self._columns[table] = cached
+        return cached
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,262 @@
+"""Checkpoint stores: SQLite (default, versioned), JSON file, memory.
+
+All three keep a version history per key so an operator can list versions and
+roll back. Writes of several keys (one per sink) are atomic in every store: a
+crash leaves either all of a batch's checkpoints or none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+import orjson
+
+HISTORY = 200  # versions kept per key
+
+
+def sink_key(source_id: str, sink_id: str) -> str:
+    """The checkpoint key of one sink: ``{source_id}::sink::{sink_id}``."""
+    return f"{source_id}::sink::{sink_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """One stored version of a checkpoint."""
+
+    version: int
+    created_at: float
+    size_bytes: int
+    value: dict[str, Any]
+
+
+class CheckpointStore(ABC):
+    """What the CheckpointCommitter and the CLI need from a store."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Open connections or files."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release them."""
+
+    @abstractmethod
+    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """Current values of the keys that exist."""
+
+    @abstractmethod
+    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+        """Store a new version of each key, all or nothing."""
+
+    @abstractmethod
+    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+        """Every key with (version, updated_at, value)."""
+
+    @abstractmethod
+    async def versions(self, key: str) -> list[VersionInfo]:
+        """Versions of ``key``, oldest first."""
+
+    @abstractmethod
+    async def rollback(self, key: str, version: int) -> None:
+        """Make ``version``'s value current again (as a new version)."""
+
+    async def get(self, key: str) -> dict[str, Any] | None:
+        return (await self.get_many([key])).get(key)
+
+    async def put(self, key: str, value: dict[str, Any]) -> None:
+        await self.put_many({key: value})
+
+
+class MemoryCheckpointStore(CheckpointStore):
+    """Ephemeral: for tests and throwaway runs."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, list[VersionInfo]] = {}
+
+    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        return {k: self._data[k][-1].value for k in keys if k in self._data}
+
+    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+        now = time.time()
+        for key, value in values.items():
+            hist = self._data.setdefault(key, [])
+            version = hist[-1].version + 1 if hist else 1
+            hist.append(VersionInfo(version, now, len(orjson.dumps(value)), value))
+            del hist[:-HISTORY]
+        await self._persist()
+
+    async def _persist(self) -> None:
+        """Hook for stores that keep this structure on disk."""
+
+    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+        return {k: (h[-1].version, h[-1].created_at, h[-1].value) for k, h in self._data.items() if h}
+
+    async def versions(self, key: str) -> list[VersionInfo]:
+        return list(self._data.get(key, []))
+
+    async def rollback(self, key: str, version: int) -> None:
+        for info in self._data.get(key, []):
+            if info.version == version:
+                await self.put_many({key: info.value})
+                return
+        raise KeyError(f"checkpoint {key!r} has no version {version}")
+
+
+class FileCheckpointStore(MemoryCheckpointStore):
+    """A JSON file rewritten atomically (temp file, fsync, rename, fsync dir)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+
+    async def open(self) -> None:
+        if self.path.exists():
+            raw = orjson.loads(self.path.read_bytes())
+            self._data = {k: [VersionInfo(**v) for v in hist] for k, hist in raw.items()}
+
+    async def _persist(self) -> None:
+        doc = {
+            k: [
+                {
+                    "version": v.version,
+                    "created_at": v.created_at,
+                    "size_bytes": v.size_bytes,
+                    "value": v.value,
+                }
+                for v in hist
+            ]
+            for k, hist in self._data.items()
+        }
+        await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(doc))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    key TEXT PRIMARY KEY, version INTEGER NOT NULL, value BLOB NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoint_versions (
+    key TEXT NOT NULL, version INTEGER NOT NULL, value BLOB NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (key, version));
+"""
+
+
+class SqliteCheckpointStore(CheckpointStore):
+    """SQLite in WAL mode with synchronous=NORMAL: a committed write survives SIGKILL."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._db: aiosqlite.Connection | None = None
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(self.path)
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA busy_timeout=5000")
+        await db.executescript(_SCHEMA)
+        await db.commit()
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError(f"checkpoint store {self.path} is not open")
+        return self._db
+
+    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        if not keys:
+            return {}
+        marks = ",".join("?" * len(keys))
+        async with self.db.execute(f"SELECT key, value FROM checkpoints WHERE key IN ({marks})", keys) as cur:
+            return {k: orjson.loads(v) for k, v in await cur.fetchall()}
+
+    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+        now = time.time()
+        db = self.db
+        try:
+            for key, value in values.items():
+                blob = orjson.dumps(value)
+                async with db.execute("SELECT version FROM checkpoints WHERE key = ?", (key,)) as cur:
+                    row = await cur.fetchone()
+                version = (row[0] if row else 0) + 1
+                await db.execute(
+                    "INSERT INTO checkpoints(key, version, value, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET version=excluded.version, value=excluded.value, "
+                    "updated_at=excluded.updated_at",
+                    (key, version, blob, now),
+                )
+                await db.execute(
+                    "INSERT INTO checkpoint_versions(key, version, value, created_at) VALUES (?, ?, ?, ?)",
+                    (key, version, blob, now),
+                )
+                if version % 50 == 0:
+                    await db.execute(
+                        "DELETE FROM checkpoint_versions WHERE key = ? AND version <= ?",
+                        (key, version - HISTORY),
+                    )
+            await db.commit()
+        except BaseException:
+            await db.rollback()
+            raise
+
+    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+        async with self.db.execute(
+            "SELECT key, version, updated_at, value FROM checkpoints ORDER BY key"
+        ) as cur:
+            return {k: (v, t, orjson.loads(b)) for k, v, t, b in await cur.fetchall()}
+
+    async def versions(self, key: str) -> list[VersionInfo]:
+        async with self.db.execute(
+            "SELECT version, created_at, value FROM checkpoint_versions WHERE key = ? ORDER BY version",
+            (key,),
+        ) as cur:
+            return [VersionInfo(v, t, len(b), orjson.loads(b)) for v, t, b in await cur.fetchall()]
+
+    async def rollback(self, key: str, version: int) -> None:
+        async with self.db.execute(
+            "SELECT value FROM checkpoint_versions WHERE key = ? AND version = ?", (key, version)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise KeyError(f"checkpoint {key!r} has no version {version}")
+        await self.put_many({key: orjson.loads(row[0])})
+
+
+def open_store(kind: str, path: str) -> CheckpointStore:
+    """A store from the ``spec.storage`` settings (not yet opened)."""
+    if kind == "sqlite":
+        return SqliteCheckpointStore(path)
+    if kind == "file":
+        return FileCheckpointStore(path)
+    if kind == "memory":
+        return MemoryCheckpointStore()
+    raise ValueError(f"unknown storage type {kind!r}; expected sqlite, file or memory")

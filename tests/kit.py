@@ -1,0 +1,146 @@
+"""Building blocks for pipeline tests: config documents, a synthetic source, scripted sinks.
+
+The fakes here exercise pipeline *logic* in-process; the real Turso source and
+file sink are exercised by the end-to-end tests (test_serve_e2e.py, test_crash.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from deltaforge.config import PipelineConfig, SinkConfig, parse_pipeline
+from deltaforge.events import Event, SourceInfo
+from deltaforge.sinks.base import Sink
+from deltaforge.sources.base import Source
+
+
+def doc(
+    sinks: list[dict[str, Any]] | None = None,
+    name: str = "t",
+    batch: dict[str, Any] | None = None,
+    commit_policy: dict[str, Any] | None = None,
+    supervision: dict[str, Any] | None = None,
+    source_path: str = "unused.db",
+    storage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "source": {"type": "turso", "config": {"id": "src", "path": source_path}},
+        "sinks": sinks or [{"type": "stdout", "config": {"id": "a"}}],
+        "storage": storage or {"type": "memory"},
+    }
+    if batch:
+        spec["batch"] = batch
+    if commit_policy:
+        spec["commit_policy"] = commit_policy
+    spec["supervision"] = supervision or {
+        "max_restarts": 50,
+        "within_seconds": 60,
+        "backoff": {"base_ms": 1, "max_ms": 20},
+    }
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": name, "tenant": "acme"},
+        "spec": spec,
+    }
+
+
+def config(**kw: Any) -> PipelineConfig:
+    return parse_pipeline(doc(**kw), env={})
+
+
+def sink_doc(sid: str, required: bool = True) -> dict[str, Any]:
+    return {"type": "stdout", "config": {"id": sid, "required": required}}
+
+
+class SyntheticSource(Source):
+    """Emits ``total`` events in transactions of ``tx_sizes`` (cycled), resuming by seq."""
+
+    connector = "synthetic"
+
+    def __init__(
+        self, total: int, tx_sizes: list[int] | None = None, chunk: int = 1000, payload: int = 0
+    ) -> None:
+        self.id = "src"
+        self.total = total
+        self.tx_sizes = tx_sizes or [1]
+        self.chunk = chunk
+        self.payload = "x" * payload
+        self.next = 1
+        self.opened_from: list[int] = []
+        self.reads = 0
+
+    @staticmethod
+    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
+        return (int(checkpoint["seq"]),)
+
+    @property
+    def idle_wait(self) -> float:
+        return 0.01
+
+    async def open(self, resume_after: dict[str, Any] | None) -> None:
+        self.next = int(resume_after["seq"]) + 1 if resume_after else 1
+        self.opened_from.append(self.next)
+
+    def _tx_of(self, seq: int) -> tuple[int, bool]:
+        """Transaction id and whether ``seq`` ends it (deterministic from seq)."""
+        cycle = sum(self.tx_sizes)
+        full, offset = divmod(seq - 1, cycle)
+        tx = full * len(self.tx_sizes)
+        for size in self.tx_sizes:
+            if offset < size:
+                return tx, offset == size - 1 or seq == self.total
+            offset -= size
+            tx += 1
+        raise AssertionError("unreachable")
+
+    async def read(self) -> list[Event]:
+        self.reads += 1
+        if self.next > self.total:
+            return []
+        end = min(self.total, self.next + self.chunk - 1)
+        # extend to the end of the transaction in progress, as a real source does
+        while not self._tx_of(end)[1]:
+            end += 1
+        out = [make_event(s, *self._tx_of(s), payload=self.payload) for s in range(self.next, end + 1)]
+        self.next = end + 1
+        return out
+
+
+def make_event(seq: int, tx: int = 0, tx_end: bool = True, payload: str = "", size: int = 100) -> Event:
+    pos = {"seq": seq}
+    return Event(
+        op="c",
+        before=None,
+        after={"id": seq % 97, "seq": seq, "p": payload} if payload else {"id": seq % 97, "seq": seq},
+        source=SourceInfo("synthetic", "db", "t", pos, 1_700_000_000_000),
+        tx_id=str(tx),
+        tx_end=tx_end,
+        event_id=str(seq),
+        order=(seq,),
+        checkpoint=pos,
+        tenant="acme",
+        size=size,
+    )
+
+
+class ScriptedSink(Sink):
+    """Records what it receives; ``script(batch_no, events)`` may raise or delay."""
+
+    def __init__(
+        self, sid: str, required: bool = True, script: Callable[[int, list[Event]], Any] | None = None
+    ):
+        super().__init__(SinkConfig("stdout", sid, required, "native", {"id": sid}))
+        self.script = script
+        self.received: list[int] = []
+        self.calls = 0
+
+    async def deliver(self, events: list[Event]) -> None:
+        self.calls += 1
+        if self.script is not None:
+            result = self.script(self.calls, events)
+            if asyncio.iscoroutine(result):
+                await result
+        self.received.extend(e.order[0] for e in events)

@@ -1,0 +1,78 @@
+"""Running ``python -m deltaforge serve`` as a real subprocess in tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import wait_until_sync
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    """A serve process with its cwd, logs and (optionally) API port."""
+
+    def __init__(self, cwd: Path, *args: str, api: bool = True) -> None:
+        self.cwd = cwd
+        self.port = free_port() if api else None
+        addr = f"127.0.0.1:{self.port}" if api else "off"
+        self.stdout = open(cwd / "serve.out", "ab")  # noqa: SIM115
+        self.stderr = open(cwd / "serve.err", "ab")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deltaforge", "serve", "--api-addr", addr, *args],
+            cwd=cwd,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            env=env,
+        )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url(path), timeout=5)
+
+    def wait_api(self) -> None:
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited early: {(self.cwd / 'serve.err').read_text()[-2000:]}")
+            try:
+                return self.get("/health").status_code in (200, 503)
+            except httpx.HTTPError:
+                return False
+
+        wait_until_sync(up, timeout=20, what="REST API up")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        self._close()
+        return rc
+
+    def _close(self) -> None:
+        self.stdout.close()
+        self.stderr.close()
+
+    def __enter__(self) -> Serve:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.kill()

@@ -1,0 +1,145 @@
+"""Config validation: every wrong field is named with its path and what was expected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deltaforge.config import ConfigError, load, parse_pipeline
+from tests.kit import doc
+
+GOOD = """
+apiVersion: deltaforge/v1
+kind: Pipeline
+metadata: {name: orders, tenant: acme}
+spec:
+  source: {type: turso, config: {id: orders-db, path: "${DATA}/orders.db", tables: [orders]}}
+  sinks:
+    - {type: file, config: {id: f1, path: "${DATA}/events.jsonl", envelope: {type: debezium}}}
+    - {type: stdout, config: {id: out, required: false, format: pretty}}
+  supervision: {strategy: one_for_all, max_restarts: 5, within_seconds: 60, backoff: {base_ms: 100, max_ms: 10000}}
+  batch: {max_events: 2000, max_bytes: 16777216, max_ms: 50, respect_source_tx: true, max_inflight: 1}
+  commit_policy: {mode: required}
+"""
+
+
+def errors_of(d: Any, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_pipeline(d, env=env or {})
+    return info.value.errors
+
+
+def test_good_config_parses_with_env_and_defaults() -> None:
+    cfg = parse_pipeline(yaml.safe_load(GOOD), env={"DATA": "/tmp/x"})
+    assert cfg.name == "orders" and cfg.tenant == "acme"
+    assert cfg.source.config["path"] == "/tmp/x/orders.db"
+    assert [s.id for s in cfg.sinks] == ["f1", "out"]
+    assert cfg.sinks[0].envelope == "debezium" and cfg.sinks[0].required
+    assert not cfg.sinks[1].required
+    assert cfg.batch.max_events == 2000 and cfg.supervision.backoff_max_ms == 10000
+
+
+def test_templates_with_dots_are_left_for_the_sink() -> None:
+    d = doc(sinks=[{"type": "file", "config": {"id": "f", "path": "out/${source.table}.jsonl"}}])
+    cfg = parse_pipeline(d, env={})
+    assert cfg.sinks[0].config["path"] == "out/${source.table}.jsonl"
+
+
+def test_unknown_source_and_sink_types() -> None:
+    d = doc(sinks=[{"type": "carrier-pigeon", "config": {"id": "p"}}])
+    d["spec"]["source"]["type"] = "oracle"
+    errs = errors_of(d)
+    assert any(e.startswith("spec.source.type: unknown source type 'oracle'") for e in errs)
+    assert any(e.startswith("spec.sinks[0].type: unknown sink type 'carrier-pigeon'") for e in errs)
+
+
+def test_missing_required_fields() -> None:
+    d = doc(sinks=[{"type": "file", "config": {"id": "f"}}])
+    del d["spec"]["source"]["config"]["path"]
+    del d["metadata"]["name"]
+    errs = errors_of(d)
+    assert "spec.sinks[0].config.path: required (a string)" in errs
+    assert "spec.source.config.path: required (a string)" in errs
+    assert "metadata.name: required (a string)" in errs
+
+
+def test_wrong_types() -> None:
+    d = doc(batch={"max_events": "lots", "respect_source_tx": "yes"}, commit_policy={"mode": "most"})
+    errs = errors_of(d)
+    assert "spec.batch.max_events: expected an integer >= 1, got 'lots'" in errs
+    assert "spec.batch.respect_source_tx: expected true or false, got 'yes'" in errs
+    assert "spec.commit_policy.mode: expected one of required, all, quorum, got 'most'" in errs
+
+
+def test_bad_env_references() -> None:
+    d = doc(sinks=[{"type": "file", "config": {"id": "f", "path": "${NOPE}/x"}}])
+    d["spec"]["source"]["config"]["path"] = "${1bad}"
+    errs = errors_of(d)
+    assert "spec.sinks[0].config.path: environment variable NOPE is not set" in errs
+    assert any(e.startswith("spec.source.config.path: bad variable reference ${1bad}") for e in errs)
+
+
+def test_unknown_fields_and_duplicates_and_quorum() -> None:
+    d = doc(
+        sinks=[
+            {"type": "stdout", "config": {"id": "a", "colour": 1}},
+            {"type": "stdout", "config": {"id": "a"}},
+        ],
+        commit_policy={"mode": "quorum", "quorum": 5},
+    )
+    errs = errors_of(d)
+    assert any(e.startswith("spec.sinks[0].config.colour: unknown field") for e in errs)
+    assert "spec.sinks: sink id 'a' is used more than once" in errs
+    assert "spec.commit_policy.quorum: expected 1..2 with mode quorum, got 5" in errs
+
+
+def test_one_for_one_is_refused_at_pipeline_level() -> None:
+    errs = errors_of(doc(supervision={"strategy": "one_for_one"}))
+    assert any(
+        e.startswith("spec.supervision.strategy: expected one of one_for_all, rest_for_one") for e in errs
+    )
+
+
+def test_load_folder_of_pipelines(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc(name="a")))
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(doc(name="b")) + "---\n" + yaml.safe_dump(doc(name="c")))
+    assert [p.name for p in load(tmp_path, env={})] == ["a", "b", "c"]
+
+
+def _validate(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deltaforge", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_validate_cli_lists_every_wrong_field(tmp_path: Path) -> None:
+    bad = doc(sinks=[{"type": "kafkaa", "config": {"id": "k"}}, {"type": "file", "config": {"id": "f"}}])
+    bad["spec"]["batch"] = {"max_ms": -1}
+    bad["spec"]["source"]["config"]["path"] = "${MISSING_VAR_FOR_TEST}"
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    r = _validate(f)
+    assert r.returncode != 0
+    for expected in (
+        "spec.sinks[0].type: unknown sink type 'kafkaa'",
+        "spec.sinks[1].config.path: required",
+        "spec.batch.max_ms: expected an integer >= 1, got -1",
+        "spec.source.config.path: environment variable MISSING_VAR_FOR_TEST is not set",
+    ):
+        assert expected in r.stderr, r.stderr
+
+
+def test_validate_cli_accepts_good_file(tmp_path: Path) -> None:
+    f = tmp_path / "good.yaml"
+    f.write_text(GOOD.replace("${DATA}", str(tmp_path)))
+    r = _validate(f)
+    assert r.returncode == 0, r.stderr
+    assert "ok: pipeline 'orders'" in r.stdout

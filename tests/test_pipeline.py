@@ -1,0 +1,302 @@
+"""The pipeline's actors in-process: commit policy, per-sink checkpoints, supervision, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from deltaforge.api import build_app
+from deltaforge.config import PipelineConfig
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
+from tests.helpers import wait_until
+from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+
+N = 500
+
+
+def fails(exc: type[Exception] = RetryableSinkError) -> Any:
+    def script(call: int, events: list[Event]) -> None:
+        raise exc(f"down (call {call})")
+
+    return script
+
+
+async def start(
+    cfg: PipelineConfig, sinks: list[ScriptedSink], source: SyntheticSource, store: MemoryCheckpointStore
+) -> tuple[PipelineRunner, asyncio.Task[None]]:
+    runner = PipelineRunner(cfg, store=store, sinks={s.id: s for s in sinks}, source=source)
+    task = asyncio.create_task(runner.run())
+    return runner, task
+
+
+async def stop(runner: PipelineRunner, task: asyncio.Task[None], drain_timeout: float = 5) -> None:
+    await runner.drain(timeout=drain_timeout)
+    await asyncio.wait_for(task, 10)
+
+
+async def checkpoint(store: MemoryCheckpointStore, sid: str) -> int | None:
+    cp = await store.get(sink_key("src", sid))
+    return None if cp is None else int(cp["seq"])
+
+
+def first_seen(received: list[int]) -> list[int]:
+    seen: set[int] = set()
+    out = []
+    for x in received:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+async def test_failed_required_sink_makes_no_checkpoint_advance() -> None:
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=fails())
+    b = ScriptedSink("b", required=False)
+    runner, task = await start(
+        config(sinks=[sink_doc("a"), sink_doc("b", required=False)]), [a, b], SyntheticSource(N), store
+    )
+    await wait_until(lambda: runner.ctx.stats.commit_failures >= 3, what="retries of the first batch")
+    assert await checkpoint(store, "a") is None
+    assert await checkpoint(store, "b") is None  # b has it, but the policy was not met
+    assert b.received  # b did receive the batch: delivered is not committed
+    assert runner.ctx.stats.batches_committed == 0
+    await stop(runner, task, drain_timeout=0.5)  # a stuck sink cannot drain
+    assert await checkpoint(store, "b") is None
+
+
+async def test_required_policy_commits_without_failed_optional_sink_which_lags() -> None:
+    store = MemoryCheckpointStore()
+    a, b = ScriptedSink("a"), ScriptedSink("b", required=False, script=fails())
+    runner, task = await start(
+        config(sinks=[sink_doc("a"), sink_doc("b", required=False)]), [a, b], SyntheticSource(N), store
+    )
+    await wait_until(lambda: len(a.received) == N, what="a has everything")
+    await stop(runner, task)
+    assert await checkpoint(store, "a") == N
+    assert await checkpoint(store, "b") is None
+    assert runner.ctx.stats.sinks["b"].lagging
+    assert b.calls == 3  # retried once per attempt, then left behind for this run
+
+
+async def test_all_policy_blocks_on_optional_sink() -> None:
+    store = MemoryCheckpointStore()
+    a, b = ScriptedSink("a"), ScriptedSink("b", required=False, script=fails())
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)], commit_policy={"mode": "all"})
+    runner, task = await start(cfg, [a, b], SyntheticSource(N), store)
+    await wait_until(lambda: runner.ctx.stats.commit_failures >= 2, what="policy unmet")
+    assert runner.ctx.stats.batches_committed == 0
+    await stop(runner, task, drain_timeout=0.5)  # a stuck sink cannot drain
+    assert await checkpoint(store, "a") is None
+
+
+async def test_quorum_policy_commits_with_enough_sinks() -> None:
+    store = MemoryCheckpointStore()
+    a, b, c = ScriptedSink("a"), ScriptedSink("b"), ScriptedSink("c", script=fails())
+    cfg = config(
+        sinks=[sink_doc("a"), sink_doc("b"), sink_doc("c")], commit_policy={"mode": "quorum", "quorum": 2}
+    )
+    runner, task = await start(cfg, [a, b, c], SyntheticSource(N), store)
+    await wait_until(lambda: len(a.received) == N and len(b.received) == N, what="a and b complete")
+    await stop(runner, task)
+    assert await checkpoint(store, "a") == N and await checkpoint(store, "b") == N
+    assert await checkpoint(store, "c") is None
+
+
+async def test_quorum_not_met_commits_nothing() -> None:
+    store = MemoryCheckpointStore()
+    a, b, c = ScriptedSink("a"), ScriptedSink("b", script=fails()), ScriptedSink("c", script=fails())
+    cfg = config(
+        sinks=[sink_doc("a"), sink_doc("b"), sink_doc("c")], commit_policy={"mode": "quorum", "quorum": 2}
+    )
+    runner, task = await start(cfg, [a, b, c], SyntheticSource(N), store)
+    await wait_until(lambda: runner.ctx.stats.commit_failures >= 2, what="quorum unmet")
+    await stop(runner, task, drain_timeout=0.5)  # a stuck sink cannot drain
+    assert await checkpoint(store, "a") is None
+
+
+async def test_failed_optional_sink_catches_up_after_restart_without_redelivery_to_others() -> None:
+    store = MemoryCheckpointStore()
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)])
+    a1, b1 = ScriptedSink("a"), ScriptedSink("b", required=False, script=fails())
+    runner, task = await start(cfg, [a1, b1], SyntheticSource(N), store)
+    await wait_until(lambda: len(a1.received) == N, what="first run delivered to a")
+    await stop(runner, task)
+    assert await checkpoint(store, "b") is None
+
+    a2, b2 = ScriptedSink("a"), ScriptedSink("b", required=False)
+    source = SyntheticSource(N)
+    runner, task = await start(cfg, [a2, b2], source, store)
+    await wait_until(lambda: len(b2.received) == N, what="b caught up")
+    await stop(runner, task)
+    assert source.opened_from == [1]  # the minimum across sinks: b had nothing
+    assert b2.received == list(range(1, N + 1))
+    assert a2.received == []  # a already had all of it: skipped, not re-delivered
+    assert runner.ctx.stats.sinks["a"].skipped == N
+    assert await checkpoint(store, "b") == N
+
+
+async def test_sink_ahead_of_resume_point_skips_what_it_has() -> None:
+    store = MemoryCheckpointStore()
+    await store.put_many({sink_key("src", "a"): {"seq": 300}, sink_key("src", "b"): {"seq": 100}})
+    a, b = ScriptedSink("a"), ScriptedSink("b")
+    source = SyntheticSource(N)
+    runner, task = await start(config(sinks=[sink_doc("a"), sink_doc("b")]), [a, b], source, store)
+    await wait_until(lambda: len(b.received) == N - 100, what="b complete")
+    await stop(runner, task)
+    assert source.opened_from == [101]
+    assert a.received == list(range(301, N + 1))
+    assert b.received == list(range(101, N + 1))
+
+
+async def test_order_is_kept_across_retries() -> None:
+    rng = random.Random(3)
+
+    def flaky(call: int, events: list[Event]) -> None:
+        if rng.random() < 0.3:
+            raise RetryableSinkError("flaky")
+
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=flaky)
+    runner, task = await start(
+        config(sinks=[sink_doc("a")], batch={"max_events": 37}), [a], SyntheticSource(N), store
+    )
+    await wait_until(lambda: len(a.received) >= N, what="all delivered")
+    await stop(runner, task)
+    assert a.received == list(range(1, N + 1))  # retries never deliver a partial batch here
+    assert runner.ctx.stats.sinks["a"].retries > 0
+
+
+async def test_worker_that_raises_is_restarted_and_pipeline_continues_without_loss() -> None:
+    def crash_once(call: int, events: list[Event]) -> None:
+        if call == 3:
+            raise RuntimeError("bug in sink")
+
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=crash_once)
+    runner, task = await start(
+        config(sinks=[sink_doc("a")], batch={"max_events": 50}), [a], SyntheticSource(N), store
+    )
+    await wait_until(lambda: runner.ctx.stats.events_committed >= N, what="all committed")
+    snap = runner.snapshot().find("DeliveryWorker[a]")
+    await stop(runner, task)
+    assert snap is not None and snap.restarts == 1
+    assert snap.last_error == "RuntimeError: bug in sink"
+    assert first_seen(a.received) == list(range(1, N + 1))
+    assert await checkpoint(store, "a") == N
+
+
+async def test_exceeding_intensity_fails_pipeline_and_health_turns_503() -> None:
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=fails(RuntimeError))
+    cfg = config(
+        sinks=[sink_doc("a")],
+        supervision={"max_restarts": 2, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}},
+    )
+    runner, task = await start(cfg, [a], SyntheticSource(N), store)
+    app = build_app({"t": runner})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://df") as client:
+        assert (await client.get("/health")).status_code == 200
+        await asyncio.wait_for(task, 20)
+        assert runner.state == "failed"
+        resp = await client.get("/health")
+        assert resp.status_code == 503
+        body = resp.json()
+        assert body["status"] == "failed"
+        assert "exceeded its restart intensity" in body["reasons"][0]
+        assert "PipelineSupervisor[t]" in body["reasons"][0]
+        tree = (await client.get("/pipelines/t/actors")).json()
+        assert tree["state"] == "failed"
+    assert await checkpoint(store, "a") is None
+
+
+async def test_non_retryable_error_on_required_sink_is_reported_with_sink_id() -> None:
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=fails(NonRetryableSinkError))
+    cfg = config(
+        sinks=[sink_doc("a")],
+        supervision={"max_restarts": 1, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}},
+    )
+    runner, task = await start(cfg, [a], SyntheticSource(N), store)
+    await asyncio.wait_for(task, 20)
+    assert runner.state == "failed"
+    snap = runner.snapshot().find("DeliveryCoordinator")
+    assert snap is not None and snap.last_error is not None
+    assert "sink 'a'" in snap.last_error and "down" in snap.last_error
+    assert a.calls >= 1
+
+
+async def test_max_ms_flushes_a_partial_batch() -> None:
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a")
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 10_000, "max_ms": 30})
+    runner, task = await start(cfg, [a], SyntheticSource(7), store)
+    await wait_until(lambda: len(a.received) == 7, timeout=5, what="partial batch flushed by time")
+    assert a.calls == 1
+    await stop(runner, task)
+
+
+async def test_transactions_are_not_split_in_the_running_pipeline() -> None:
+    store = MemoryCheckpointStore()
+    batches: list[list[Event]] = []
+
+    def record(call: int, events: list[Event]) -> None:
+        batches.append(list(events))
+
+    a = ScriptedSink("a", script=record)
+    source = SyntheticSource(2000, tx_sizes=[1, 7, 120, 3, 45], chunk=50)
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 10, "max_ms": 5})
+    runner, task = await start(cfg, [a], source, store)
+    await wait_until(lambda: len(a.received) == 2000, what="all delivered")
+    await stop(runner, task)
+    assert all(b[-1].tx_end for b in batches)
+    tx_batches: dict[str, set[int]] = {}
+    for i, b in enumerate(batches):
+        for e in b:
+            tx_batches.setdefault(e.tx_id, set()).add(i)
+    assert all(len(s) == 1 for s in tx_batches.values())
+    assert max(len(b) for b in batches) >= 120  # a large transaction made a larger batch
+
+
+@pytest.mark.slow
+async def test_backpressure_blocks_the_reader_and_memory_stays_flat() -> None:
+    total = 1_000_000
+    store = MemoryCheckpointStore()
+
+    async def slow(call: int, events: list[Event]) -> None:
+        await asyncio.sleep(0.002)
+
+    a = ScriptedSink("a", script=slow)
+    source = SyntheticSource(total, chunk=2000)
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 2000, "max_ms": 50})
+    runner, task = await start(cfg, [a], source, store)
+    proc = psutil.Process()
+    blocked_seen = 0
+    baseline: int | None = None
+    peak = 0
+    while runner.ctx.stats.events_committed < total:
+        await asyncio.sleep(0.01)
+        if runner.ctx.refs["accumulator"].waiting_senders > 0:
+            blocked_seen += 1  # the reader is parked in tell() on a full mailbox
+        committed = runner.ctx.stats.events_committed
+        rss = proc.memory_info().rss
+        if baseline is None and committed >= total // 10:
+            baseline = rss
+        if baseline is not None:
+            peak = max(peak, rss)
+        # the reader can never be far ahead of delivery: mailboxes are bounded
+        assert runner.ctx.stats.events_read - committed <= 2000 * 12
+        assert not task.done()
+    await stop(runner, task)
+    assert blocked_seen > 10
+    assert baseline is not None
+    assert peak - baseline < 40 * 1024 * 1024, f"RSS grew {(peak - baseline) / 1e6:.1f} MB"
+    assert len(a.received) == total

@@ -1,0 +1,105 @@
+"""``python -m deltaforge serve`` end to end: the default pipeline, the API, the CLI, signals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from tests.helpers import wait_until_sync
+from tests.serve_proc import Serve
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def test_default_pipeline_runs_with_no_external_server(tmp_path: Path) -> None:
+    events = tmp_path / "data" / "events.jsonl"
+    with Serve(tmp_path, "--log-file", "data/deltaforge.log") as serve:
+        wait_until_sync(lambda: len(lines(events)) > 0, timeout=10, what="events in ./data/events.jsonl")
+        serve.wait_api()
+        assert serve.get("/health").json() == {"status": "ok", "pipelines": {"demo": "running"}}
+        [p] = serve.get("/pipelines").json()
+        assert p["name"] == "demo" and p["state"] == "running"
+        wait_until_sync(
+            lambda: serve.get("/pipelines/demo").json()["counters"]["batches_committed"] > 0, what="a commit"
+        )
+        tree = serve.get("/pipelines/demo/actors").json()
+        assert tree["name"] == "PipelineSupervisor[demo]" and tree["state"] == "running"
+        names = [c["name"] for c in tree["children"]]
+        assert names == [
+            "CheckpointCommitter",
+            "DeliverySupervisor",
+            "DeliveryCoordinator",
+            "Accumulator",
+            "DemoWorkload",
+            "SourceReader",
+        ]
+        workers = tree["children"][1]["children"]
+        assert {w["name"] for w in workers} == {"DeliveryWorker[events-file]", "DeliveryWorker[console]"}
+        assert all("mailbox" in w for w in workers)
+        cps = serve.get("/pipelines/demo/checkpoints").json()
+        assert cps["events-file"]["key"] == "demo::sink::events-file"
+        assert cps["events-file"]["position"]["change_id"] > 0
+        assert serve.get("/pipelines/nope").status_code == 404
+        assert serve.terminate() == 0
+    out = (tmp_path / "serve.out").read_text()
+    assert "demo.orders #1 insert" in out  # the readable stdout sink
+    err = (tmp_path / "serve.err").read_text()
+    assert '"event":"pipeline_drained"' in err
+
+    # After a graceful stop every delivered event is checkpointed: the checkpoint is the last line.
+    evs = lines(events)
+    last = evs[-1]["source"]["change_id"]  # type: ignore[index]
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "checkpoints", "--storage-path", "data/deltaforge.db"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    cp_line = next(x for x in r.stdout.splitlines() if x.startswith("demo::sink::events-file"))
+    cp = int(cp_line.split("'change_id': ")[1].rstrip("}"))
+    assert cp >= last  # the checkpoint is the tx commit marker after the last event
+
+    # Versions exist and the logs viewer filters the JSON log.
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "checkpoints", "--storage-path", "data/deltaforge.db",
+         "--versions", "demo::sink::events-file"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 0 and len(r.stdout.splitlines()) >= 1
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "logs", "--pipeline", "demo", "--actor", "SourceReader",
+         "--color", "never", "data/deltaforge.log"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "demo/SourceReader source_opening" in r.stdout
+    assert "pipeline_drained" not in r.stdout  # filtered out: not that actor
+
+
+def test_no_workload_flag_starts_idle_pipeline(tmp_path: Path) -> None:
+    with Serve(tmp_path, "--no-workload") as serve:
+        serve.wait_api()
+        tree = serve.get("/pipelines/demo/actors").json()
+        assert "DemoWorkload" not in [c["name"] for c in tree["children"]]
+        assert serve.terminate() == 0
+    assert lines(tmp_path / "data" / "events.jsonl") == []
+
+
+def test_bad_config_is_refused_before_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: x}\nspec: {sinks: []}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "serve", "--config", str(cfg), "--api-addr", "off"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "spec.source: required" in r.stderr and "spec.sinks: required" in r.stderr
