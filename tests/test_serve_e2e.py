@@ -103,3 +103,40 @@ def test_bad_config_is_refused_before_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 2
     assert "spec.source: required" in r.stderr and "spec.sinks: required" in r.stderr
+
+
+def test_lost_position_halts_with_message_and_health_503(tmp_path: Path) -> None:
+    """A checkpoint beyond what the database holds (database replaced) halts; nothing is skipped."""
+    import asyncio
+
+    from deltaforge.state.checkpoints import SqliteCheckpointStore
+
+    async def seed() -> None:
+        store = SqliteCheckpointStore(tmp_path / "data" / "deltaforge.db")
+        await store.open()
+        await store.put_many(
+            {"demo::sink::events-file": {"change_id": 10**6}, "demo::sink::console": {"change_id": 10**6}}
+        )
+        await store.close()
+
+    asyncio.run(seed())
+    with Serve(tmp_path) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/health").status_code == 503, what="503")
+        body = serve.get("/health").json()
+        [reason] = body["reasons"]
+        assert reason.startswith("demo: position lost: checkpoint change_id 1000000 of source 'demo'")
+        assert reason.endswith("Re-snapshot required.")
+        assert serve.get("/pipelines/demo").json()["state"] == "failed"
+        tree = serve.get("/pipelines/demo/actors").json()
+        reader = next(c for c in tree["children"] if c["name"] == "SourceReader")
+        assert reader["state"] == "fatal" and "position lost" in reader["last_error"]
+        assert serve.terminate() == 0
+    assert lines(tmp_path / "data" / "events.jsonl") == []
+
+
+def test_readme_run_command_is_the_one_tested_here() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:]]
+    assert blocks[0].endswith("python -m deltaforge serve")  # what these tests run
+    assert blocks[1] == "bash .ci/run"

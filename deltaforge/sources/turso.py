@@ -19,7 +19,7 @@ from typing import Any
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import Source, SourceError
+from deltaforge.sources.base import PositionLost, Source, SourceError
 from deltaforge.sources.sqlite_record import decode_record
 
 _OPS = {1: "c", 0: "u", -1: "d"}
@@ -61,6 +61,22 @@ class TursoSource(Source):
         self._columns = {}
         self._has_cdc_table = False
         self._conn = await self._threads.run(self._connect)
+        if self._after:
+            await self._threads.run(self._check_position)
+
+    def _check_position(self) -> None:
+        """Halt rather than skip when the checkpoint is beyond what the database holds."""
+        has_table = self._conn.execute(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'turso_cdc'"
+        ).fetchall()
+        last = self._conn.execute("SELECT max(change_id) FROM turso_cdc").fetchone()[0] if has_table else None
+        self._conn.commit()
+        if last is None or int(last) < self._after:
+            held = "no turso_cdc table" if not has_table else f"turso_cdc ends at change_id {last}"
+            raise PositionLost(
+                f"checkpoint change_id {self._after} of source {self.id!r} is not in {self.path} ({held}; "
+                "the database was replaced or its CDC table truncated)"
+            )
 
     def _connect(self) -> Any:
         import turso
