@@ -140,3 +140,24 @@ def test_readme_run_command_is_the_one_tested_here() -> None:
     blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:]]
     assert blocks[0].endswith("python -m deltaforge serve")  # what these tests run
     assert blocks[1] == "bash .ci/run"
+
+
+def test_logs_reads_stdin_and_filters_by_level() -> None:
+    logs = "\n".join(
+        [
+            '{"event":"child_restarted","level":"warning","pipeline":"p","actor":"DeliveryWorker[k]","supervisor":"S","reason":"boom"}',
+            '{"event":"source_opening","level":"info","pipeline":"p","actor":"SourceReader"}',
+            '{"event":"other","level":"error","pipeline":"q","actor":"SourceReader"}',
+            "not json at all",
+        ]
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "logs", "--level", "warning", "--pipeline", "p", "--color", "never"],
+        input=logs, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert any("p/DeliveryWorker[k] child_restarted" in x and "reason=boom" in x for x in out)
+    assert not any("source_opening" in x for x in out)  # below the level
+    assert not any(" other" in x for x in out)  # another pipeline
+    assert "not json at all" in r.stdout  # shown as is, not dropped
