@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -21,8 +21,16 @@ def _default(value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Decimal):
         return str(value)
-    if isinstance(value, date | datetime):
+    if isinstance(value, date | datetime | time):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        # MySQL TIME: a signed duration, shown as [-]HH:MM:SS[.ffffff] (it may exceed 24h)
+        total = value.days * 86400 + value.seconds
+        sign, total = ("-", -total - (1 if value.microseconds else 0)) if total < 0 else ("", total)
+        micros = (1_000_000 - value.microseconds) % 1_000_000 if sign else value.microseconds
+        h, rem = divmod(total, 3600)
+        text = f"{sign}{h:02d}:{rem // 60:02d}:{rem % 60:02d}"
+        return f"{text}.{micros:06d}" if micros else text
     if isinstance(value, set | frozenset):
         return sorted(value)
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")

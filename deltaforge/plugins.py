@@ -10,10 +10,11 @@ from deltaforge.sinks.base import Sink
 from deltaforge.sinks.file import FileSink
 from deltaforge.sinks.stdout import StdoutSink
 from deltaforge.sources.base import Source
+from deltaforge.sources.mysql import MySQLSource
 from deltaforge.sources.turso import TursoSource
 
 SINKS: dict[str, Callable[[SinkConfig], Sink]] = {"file": FileSink, "stdout": StdoutSink}
-SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {"turso": TursoSource}
+SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {"turso": TursoSource, "mysql": MySQLSource}
 
 
 def build_sink(cfg: SinkConfig) -> Sink:

@@ -23,13 +23,13 @@ def free_port() -> int:
 class Serve:
     """A serve process with its cwd, logs and (optionally) API port."""
 
-    def __init__(self, cwd: Path, *args: str, api: bool = True) -> None:
+    def __init__(self, cwd: Path, *args: str, api: bool = True, env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.port = free_port() if api else None
         addr = f"127.0.0.1:{self.port}" if api else "off"
         self.stdout = open(cwd / "serve.out", "ab")  # noqa: SIM115
         self.stderr = open(cwd / "serve.err", "ab")  # noqa: SIM115
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deltaforge", "serve", "--api-addr", addr, *args],
             cwd=cwd,

@@ -43,7 +43,13 @@ class SourceReader(Actor):
         if isinstance(message, ReadNext):
             if not self.reading:
                 return None
-            events = await self.ctx.source.read()
+            source = self.ctx.source
+            events = await source.read()
+            for table, columns, position in source.take_schema_changes():
+                await self.ctx.store.record_schema(source.id, table, columns, position)
+                self.log.info(
+                    "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position
+                )
             if events:
                 self.ctx.stats.events_read += len(events)
                 await self.ctx.ref("accumulator").tell(EventsRead(events))

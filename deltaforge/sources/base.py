@@ -43,6 +43,10 @@ class Source(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
 
+    def take_schema_changes(self) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+        """Schemas first seen since the last call: ``(table, columns, position)``."""
+        return []
+
     @staticmethod
     @abstractmethod
     def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:

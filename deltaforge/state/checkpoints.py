@@ -66,6 +66,16 @@ class CheckpointStore(ABC):
     async def rollback(self, key: str, version: int) -> None:
         """Make ``version``'s value current again (as a new version)."""
 
+    @abstractmethod
+    async def record_schema(
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+    ) -> None:
+        """Remember the schema a source used for ``table`` from ``position`` on."""
+
+    @abstractmethod
+    async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
+        """Schemas recorded for ``table``, oldest first: ``{columns, position, recorded_at}``."""
+
     async def get(self, key: str) -> dict[str, Any] | None:
         return (await self.get_many([key])).get(key)
 
@@ -78,6 +88,17 @@ class MemoryCheckpointStore(CheckpointStore):
 
     def __init__(self) -> None:
         self._data: dict[str, list[VersionInfo]] = {}
+        self._schemas: dict[str, list[dict[str, Any]]] = {}
+
+    async def record_schema(
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+    ) -> None:
+        hist = self._schemas.setdefault(f"{source_id}::{table}", [])
+        hist.append({"columns": columns, "position": position, "recorded_at": time.time()})
+        await self._persist()
+
+    async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
+        return list(self._schemas.get(f"{source_id}::{table}", []))
 
     async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
         return {k: self._data[k][-1].value for k in keys if k in self._data}
@@ -118,10 +139,11 @@ class FileCheckpointStore(MemoryCheckpointStore):
     async def open(self) -> None:
         if self.path.exists():
             raw = orjson.loads(self.path.read_bytes())
-            self._data = {k: [VersionInfo(**v) for v in hist] for k, hist in raw.items()}
+            self._data = {k: [VersionInfo(**v) for v in hist] for k, hist in raw["checkpoints"].items()}
+            self._schemas = raw.get("schemas", {})
 
     async def _persist(self) -> None:
-        doc = {
+        checkpoints = {
             k: [
                 {
                     "version": v.version,
@@ -133,6 +155,7 @@ class FileCheckpointStore(MemoryCheckpointStore):
             ]
             for k, hist in self._data.items()
         }
+        doc = {"checkpoints": checkpoints, "schemas": self._schemas}
         await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(doc))
 
 
@@ -161,10 +184,40 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS checkpoint_versions (
     key TEXT NOT NULL, version INTEGER NOT NULL, value BLOB NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (key, version));
+CREATE TABLE IF NOT EXISTS schemas (
+    source_id TEXT NOT NULL, tbl TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    columns BLOB NOT NULL, position BLOB NOT NULL, recorded_at REAL NOT NULL);
 """
 
 
-class SqliteCheckpointStore(CheckpointStore):
+class _SqliteSchemas:
+    """Schema history rows of the SQLite store (mixed into it)."""
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        raise NotImplementedError
+
+    async def record_schema(
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+    ) -> None:
+        await self.db.execute(
+            "INSERT INTO schemas(source_id, tbl, columns, position, recorded_at) VALUES (?, ?, ?, ?, ?)",
+            (source_id, table, orjson.dumps(columns), orjson.dumps(position), time.time()),
+        )
+        await self.db.commit()
+
+    async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
+        async with self.db.execute(
+            "SELECT columns, position, recorded_at FROM schemas WHERE source_id = ? AND tbl = ? ORDER BY seq",
+            (source_id, table),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [
+            {"columns": orjson.loads(c), "position": orjson.loads(p), "recorded_at": t} for c, p, t in rows
+        ]
+
+
+class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
     """SQLite in WAL mode with synchronous=NORMAL: a committed write survives SIGKILL."""
 
     def __init__(self, path: str | Path) -> None:

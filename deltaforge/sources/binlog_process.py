@@ -1,0 +1,191 @@
+"""The binlog decoder process: python-mysql-replication outside the service's GIL.
+
+Decoding row events in Python is the most expensive step of a MySQL pipeline.
+In a thread it competes with the event loop for the one GIL; in this child
+process it runs on its own core. The parent sends the settings on stdin (so the
+password never shows in a process listing) and reads length-prefixed pickled
+frames from stdout:
+
+* ``("txs", [(gtid, file, end_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
+* ``("schema", table, columns, position)``
+* ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
+
+A full pipe blocks this process, which stops reading the replication socket:
+backpressure reaches the server. The process dies with its parent
+(``PR_SET_PDEATHSIG``), so a SIGKILLed service leaves no decoder behind.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import pickle
+import struct
+import sys
+import time
+from typing import IO, Any
+
+HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
+FLUSH_S = 0.01  # under steady load, hand over at least this often
+_STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
+_LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
+FRAME = struct.Struct("<I")
+
+
+def write_frame(out: IO[bytes], obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(FRAME.pack(len(data)) + data)
+    out.flush()
+
+
+def read_frame(inp: IO[bytes]) -> Any:
+    head = inp.read(FRAME.size)
+    if len(head) < FRAME.size:
+        raise EOFError("decoder closed its output")
+    (n,) = FRAME.unpack(head)
+    data = inp.read(n)
+    if len(data) < n:
+        raise EOFError("decoder output truncated")
+    return pickle.loads(data)
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import (
+        GtidEvent,
+        HeartbeatLogEvent,
+        MariadbGtidEvent,
+        QueryEvent,
+        RotateEvent,
+        XidEvent,
+    )
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
+    op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
+    patterns = [tuple(p) for p in cfg["patterns"]]
+    wanted_cache: dict[tuple[str, str], bool] = {}
+
+    def wanted(schema: str, table: str) -> bool:
+        hit = wanted_cache.get((schema, table))
+        if hit is None:
+            hit = not patterns or any(
+                fnmatch.fnmatchcase(schema, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in patterns
+            )
+            wanted_cache[(schema, table)] = hit
+        return hit
+
+    resume = cfg["resume"]
+    kw: dict[str, Any] = {}
+    if cfg["is_mariadb"]:
+        kw["auto_position"] = str(resume.get("gtid") or "") if resume else ""
+    elif resume:
+        kw.update(resume_stream=True, log_file=resume["file"], log_pos=int(resume["pos"]))
+    reader = BinLogStreamReader(
+        connection_settings=cfg["connection"],
+        server_id=cfg["server_id"],
+        blocking=True,
+        is_mariadb=cfg["is_mariadb"],
+        only_events=[
+            *rows_types,
+            XidEvent,
+            QueryEvent,
+            RotateEvent,
+            MariadbGtidEvent,
+            GtidEvent,
+            HeartbeatLogEvent,
+        ],
+        only_schemas=cfg["schemas"] or None,
+        slave_heartbeat=HEARTBEAT_S,
+        **kw,
+    )
+    file = str(resume.get("file", "")) if resume else ""
+    tx_gtid = str(resume.get("gtid", "")) if resume else ""
+    schemas: dict[str, tuple[tuple[str, int], ...]] = {}
+    tx: list[tuple[Any, ...]] = []
+    standalone = False
+    pending: list[tuple[Any, ...]] = []
+    pending_rows = 0
+    since = time.monotonic()
+    chunk = int(cfg["chunk"])
+    for ev in reader:
+        if isinstance(ev, HeartbeatLogEvent):
+            if pending:
+                write_frame(out, ("txs", pending))
+                pending, pending_rows = [], 0
+            continue
+        if isinstance(ev, RotateEvent):
+            file = ev.next_binlog
+            continue
+        if isinstance(ev, MariadbGtidEvent | GtidEvent):
+            tx_gtid = ev.gtid
+            standalone = isinstance(ev, MariadbGtidEvent) and bool(ev.flags & _STANDALONE)
+            tx = []
+            continue
+        if isinstance(ev, rows_types):
+            if not wanted(ev.schema, ev.table):
+                continue
+            table = f"{ev.schema}.{ev.table}"
+            pos = int(ev.packet.log_pos)
+            columns = tuple((c.name, c.type) for c in ev.columns)
+            if schemas.get(table) != columns:
+                schemas[table] = columns
+                cols = [{"name": n, "type": t} for n, t in columns]
+                write_frame(out, ("schema", table, cols, {"file": file, "pos": pos, "gtid": tx_gtid}))
+            op = op_of[type(ev)]
+            ts = int(ev.timestamp)
+            for i, row in enumerate(ev.rows):
+                if op == "u":
+                    tx.append(
+                        (op, ev.schema, ev.table, pos, i, ts, row["before_values"], row["after_values"])
+                    )
+                elif op == "c":
+                    tx.append((op, ev.schema, ev.table, pos, i, ts, None, row["values"]))
+                else:
+                    tx.append((op, ev.schema, ev.table, pos, i, ts, row["values"], None))
+            continue
+        end = isinstance(ev, XidEvent) or (
+            isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
+        )
+        if not end or not tx:
+            continue
+        if not pending:
+            since = time.monotonic()
+        pending.append((tx_gtid, file, int(ev.packet.log_pos), tx))
+        pending_rows += len(tx)
+        tx = []
+        if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S:
+            write_frame(out, ("txs", pending))
+            pending, pending_rows = [], 0
+
+
+def main() -> None:
+    _die_with_parent()
+    out = sys.stdout.buffer
+    cfg = pickle.loads(sys.stdin.buffer.read())
+    try:
+        stream(cfg, out)
+    except BrokenPipeError:
+        return
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
+        import pymysql
+
+        code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
+        kind = "position_lost" if code in _LOST_CODES else "source"
+        detail = exc.args[-1] if code in _LOST_CODES else f"{type(exc).__name__}: {exc}"
+        try:
+            write_frame(out, ("error", kind, str(detail)))
+        except BrokenPipeError:
+            pass
+
+
+if __name__ == "__main__":
+    main()

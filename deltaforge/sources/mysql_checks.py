@@ -1,0 +1,179 @@
+"""MySQL/MariaDB: connection settings, start-up preconditions and position checks.
+
+Everything here runs in a worker thread (pymysql is blocking).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pymysql
+
+from deltaforge.sources.base import PositionLost, SourceError
+from supervision import Fatal
+
+
+class SourceMisconfigured(Fatal):
+    """The server is not set up for CDC; a restart cannot fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class MySQLSettings:
+    """Parsed ``mysql://user:password@host:port/db`` (the password never appears in messages)."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+
+    @classmethod
+    def from_dsn(cls, dsn: str) -> MySQLSettings:
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
+            raise ValueError("expected mysql://user:password@host:port/db")
+        return cls(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=unquote(parts.username or ""),
+            password=unquote(parts.password or ""),
+            database=parts.path.lstrip("/"),
+        )
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def replication(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
+
+    def connect(self) -> pymysql.connections.Connection[Any]:
+        try:
+            return pymysql.connect(
+                host=self.host, port=self.port, user=self.user, password=self.password, connect_timeout=10,
+                autocommit=True,
+            )  # fmt: skip
+        except pymysql.err.OperationalError as exc:
+            code = exc.args[0] if exc.args else 0
+            if code in (1044, 1045):
+                raise SourceMisconfigured(
+                    f"mysql {self.where}: access denied (check user and password)"
+                ) from None
+            raise SourceError(f"mysql {self.where}: cannot connect: {exc.args[-1]}") from None
+
+
+def default_server_id(source_id: str) -> int:
+    """A stable replica server id per source, away from the small ids servers use."""
+    return 100_000 + zlib.crc32(source_id.encode()) % 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    is_mariadb: bool
+    version: str
+    server_id: int
+    gtid_binlog_pos: str
+
+
+def _variables(cur: Any, names: list[str]) -> dict[str, str]:
+    cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ",".join(["%s"] * len(names)) + ")", names)
+    return {str(k).lower(): str(v) for k, v in cur.fetchall()}
+
+
+_REQUIRED = (
+    ("log_bin", "ON", "log_bin=ON (start the server with --log-bin)"),
+    ("binlog_format", "ROW", "binlog_format=ROW (--binlog-format=ROW)"),
+    ("binlog_row_image", "FULL", "binlog_row_image=FULL (--binlog-row-image=FULL)"),
+    (
+        "binlog_row_metadata",
+        "FULL",
+        "binlog_row_metadata=FULL (--binlog-row-metadata=FULL; MariaDB >= 10.5, MySQL >= 8.0.14)",
+    ),
+)
+
+
+def check_preconditions(conn: Any, where: str) -> ServerInfo:
+    """Binlog on, ROW format, FULL row image and metadata, and the CDC privileges — or say what to set."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION(), @@server_id")
+        version, server_id = cur.fetchone()
+        mariadb = "mariadb" in str(version).lower()
+        values = _variables(cur, [name for name, _, _ in _REQUIRED] + ["gtid_binlog_pos"])
+        problems = []
+        for name, want, how in _REQUIRED:
+            got = values.get(name)
+            if got is None:
+                problems.append(f"{name} is not supported by server {version}; set {how}")
+            elif got.upper() not in (want, "1" if want == "ON" else want):
+                problems.append(f"{name} is {got}; set {how}")
+        cur.execute("SHOW GRANTS")
+        grants = " ".join(str(r[0]).upper() for r in cur.fetchall())
+    if "ALL PRIVILEGES ON *.*" not in grants:
+        need = [
+            ("REPLICATION SLAVE", ("REPLICATION SLAVE", "REPLICATION REPLICA")),
+            (
+                "BINLOG MONITOR" if mariadb else "REPLICATION CLIENT",
+                ("BINLOG MONITOR", "REPLICATION CLIENT", "SUPER"),
+            ),
+            ("SELECT", ("SELECT",)),
+        ]
+        missing = [label for label, options in need if not any(o in grants for o in options)]
+        if missing:
+            problems.append(
+                f"user lacks {', '.join(missing)}; GRANT {', '.join(missing)} ON *.* TO the CDC user"
+            )
+    if problems:
+        raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
+    return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""))
+
+
+def binlog_index(name: str) -> int:
+    m = re.search(r"\.(\d+)$", name)
+    return int(m.group(1)) if m else 0
+
+
+def check_position(conn: Any, checkpoint: dict[str, Any], info: ServerInfo) -> None:
+    """Raise :class:`PositionLost` when the checkpointed position is no longer on the server."""
+    file, pos = str(checkpoint.get("file", "")), int(checkpoint.get("pos", 0))
+    with conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        logs = {str(r[0]): int(r[1]) for r in cur.fetchall()}
+    if file and file not in logs:
+        oldest = min(logs, key=binlog_index) if logs else "none"
+        raise PositionLost(
+            f"binlog file {file} is no longer on the server (purged; oldest available is {oldest})"
+        )
+    if file and pos > logs[file] and binlog_index(file) == max(map(binlog_index, logs)):
+        raise PositionLost(f"binlog position {file}:{pos} is beyond the end of the binlog (RESET MASTER?)")
+    gtid = str(checkpoint.get("gtid") or "")
+    if info.is_mariadb and gtid:
+        domain, _, seq = gtid.split("-")
+        current = {
+            p.split("-")[0]: int(p.split("-")[2])
+            for p in info.gtid_binlog_pos.split(",")
+            if p.count("-") == 2
+        }
+        if int(seq) > current.get(domain, -1):
+            raise PositionLost(
+                f"GTID {gtid} is ahead of the server's binlog state {info.gtid_binlog_pos or 'empty'} "
+                "(RESET MASTER, or a different server)"
+            )
+
+
+def earliest_position(conn: Any, info: ServerInfo) -> dict[str, Any]:
+    """The start of the oldest binlog still on the server, as a resume position."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        files = [str(r[0]) for r in cur.fetchall()]
+        if not files:
+            raise SourceMisconfigured("the server lists no binary logs; enable log_bin")
+        oldest = min(files, key=binlog_index)
+        gtid = ""
+        if info.is_mariadb:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest,))
+            gtid = str(cur.fetchone()[0] or "")
+    return {"file": oldest, "pos": 4, "row": 0, "gtid": gtid}

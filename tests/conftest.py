@@ -1,0 +1,19 @@
+"""Session-wide fixtures: private servers started once, stopped by PID at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.servers.mariadb import MariaDB
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDB]:
+    """A private MariaDB 10.11 with ROW binlog, FULL image and metadata, GTID strict mode."""
+    server = MariaDB().start()
+    try:
+        yield server
+    finally:
+        server.stop()

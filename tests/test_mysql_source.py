@@ -1,0 +1,243 @@
+"""The MySQL/MariaDB binlog source against a real private MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import PositionLost
+from deltaforge.sources.mysql import MySQLSource
+from deltaforge.sources.mysql_checks import SourceMisconfigured
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import wait_until
+from tests.servers.mariadb import MariaDB
+
+_db_counter = itertools.count(1)
+
+
+def fresh_db(server: MariaDB) -> str:
+    name = f"shop{next(_db_counter)}"
+    with server.root() as c, c.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    return name
+
+
+def source(server: MariaDB, tables: list[str], **extra: Any) -> MySQLSource:
+    return MySQLSource({"id": "my", "dsn": server.dsn(), "tables": tables, **extra}, tenant="acme")
+
+
+async def read_n(src: MySQLSource, n: int, timeout: float = 30) -> list[Event]:
+    out: list[Event] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(out) < n:
+        if loop.time() > deadline:
+            raise AssertionError(f"read {len(out)} of {n} events")
+        out.extend(await src.read())
+    return out
+
+
+TYPES_DDL = """CREATE TABLE {db}.types (
+    id INT PRIMARY KEY, big BIGINT, tiny TINYINT, dec_ DECIMAL(12,4), fl FLOAT, dbl DOUBLE,
+    vc VARCHAR(50), txt TEXT, bl BLOB, d DATE, dtm DATETIME(6), ts TIMESTAMP(3) NULL, j JSON,
+    e ENUM('red','green'), s SET('a','b','c'), nul INT NULL
+) CHARACTER SET utf8mb4"""
+
+
+async def test_mixed_workload_in_commit_order_with_typed_values(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(TYPES_DDL.format(db=db))
+        cur.execute(f"CREATE TABLE {db}.other (id INT PRIMARY KEY, v INT)")
+        cur.execute(f"CREATE TABLE {db}.ignored (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.types", f"{db}.other"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(
+            "INSERT INTO types VALUES (1, 9007199254740993, -5, 12345678.1234, 1.5, -2.25e100, 'héllo ✓ 😀', "
+            "REPEAT('t', 3000), x'00ff10', '2024-02-29', '2024-01-02 03:04:05.123456', '2024-05-06 07:08:09.500', "
+            "'{\"k\": [1, \"two\"]}', 'green', 'a,c', NULL)"
+        )
+        c.begin()  # a multi-table transaction
+        cur.execute("UPDATE types SET vc = 'changed', nul = 7 WHERE id = 1")
+        cur.execute("INSERT INTO other VALUES (1, 1)")
+        cur.execute("INSERT INTO ignored VALUES (1)")
+        c.commit()
+        c.begin()  # a 1000-row transaction
+        cur.executemany("INSERT INTO other VALUES (%s, %s)", [(i, i) for i in range(2, 1002)])
+        c.commit()
+        cur.execute("DELETE FROM types WHERE id = 1")
+        cur.execute("UPDATE other SET v = v + 1 WHERE id <= 3")
+    events = await read_n(src, 1 + 2 + 1000 + 1 + 3)
+    await src.close()
+
+    assert [(e.op, e.table) for e in events[:3]] == [("c", "types"), ("u", "types"), ("c", "other")]
+    assert "ignored" not in {e.table for e in events}
+    after = events[0].after
+    assert after is not None
+    assert after["big"] == 9007199254740993 and after["tiny"] == -5
+    assert after["dec_"] == Decimal("12345678.1234")
+    assert after["fl"] == 1.5 and after["dbl"] == -2.25e100
+    assert after["vc"] == "héllo ✓ 😀" and after["txt"] == "t" * 3000
+    assert after["bl"] == b"\x00\xff\x10"
+    assert after["d"] == dt.date(2024, 2, 29)
+    assert after["dtm"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)
+    assert after["ts"] == dt.datetime(2024, 5, 6, 7, 8, 9, 500000)
+    assert after["j"] == '{"k": [1, "two"]}'  # MariaDB's JSON is LONGTEXT
+    assert after["e"] == "green" and after["s"] == {"a", "c"} and after["nul"] is None
+    upd = events[1]
+    assert upd.before is not None and upd.after is not None
+    assert upd.before["vc"] == "héllo ✓ 😀" and upd.after["vc"] == "changed" and upd.after["nul"] == 7
+    # transaction boundaries: the multi-table tx ends at 'other', the big one at its last row
+    assert [e.tx_end for e in events[:3]] == [True, False, True]
+    assert events[1].tx_id == events[2].tx_id
+    big = events[3:1003]
+    assert len({e.tx_id for e in big}) == 1 and [e.tx_end for e in big].count(True) == 1 and big[-1].tx_end
+    assert [e.after["id"] for e in big if e.after] == list(range(2, 1002))
+    dele = events[1003]
+    assert dele.op == "d" and dele.after is None and dele.before is not None and dele.before["id"] == 1
+    assert [e.after["v"] for e in events[1004:] if e.after] == [2, 3, 4]
+    assert [e.order for e in events] == sorted(e.order for e in events)
+    assert events[-1].checkpoint["gtid"].startswith("0-1-")
+    key = events[0].idempotency_key
+    assert key == f"acme|{db}.types|{events[0].tx_id}|{events[0].event_id}"
+
+
+async def test_resume_from_a_checkpoint_continues_after_it(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        for i in range(10):
+            cur.execute("INSERT INTO t VALUES (%s)", (i,))
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    first = await read_n(src, 10)
+    await src.close()
+    src2 = source(mariadb, [f"{db}.t"])
+    await src2.open(first[5].checkpoint)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (10)")
+    rest = await read_n(src2, 5)
+    await src2.close()
+    assert [e.after["id"] for e in rest if e.after] == [6, 7, 8, 9, 10]
+    assert [e.idempotency_key for e in rest[:4]] == [e.idempotency_key for e in first[6:]]
+
+
+async def test_added_column_appears_after_alter_and_schema_is_recorded(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        cur.execute("INSERT INTO t VALUES (1, 1)")
+        cur.execute("ALTER TABLE t ADD COLUMN extra VARCHAR(10)")
+        cur.execute("INSERT INTO t VALUES (2, 2, 'new')")
+        cur.execute("UPDATE t SET extra = 'x' WHERE id = 1")
+    out = tmp_path / "events.jsonl"
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "ddl"},
+        "spec": {
+            "source": {"type": "mysql", "config": {"id": "my", "dsn": "${DSN}", "tables": [f"{db}.*"]}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            "storage": {"type": "memory"},
+        },
+    }
+    store = MemoryCheckpointStore()
+    runner = PipelineRunner(parse_pipeline(doc, env={"DSN": mariadb.dsn()}), store=store)
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
+    await runner.drain()
+    await task
+    import orjson
+
+    rows = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert rows[0]["after"] == {"id": 1, "v": 1}
+    assert rows[1]["after"] == {"id": 2, "v": 2, "extra": "new"}
+    assert rows[2]["before"] == {"id": 1, "v": 1, "extra": None} and rows[2]["after"]["extra"] == "x"
+    history = await store.schema_history("my", f"{db}.t")
+    assert [[c["name"] for c in h["columns"]] for h in history] == [["id", "v"], ["id", "v", "extra"]]
+    assert history[1]["position"]["pos"] > history[0]["position"]["pos"]
+    assert history[1]["position"]["file"].startswith("mysql-bin.")
+
+
+async def test_purged_binlog_is_position_lost(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (1)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    [ev] = await read_n(src, 1)
+    await src.close()
+    purge_all_but_newest(mariadb, ev.checkpoint["file"])
+    src2 = source(mariadb, [f"{db}.t"])
+    with pytest.raises(PositionLost) as info:
+        await src2.open(ev.checkpoint)
+    msg = str(info.value)
+    assert msg.startswith(f"position lost: binlog file {ev.checkpoint['file']} is no longer on the server")
+    assert msg.endswith("Re-snapshot required.")
+
+
+def purge_all_but_newest(server: MariaDB, gone: str) -> None:
+    """Purge binlogs; the server keeps a file while a closing dump thread still holds it, so retry."""
+    import time
+
+    with server.root() as c, c.cursor() as cur:
+        cur.execute("FLUSH BINARY LOGS")
+        cur.execute("SHOW MASTER STATUS")
+        newest = cur.fetchone()[0]
+        deadline = time.monotonic() + 15
+        while True:
+            cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
+            cur.execute("SHOW BINARY LOGS")
+            if gone not in {r[0] for r in cur.fetchall()}:
+                return
+            assert time.monotonic() < deadline, f"{gone} was not purged"
+            time.sleep(0.1)
+
+
+async def test_gtid_ahead_of_server_is_position_lost(mariadb: MariaDB) -> None:
+    src = source(mariadb, ["x.t"])
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        file = cur.fetchone()[0]
+    with pytest.raises(PositionLost, match=r"GTID 0-1-999999 is ahead of the server's binlog state"):
+        await src.open({"file": file, "pos": 4, "row": 0, "gtid": "0-1-999999"})
+
+
+async def test_missing_privileges_are_named(mariadb: MariaDB) -> None:
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("CREATE USER IF NOT EXISTS 'weak'@'%' IDENTIFIED BY 'weak-pw'")
+        cur.execute("GRANT SELECT ON *.* TO 'weak'@'%'")
+    src = MySQLSource({"id": "w", "dsn": mariadb.dsn(user="weak", password="weak-pw")})
+    with pytest.raises(SourceMisconfigured) as info:
+        await src.open(None)
+    assert "user lacks REPLICATION SLAVE, BINLOG MONITOR" in str(info.value)
+    assert "weak-pw" not in str(info.value)
+
+
+async def test_wrong_password_is_clear_and_does_not_leak(mariadb: MariaDB) -> None:
+    src = MySQLSource({"id": "w", "dsn": mariadb.dsn(password="not-the-pw")})
+    with pytest.raises(SourceMisconfigured, match="access denied") as info:
+        await src.open(None)
+    assert "not-the-pw" not in str(info.value)
+
+
+def test_statement_format_fails_at_start_saying_what_to_set() -> None:
+    with MariaDB(extra_args=["--binlog-format=STATEMENT"], server_id=7) as server:
+        src = MySQLSource({"id": "s", "dsn": server.dsn()})
+        with pytest.raises(SourceMisconfigured) as info:
+            asyncio.run(src.open(None))
+    msg = str(info.value)
+    assert "binlog_format is STATEMENT; set binlog_format=ROW (--binlog-format=ROW)" in msg
