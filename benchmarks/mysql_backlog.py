@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
+from deltaforge import gctune
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -85,6 +86,7 @@ def bare(server: MariaDB, rows: int) -> float:
 
 
 async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
+    gctune.tune()  # as `serve` does
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
@@ -112,6 +114,11 @@ async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
 
 
 def main() -> None:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--table", choices=["narrow", "wide", "both"], default="both")

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import structlog
 import uvicorn
 
+from deltaforge import gctune
 from deltaforge import logging as df_logging
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
@@ -93,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_workload:
         for c in configs:
             c.source.config.pop("workload", None)
+    gctune.tune()
     return asyncio.run(_serve(configs, args.api_addr))
 
 

@@ -168,7 +168,10 @@ def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
 
 
 def main() -> None:
+    from deltaforge import gctune
+
     _die_with_parent()
+    gctune.tune()
     out = sys.stdout.buffer
     cfg = pickle.loads(sys.stdin.buffer.read())
     try:

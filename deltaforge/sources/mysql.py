@@ -32,9 +32,9 @@ from deltaforge.sources.mysql_checks import (
     ServerInfo,
     binlog_index,
     check_position,
-    earliest_position,
     check_preconditions,
     default_server_id,
+    earliest_position,
 )
 
 SchemaChange = tuple[str, list[dict[str, Any]], dict[str, Any]]
