@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-SOURCE_TYPES = {"turso", "mysql"}
+SOURCE_TYPES = {"turso", "mysql", "postgres"}
 SINK_TYPES = {"stdout", "file"}
 # Known to the design but delivered by later work; named so the error says so.
-PLANNED_SOURCES = {"postgres"}
+PLANNED_SOURCES: set[str] = set()
 PLANNED_SINKS = {"kafka", "nats", "redis", "postgres"}
 # one_for_one is not offered at the pipeline level: see pipeline/tree.py for why.
 STRATEGIES = ("one_for_all", "rest_for_one")
@@ -257,6 +257,37 @@ def _source(c: _Checker, raw: Any) -> SourceConfig:
             c.integer(cfg, "server_id", cp, 0, minimum=1)
         c.integer(cfg, "read_chunk", cp, 2000, minimum=1)
         c.unknown(cfg, cp, {"id", "dsn", "tables", "server_id", "read_chunk"})
+    if typ == "postgres":
+        cp = f"{path}.config"
+        dsn = c.string(cfg, "dsn", cp)
+        if dsn and not re.match(r"^postgres(ql)?://", dsn):
+            c.err(f"{cp}.dsn", "expected postgresql://user:password@host:port/db")
+        for key in ("slot", "publication"):
+            if key in cfg:
+                name = c.string(cfg, key, cp)
+                if name and not re.match(r"^[a-z_][a-z0-9_]*$", name):
+                    c.err(f"{cp}.{key}", f"expected a lower-case identifier, got {name!r}")
+        tables = cfg.get("tables")
+        if tables is not None and not (isinstance(tables, list) and all(isinstance(t, str) for t in tables)):
+            c.err(f"{cp}.tables", "expected a list of schema.table names")
+        c.boolean(cfg, "create", cp, True)
+        for key, default in (("read_chunk", 5000), ("heartbeat_ms", 10_000), ("poll_interval_ms", 100)):
+            c.integer(cfg, key, cp, default, minimum=1)
+        c.unknown(
+            cfg,
+            cp,
+            {
+                "id",
+                "dsn",
+                "slot",
+                "publication",
+                "tables",
+                "create",
+                "read_chunk",
+                "heartbeat_ms",
+                "poll_interval_ms",
+            },
+        )
     return SourceConfig(type=typ, id=sid, config=cfg)
 
 

@@ -11,10 +11,15 @@ from deltaforge.sinks.file import FileSink
 from deltaforge.sinks.stdout import StdoutSink
 from deltaforge.sources.base import Source
 from deltaforge.sources.mysql import MySQLSource
+from deltaforge.sources.postgres import PostgresSource
 from deltaforge.sources.turso import TursoSource
 
 SINKS: dict[str, Callable[[SinkConfig], Sink]] = {"file": FileSink, "stdout": StdoutSink}
-SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {"turso": TursoSource, "mysql": MySQLSource}
+SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {
+    "turso": TursoSource,
+    "mysql": MySQLSource,
+    "postgres": PostgresSource,
+}
 
 
 def build_sink(cfg: SinkConfig) -> Sink:

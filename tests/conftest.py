@@ -7,12 +7,23 @@ from collections.abc import Iterator
 import pytest
 
 from tests.servers.mariadb import MariaDB
+from tests.servers.postgres import Postgres
 
 
 @pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDB]:
     """A private MariaDB 10.11 with ROW binlog, FULL image and metadata, GTID strict mode."""
     server = MariaDB().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A private PostgreSQL 15 cluster with wal_level=logical."""
+    server = Postgres().start()
     try:
         yield server
     finally:

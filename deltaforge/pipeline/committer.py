@@ -28,5 +28,8 @@ class CheckpointCommitter(Actor):
         if not isinstance(message, CommitCheckpoint):
             return await super().receive(message)
         await self.ctx.store.put_many(message.checkpoints)
+        by_key = {self.ctx.key(sid): sid for sid in self.ctx.sinks}
+        for key, checkpoint in message.checkpoints.items():
+            self.ctx.durable[by_key[key]] = checkpoint
         self.ctx.stats.last_commit_at = time.time()
         return message.batch_id

@@ -62,6 +62,14 @@ class PipelineContext:
     sinks: dict[str, Sink]
     stats: PipelineStats = field(default_factory=PipelineStats)
     refs: dict[str, ActorRef] = field(default_factory=dict)
+    durable: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each sink's checkpoint as last durably written (the committer keeps it current)."""
+
+    def durable_min(self) -> dict[str, Any] | None:
+        """The checkpoint every sink holds durably, or None while any sink has none."""
+        if len(self.durable) < len(self.sinks):
+            return None
+        return min(self.durable.values(), key=self.source.order_of)
 
     def __post_init__(self) -> None:
         for sid in self.sinks:

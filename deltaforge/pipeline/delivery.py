@@ -47,12 +47,15 @@ class DeliveryWorker(Actor):
         await self.sink.close()
 
     def _pending(self, batch: Batch) -> list[Any]:
-        if self.position is None:
-            return batch.events
+        events = batch.events
+        if any(e.op == "h" for e in events):  # heartbeats move checkpoints, sinks never see them
+            events = [e for e in events if e.op != "h"]
+        if self.position is None or not events:
+            return events
         done = self.ctx.source.order_of(self.position)
-        if batch.events[0].order > done:
-            return batch.events
-        return [e for e in batch.events if e.order > done]
+        if events[0].order > done:
+            return events
+        return [e for e in events if e.order > done]
 
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, DeliverBatch):

@@ -33,6 +33,9 @@ class SourceReader(Actor):
         keys = [ctx.key(sid) for sid in ctx.sinks]
         found = await ctx.store.get_many(keys)
         resume: dict[str, Any] | None = None
+        ctx.durable.clear()
+        ctx.durable.update({sid: found[ctx.key(sid)] for sid in ctx.sinks if ctx.key(sid) in found})
+        self.confirmed: dict[str, Any] | None = None
         if len(found) == len(keys):
             resume = min(found.values(), key=ctx.source.order_of)
         self.log.info("source_opening", source=ctx.source.id, resume_after=resume)
@@ -44,6 +47,10 @@ class SourceReader(Actor):
             if not self.reading:
                 return None
             source = self.ctx.source
+            durable = self.ctx.durable_min()
+            if durable is not None and durable is not self.confirmed:
+                await source.confirm(durable)
+                self.confirmed = durable
             events = await source.read()
             for table, columns, position in source.take_schema_changes():
                 await self.ctx.store.record_schema(source.id, table, columns, position)

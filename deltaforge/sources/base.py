@@ -43,6 +43,9 @@ class Source(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
 
+    async def confirm(self, checkpoint: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Every sink holds ``checkpoint`` durably; a source may release what lies before it."""
+
     def take_schema_changes(self) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
         """Schemas first seen since the last call: ``(table, columns, position)``."""
         return []

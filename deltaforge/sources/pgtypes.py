@@ -1,0 +1,133 @@
+"""PostgreSQL text-format values to Python values, by type OID."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+
+def _bool(s: str) -> bool:
+    return s == "t"
+
+
+def _bytea(s: str) -> bytes:
+    if s.startswith("\\x"):
+        return bytes.fromhex(s[2:])
+    return s.encode("latin-1")  # escape format; bytea_output=hex is the default
+
+
+def _timestamp(s: str) -> dt.datetime | str:
+    try:
+        return dt.datetime.fromisoformat(s)
+    except ValueError:
+        return s  # infinity, BC dates: keep PostgreSQL's own text
+
+
+def _timestamptz(s: str) -> dt.datetime | str:
+    if len(s) > 3 and s[-3] in "+-" and s[-2:].isdigit():
+        s = s + ":00"  # '+00' -> '+00:00'
+    return _timestamp(s)
+
+
+def _date(s: str) -> dt.date | str:
+    try:
+        return dt.date.fromisoformat(s)
+    except ValueError:
+        return s
+
+
+def _float(s: str) -> float:
+    return float(s)
+
+
+def _numeric(s: str) -> Decimal | str:
+    try:
+        return Decimal(s)
+    except ArithmeticError:
+        return s
+
+
+def _json(s: str) -> Any:
+    return orjson.loads(s)
+
+
+SCALARS: dict[int, Callable[[str], Any]] = {
+    16: _bool,
+    17: _bytea,
+    20: int,
+    21: int,
+    23: int,
+    26: int,
+    700: _float,
+    701: _float,
+    1700: _numeric,
+    114: _json,
+    3802: _json,
+    1082: _date,
+    1114: _timestamp,
+    1184: _timestamptz,
+}
+# array type OID -> element type OID
+ARRAYS: dict[int, int] = {
+    1000: 16, 1001: 17, 1005: 21, 1007: 23, 1016: 20, 1021: 700, 1022: 701, 1231: 1700,
+    1009: 25, 1015: 1043, 1014: 1042, 2951: 2950, 199: 114, 3807: 3802, 1182: 1082, 1115: 1114, 1185: 1184,
+}  # fmt: skip
+
+
+def parse_array(s: str, element: Callable[[str], Any]) -> list[Any]:
+    """A one- or more-dimensional array literal such as ``{1,2,NULL}`` or ``{{"a b",c}}``."""
+    pos = 0
+    if s.startswith("["):  # explicit bounds: [1:3]={...}
+        pos = s.index("=") + 1
+
+    def parse(i: int) -> tuple[list[Any], int]:
+        assert s[i] == "{"
+        i += 1
+        out: list[Any] = []
+        while i < len(s):
+            c = s[i]
+            if c == "}":
+                return out, i + 1
+            if c == ",":
+                i += 1
+                continue
+            if c == "{":
+                sub, i = parse(i)
+                out.append(sub)
+                continue
+            if c == '"':
+                i += 1
+                buf = []
+                while s[i] != '"':
+                    if s[i] == "\\":
+                        i += 1
+                    buf.append(s[i])
+                    i += 1
+                out.append(element("".join(buf)))
+                i += 1
+                continue
+            j = i
+            while s[j] not in ",}":
+                j += 1
+            tok = s[i:j]
+            out.append(None if tok == "NULL" else element(tok))
+            i = j
+        raise ValueError(f"unterminated array literal {s!r}")
+
+    return parse(pos)[0]
+
+
+def converter(type_oid: int) -> Callable[[str], Any]:
+    """The function turning a text value of this type into a Python value (str by default)."""
+    scalar = SCALARS.get(type_oid)
+    if scalar is not None:
+        return scalar
+    element_oid = ARRAYS.get(type_oid)
+    if element_oid is not None:
+        element = SCALARS.get(element_oid, str)
+        return lambda s: parse_array(s, element)
+    return str

@@ -1,0 +1,62 @@
+"""A private PostgreSQL 15 cluster with wal_level=logical (see shared ENVIRONMENT.md)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tests.serve_proc import free_port
+
+
+def _bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        raise RuntimeError(f"{name} not found: install postgresql-15")
+    return found[-1]
+
+
+class Postgres:
+    """initdb as user postgres in a temp dir, started and stopped with pg_ctl."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="df-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+
+    def _as_postgres(self, *cmd: str) -> None:
+        subprocess.run(["su", "postgres", "-c", " ".join(cmd)], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> Postgres:
+        shutil.chown(self.dir, "postgres")
+        os.chmod(self.dir, 0o700)
+        self._as_postgres(_bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(
+                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
+                "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\nfsync = off\n"
+                "synchronous_commit = on\nfull_page_writes = off\n"
+            )
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+        return self
+
+    def dsn(self, db: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+    def stop(self) -> None:
+        try:
+            self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        except subprocess.CalledProcessError:
+            pid_file = self.data / "postmaster.pid"
+            if pid_file.exists():
+                os.kill(int(pid_file.read_text().split()[0]), 9)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Postgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,183 @@
+"""PostgreSQL → file through ``python -m deltaforge serve``: SIGKILL resume and a dropped slot."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+import pytest
+import yaml
+
+from tests.helpers import wait_until_sync
+from tests.serve_proc import Serve
+from tests.servers.postgres import Postgres
+from tests.test_postgres_source import fresh_db
+
+
+def pipeline_yaml(tmp: Path, pg: Postgres, db: str) -> Path:
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "orders", "tenant": "acme"},
+        "spec": {
+            "source": {
+                "type": "postgres",
+                "config": {
+                    "id": "orders-pg",
+                    "dsn": "${PG_DSN}",
+                    "slot": "df_slot",
+                    "publication": "df_pub",
+                    "tables": ["public.items"],
+                    "heartbeat_ms": 200,
+                    "poll_interval_ms": 20,
+                },
+            },  # fmt: skip
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+            "batch": {"max_events": 100, "max_ms": 20},
+            "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
+        },
+    }
+    path = tmp / "orders.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def sink_lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def checkpoint_lsn(cp_db: Path) -> int:
+    if not cp_db.exists():
+        return 0
+    con = sqlite3.connect(cp_db)
+    try:
+        row = con.execute("SELECT value FROM checkpoints WHERE key = 'orders-pg::sink::f'").fetchone()
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        con.close()
+    return int(orjson.loads(row[0])["lsn"]) if row else 0
+
+
+class Workload(threading.Thread):
+    """Inserts rows and bumps their version in small transactions."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.done: list[tuple[int, int]] = []
+        self.rng = random.Random(5)
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        versions: dict[int, int] = {}
+        while not self.stop.is_set():
+            if not versions or self.rng.random() < 0.4:
+                rid = len(versions) + 1
+                versions[rid] = 1
+                await conn.execute("INSERT INTO items VALUES ($1, 1, repeat('p', 40))", rid)
+            else:
+                rid = self.rng.choice(list(versions))
+                versions[rid] += 1
+                await conn.execute("UPDATE items SET version = $1 WHERE id = $2", versions[rid], rid)
+            self.done.append((rid, versions[rid]))
+            await asyncio.sleep(0.002)
+        await conn.close()
+
+
+async def _prepare(pg: Postgres, db: str) -> None:
+    conn = await asyncpg.connect(pg.dsn(db))
+    await conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int, payload text)")
+    await conn.close()
+
+
+@pytest.mark.slow
+def test_sigkill_ten_times_loses_nothing_and_keeps_row_order(postgres: Postgres, tmp_path: Path) -> None:
+    db = asyncio.run(fresh_db(postgres))
+    asyncio.run(_prepare(postgres, db))
+    cfg = pipeline_yaml(tmp_path, postgres, db)
+    env = {"PG_DSN": postgres.dsn(db)}
+    out = tmp_path / "events.jsonl"
+    rng = random.Random(11)
+    # The first start creates the slot; the workload begins after it exists.
+    with Serve(tmp_path, "--config", str(cfg), api=False, env=env) as serve:
+        wait_until_sync(
+            lambda: checkpoint_lsn(tmp_path / "cp.db") > 0, timeout=30, what="first heartbeat checkpoint"
+        )
+        serve.kill()
+    work = Workload(postgres.dsn(db))
+    work.start()
+    try:
+        for _ in range(10):
+            before = len(sink_lines(out))
+            with Serve(tmp_path, "--config", str(cfg), api=False, env=env) as serve:
+                wait_until_sync(lambda: len(sink_lines(out)) > before, timeout=30, what="new deliveries")  # noqa: B023
+                time.sleep(rng.uniform(0.0, 0.4))
+                serve.kill()
+    finally:
+        work.stop.set()
+        work.join(10)
+
+    async def wal_now() -> int:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        lsn = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+        await conn.close()
+        return lsn
+
+    target = asyncio.run(wal_now())
+    with Serve(tmp_path, "--config", str(cfg), api=False, env=env) as serve:
+        wait_until_sync(lambda: checkpoint_lsn(tmp_path / "cp.db") >= target, timeout=60, what="caught up")
+        assert serve.terminate() == 0
+    got = [(int(d["after"]["id"]), int(d["after"]["version"])) for d in sink_lines(out)]
+    assert len(work.done) > 300
+    assert set(work.done) <= set(got), f"missing {sorted(set(work.done) - set(got))[:10]}"
+    first: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for x in got:
+        if x not in seen:
+            seen.add(x)
+            first.append(x)
+    assert first == work.done
+
+
+def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -> None:
+    db = asyncio.run(fresh_db(postgres))
+    asyncio.run(_prepare(postgres, db))
+    cfg = pipeline_yaml(tmp_path, postgres, db)
+    env = {"PG_DSN": postgres.dsn(db)}
+
+    async def write_and_drop(drop: bool) -> None:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        if drop:
+            await conn.execute("SELECT pg_drop_replication_slot('df_slot')")
+        else:
+            await conn.execute("INSERT INTO items VALUES (1, 1, 'x')")
+        await conn.close()
+
+    with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: checkpoint_lsn(tmp_path / "cp.db") > 0, timeout=30, what="slot created")
+        asyncio.run(write_and_drop(False))
+        wait_until_sync(lambda: len(sink_lines(tmp_path / "events.jsonl")) == 1, timeout=30, what="delivered")
+        assert serve.terminate() == 0
+    asyncio.run(write_and_drop(True))
+    with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/health").status_code == 503, timeout=30, what="503")
+        [reason] = serve.get("/health").json()["reasons"]
+        assert (
+            reason
+            == "orders: position lost: replication slot 'df_slot' does not exist (dropped?). Re-snapshot required."
+        )
+        assert serve.terminate() == 0

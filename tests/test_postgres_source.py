@@ -1,0 +1,237 @@
+"""The PostgreSQL source against a real private PostgreSQL 15 (pgoutput via SQL decoding)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import pytest
+
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import PositionLost
+from deltaforge.sources.postgres import PostgresSource
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import wait_until
+from tests.kit import ScriptedSink
+from tests.servers.postgres import Postgres
+
+_n = itertools.count(1)
+
+
+async def fresh_db(pg: Postgres) -> str:
+    name = f"app{next(_n)}"
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute(f"CREATE DATABASE {name}")
+    await conn.close()
+    return name
+
+
+def source(pg: Postgres, db: str, **extra: Any) -> PostgresSource:
+    cfg = {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}", **extra}
+    return PostgresSource(cfg, tenant="acme")
+
+
+async def read_n(src: PostgresSource, n: int, timeout: float = 60) -> list[Event]:
+    out: list[Event] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(out) < n:
+        assert loop.time() < deadline, f"read {len(out)} of {n}"
+        got = [e for e in await src.read() if e.op != "h"]
+        out.extend(got)
+        if not got:
+            await asyncio.sleep(0.02)
+    return out
+
+
+TYPES = """CREATE TABLE types (
+    id int PRIMARY KEY, big bigint, num numeric(20,6), fl double precision, txt text, raw bytea, ok boolean,
+    d date, ts timestamp(6), tstz timestamptz, u uuid, j json, jb jsonb, arr int[], tags text[], nul int
+)"""
+
+
+async def test_mixed_workload_in_commit_order_with_typed_values(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(TYPES)
+    await conn.execute("CREATE TABLE other (id int PRIMARY KEY, v int)")
+    await conn.execute("ALTER TABLE types REPLICA IDENTITY FULL")
+    await conn.execute("ALTER TABLE other REPLICA IDENTITY FULL")
+    src = source(postgres, db, tables=["public.types", "public.other"])
+    await src.open(None)  # creates publication and slot
+    await conn.execute(
+        "INSERT INTO types VALUES (1, 9007199254740993, 12345678901234.123456, -2.5e100, 'héllo ✓ 😀', "
+        "'\\x00ff10', true, '2024-02-29', '2024-01-02 03:04:05.123456', '2024-05-06 07:08:09.5+02', "
+        "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": [1, \"two\"]}', '{\"z\": null}', '{1,2,NULL}', "
+        "'{\"a b\",c}', NULL)"
+    )
+    async with conn.transaction():  # multi-table transaction
+        await conn.execute("UPDATE types SET txt = 'changed', nul = 7 WHERE id = 1")
+        await conn.execute("INSERT INTO other VALUES (1, 1)")
+    await conn.execute("DELETE FROM types WHERE id = 1")
+    await conn.execute("TRUNCATE other")
+    await conn.execute("INSERT INTO other VALUES (2, 2)")
+    events = await read_n(src, 6)
+    assert [(e.op, e.table) for e in events] == [
+        ("c", "types"),
+        ("u", "types"),
+        ("c", "other"),
+        ("d", "types"),
+        ("t", "other"),
+        ("c", "other"),
+    ]
+    a = events[0].after
+    assert a is not None
+    assert (
+        a["big"] == 9007199254740993 and a["num"] == Decimal("12345678901234.123456") and a["fl"] == -2.5e100
+    )
+    assert a["txt"] == "héllo ✓ 😀" and a["raw"] == b"\x00\xff\x10" and a["ok"] is True
+    assert a["d"] == dt.date(2024, 2, 29) and a["ts"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)
+    assert a["tstz"] == dt.datetime(2024, 5, 6, 5, 8, 9, 500000, tzinfo=dt.UTC)
+    assert a["u"] == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    assert a["j"] == {"k": [1, "two"]} and a["jb"] == {"z": None}
+    assert a["arr"] == [1, 2, None] and a["tags"] == ["a b", "c"] and a["nul"] is None
+    upd = events[1]
+    assert upd.before is not None and upd.before["txt"] == "héllo ✓ 😀"
+    assert upd.after is not None and upd.after["txt"] == "changed" and upd.after["nul"] == 7
+    assert [e.tx_end for e in events] == [True, False, True, True, True, True]
+    assert events[1].tx_id == events[2].tx_id
+    assert events[3].before is not None and events[3].before["id"] == 1 and events[3].after is None
+    assert [e.order for e in events] == sorted(e.order for e in events)
+    assert events[0].source.schema == "public" and events[0].source.db == db
+    await src.close()
+    await conn.close()
+
+
+async def test_one_hundred_thousand_row_transaction_is_one_transaction(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE big (id int PRIMARY KEY, v text)")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO big SELECT g, 'row ' || g FROM generate_series(1, 100000) g")
+    await conn.execute("INSERT INTO big VALUES (0, 'after')")
+    events = await read_n(src, 100_001)
+    big = events[:100_000]
+    assert len({e.tx_id for e in big}) == 1
+    assert [e.tx_end for e in big].count(True) == 1 and big[-1].tx_end
+    assert [e.after["id"] for e in big if e.after] == list(range(1, 100_001))
+    assert events[-1].after == {"id": 0, "v": "after"}
+    await src.close()
+    await conn.close()
+
+
+async def test_unchanged_toast_is_marked_not_null(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
+    await conn.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO docs VALUES (1, repeat('x', 100000), 1)")
+    await conn.execute("UPDATE docs SET n = 2 WHERE id = 1")
+    events = await read_n(src, 2)
+    assert events[1].after is not None
+    assert events[1].after["body"] == {"__unchanged_toast__": True}
+    assert events[1].after["n"] == 2
+    await src.close()
+    await conn.close()
+
+
+async def test_dropped_slot_is_position_lost(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    [ev] = await read_n(src, 1)
+    await src.close()
+    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
+    again = source(postgres, db)
+    with pytest.raises(PositionLost, match=rf"^position lost: replication slot 's_{db}' does not exist"):
+        await again.open(ev.checkpoint)
+    await conn.close()
+
+
+async def slot_lsn(conn: asyncpg.Connection, slot: str) -> int:
+    return int(
+        await conn.fetchval("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", slot)
+    )
+
+
+async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    await conn.execute("CREATE TABLE unrelated (id int PRIMARY KEY)")
+    gate = asyncio.Event()
+
+    async def stall(call: int, events: list[Event]) -> None:
+        if call >= 2:
+            await gate.wait()  # the second batch hangs until released
+
+    sink = ScriptedSink("a", script=stall)
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "pgslot"},
+        "spec": {
+            "source": {
+                "type": "postgres",
+                "config": {
+                    "id": "pg",
+                    "dsn": postgres.dsn(db),
+                    "slot": "s1",
+                    "publication": "p1",
+                    "tables": ["public.t"],
+                    "heartbeat_ms": 100,
+                    "poll_interval_ms": 20,
+                },
+            },  # fmt: skip
+            "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+            "batch": {"max_events": 10, "max_ms": 10},
+            "storage": {"type": "memory"},
+        },
+    }
+    store = MemoryCheckpointStore()
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: "s1" in runner.ctx.source.slot, what="started")
+    await wait_until(lambda: runner.ctx.stats.events_read >= 0 and runner.state == "running", what="running")
+    await asyncio.sleep(0.3)
+    for i in range(50):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await wait_until(lambda: sink.calls >= 2, timeout=20, what="second batch stalled")
+    samples = []
+    for _ in range(20):  # while the sink is stalled, the slot stays at or behind the durable checkpoint
+        durable = await store.get("pg::sink::a")
+        lsn = await slot_lsn(conn, "s1")
+        assert durable is not None
+        assert lsn <= int(durable["lsn"]), "slot advanced past what the sink durably has"
+        samples.append(lsn)
+        await asyncio.sleep(0.05)
+    stalled_at = await store.get("pg::sink::a")
+    assert stalled_at is not None and samples[-1] <= int(stalled_at["lsn"])
+    gate.set()
+    await wait_until(lambda: len(sink.received) == 50, timeout=20, what="all delivered")
+    # idle on our table, busy elsewhere: heartbeats still move the slot forward
+    before = await slot_lsn(conn, "s1")
+    for i in range(20):
+        await conn.execute("INSERT INTO unrelated VALUES ($1)", i)
+    target = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+    deadline = asyncio.get_running_loop().time() + 20
+    while await slot_lsn(conn, "s1") < target:
+        assert asyncio.get_running_loop().time() < deadline, "slot did not advance while idle"
+        await asyncio.sleep(0.05)
+    assert await slot_lsn(conn, "s1") > before
+    assert len(sink.received) == 50  # heartbeats never reach a sink
+    await runner.drain()
+    await task
+    await conn.close()
