@@ -38,7 +38,7 @@ def pipeline_yaml(tmp: Path, pg: Postgres, db: str) -> Path:
                     "heartbeat_ms": 200,
                     "poll_interval_ms": 20,
                 },
-            },  # fmt: skip
+            },
             "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
             "batch": {"max_events": 100, "max_ms": 20},
             "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},

@@ -194,7 +194,7 @@ async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(p
                     "heartbeat_ms": 100,
                     "poll_interval_ms": 20,
                 },
-            },  # fmt: skip
+            },
             "sinks": [{"type": "stdout", "config": {"id": "a"}}],
             "batch": {"max_events": 10, "max_ms": 10},
             "storage": {"type": "memory"},
