@@ -154,37 +154,58 @@ class _Reader:
             raise DecodeError(self.lsn, f"invalid UTF-8 in string at byte {self.pos}") from exc
 
     def tuple_data(self) -> list[Any]:
-        n = self.i16()
-        if n < 0:
-            raise DecodeError(self.lsn, f"negative column count {n}")
-        out: list[Any] = []
-        for _ in range(n):
-            kind = self.u8()
-            if kind == 0x6E:  # 'n'
-                out.append(None)
-            elif kind == 0x75:  # 'u'
-                out.append(UNCHANGED_TOAST)
-            elif kind in (0x74, 0x62):  # 't' text, 'b' binary
-                size = self.i32()
-                if size < 0:
-                    raise DecodeError(self.lsn, f"negative value length {size}")
-                self.need(size)
-                raw = self.buf[self.pos : self.pos + size]
-                self.pos += size
-                if kind == 0x74:
-                    try:
-                        out.append(raw.decode("utf-8"))
-                    except UnicodeDecodeError as exc:
-                        raise DecodeError(self.lsn, "invalid UTF-8 in a text value") from exc
-                else:
-                    out.append(bytes(raw))
-            else:
-                raise DecodeError(self.lsn, f"unknown tuple value kind {kind!r}")
+        out, self.pos = tuple_data(self.buf, self.pos, self.lsn)
         return out
 
     def done(self) -> None:
         if self.pos != len(self.buf):
             raise DecodeError(self.lsn, f"{len(self.buf) - self.pos} unexpected trailing bytes")
+
+
+def tuple_data(buf: bytes, pos: int, lsn: int) -> tuple[list[Any], int]:
+    """A TupleData at ``pos``: the values and the position after them.
+
+    The hot path of decoding (once per column of every row), so it works on
+    locals instead of reader methods.
+    """
+    end = len(buf)
+    if pos + 2 > end:
+        raise DecodeError(lsn, f"truncated at byte {pos} of {end} (wanted 2 more)")
+    n = int(_I16.unpack_from(buf, pos)[0])
+    if n < 0:
+        raise DecodeError(lsn, f"negative column count {n}")
+    pos += 2
+    out: list[Any] = []
+    append = out.append
+    unpack = _I32.unpack_from
+    for _ in range(n):
+        if pos >= end:
+            raise DecodeError(lsn, f"truncated at byte {pos} of {end} (wanted 1 more)")
+        kind = buf[pos]
+        pos += 1
+        if kind == 0x74 or kind == 0x62:  # 't' text, 'b' binary
+            if pos + 4 > end:
+                raise DecodeError(lsn, f"truncated at byte {pos} of {end} (wanted 4 more)")
+            size = unpack(buf, pos)[0]
+            pos += 4
+            stop = pos + size
+            if size < 0 or stop > end:
+                raise DecodeError(lsn, f"value of {size} bytes at byte {pos} overruns the message of {end}")
+            if kind == 0x74:
+                try:
+                    append(buf[pos:stop].decode())
+                except UnicodeDecodeError as exc:
+                    raise DecodeError(lsn, "invalid UTF-8 in a text value") from exc
+            else:
+                append(bytes(buf[pos:stop]))
+            pos = stop
+        elif kind == 0x6E:  # 'n'
+            append(None)
+        elif kind == 0x75:  # 'u'
+            append(UNCHANGED_TOAST)
+        else:
+            raise DecodeError(lsn, f"unknown tuple value kind {kind!r}")
+    return out, pos
 
 
 def decode(buf: bytes, lsn: int = 0) -> Message:
@@ -214,11 +235,13 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
             r.i32()  # typmod
             cols.append(Column(cname, oid, bool(flags & 1)))
         msg = Relation(relid, ns, name, ident, tuple(cols))
-    elif tag == 0x49:  # I
-        relid = r.u32()
-        if r.u8() != 0x4E:
+    elif tag == 0x49:  # I  (the most common message: decoded without the reader)
+        if len(buf) < 6 or buf[5] != 0x4E:
             raise DecodeError(lsn, "insert without a new tuple")
-        msg = Change("c", relid, None, r.tuple_data())
+        values, end = tuple_data(buf, 6, lsn)
+        if end != len(buf):
+            raise DecodeError(lsn, f"{len(buf) - end} unexpected trailing bytes")
+        return Change("c", int(_U32.unpack_from(buf, 1)[0]), None, values)
     elif tag == 0x55:  # U
         relid = r.u32()
         kind = r.u8()

@@ -62,6 +62,7 @@ class PostgresSource(Source):
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
         self._unconfirmed: list[tuple[int, int]] = []  # (end_lsn, messages) read but not confirmed
         self._last_heartbeat = 0.0
+        self._tx_prefix = ""
 
     @staticmethod
     def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
@@ -201,9 +202,12 @@ class PostgresSource(Source):
             count += 1
             if isinstance(msg, Begin):
                 begin, tx, count = msg, [], 1
+                self._tx_prefix = format_lsn(msg.final_lsn)
                 skipping = msg.final_lsn <= self._last_commit
             elif isinstance(msg, Relation):
-                self._relations[msg.relid] = (msg, [converter(c.type_oid) for c in msg.columns])
+                # str is the identity on text values: None marks "keep as is"
+                convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
+                self._relations[msg.relid] = (msg, convs)
             elif isinstance(msg, Commit):
                 if not skipping and begin is not None:
                     if tx:
@@ -264,7 +268,7 @@ class PostgresSource(Source):
             ),
             str(begin.xid),
             False,
-            f"{format_lsn(begin.final_lsn)}:{seq}",
+            f"{self._tx_prefix}:{seq}",
             (begin.final_lsn, seq),
             cp,
             self.tenant,
@@ -275,8 +279,8 @@ class PostgresSource(Source):
 def _row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for name, conv, value in zip(names, convs, values, strict=False):
-        if value is None:
-            row[name] = None
+        if value is None or (conv is None and value is not UNCHANGED_TOAST):
+            row[name] = value
         elif value is UNCHANGED_TOAST:
             row[name] = {"__unchanged_toast__": True}
         else:
