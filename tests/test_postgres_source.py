@@ -235,3 +235,24 @@ async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(p
     await runner.drain()
     await task
     await conn.close()
+
+
+async def test_relation_messages_drive_added_and_dropped_columns(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1, 1)")
+    await conn.execute("ALTER TABLE t ADD COLUMN extra text")
+    await conn.execute("INSERT INTO t VALUES (2, 2, 'new')")
+    await conn.execute("ALTER TABLE t DROP COLUMN v")
+    await conn.execute("INSERT INTO t VALUES (3, 'only')")
+    events = await read_n(src, 3)
+    assert [e.after for e in events] == [
+        {"id": 1, "v": 1},
+        {"id": 2, "v": 2, "extra": "new"},
+        {"id": 3, "extra": "only"},
+    ]
+    await src.close()
+    await conn.close()
