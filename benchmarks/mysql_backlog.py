@@ -19,13 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from drain import drain_rate
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
-from deltaforge import gctune
-from deltaforge.config import parse_pipeline
-from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.servers.mariadb import MariaDB
 
 NARROW = "CREATE TABLE bench.narrow (id INT PRIMARY KEY, a INT, b VARCHAR(20))"
@@ -86,7 +83,6 @@ def bare(server: MariaDB, rows: int) -> float:
 
 
 async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
-    gctune.tune()  # as `serve` does
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
@@ -100,17 +96,7 @@ async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
             "batch": {"max_events": 4000, "max_ms": 50},
         },
     }
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
-    t0 = time.perf_counter()
-    task = asyncio.create_task(runner.run())
-    while runner.ctx.stats.events_committed < rows:
-        await asyncio.sleep(0.01)
-        if task.done():
-            raise RuntimeError(f"pipeline ended: {runner.failure}")
-    elapsed = time.perf_counter() - t0
-    await runner.drain()
-    await task
-    return rows / elapsed
+    return await drain_rate(doc, rows)
 
 
 def main() -> None:

@@ -23,12 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
 import structlog
+from drain import drain_rate
 
-from deltaforge import gctune
-from deltaforge.config import parse_pipeline
-from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.pgoutput import Change, Commit, decode
-from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.servers.postgres import Postgres
 
 
@@ -70,7 +67,6 @@ async def bare(pg: Postgres, rows: int) -> float:
 
 
 async def pipeline(pg: Postgres, rows: int, out: Path, chunk: int) -> float:
-    gctune.tune()  # as `serve` does
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
@@ -90,17 +86,7 @@ async def pipeline(pg: Postgres, rows: int, out: Path, chunk: int) -> float:
             "batch": {"max_events": 4000, "max_ms": 50},
         },
     }
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
-    t0 = time.perf_counter()
-    task = asyncio.create_task(runner.run())
-    while runner.ctx.stats.events_committed < rows:
-        await asyncio.sleep(0.01)
-        if task.done():
-            raise RuntimeError(f"pipeline ended: {runner.failure}")
-    elapsed = time.perf_counter() - t0
-    await runner.drain()
-    await task
-    return rows / elapsed
+    return await drain_rate(doc, rows)
 
 
 def main() -> None:

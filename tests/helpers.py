@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
+import orjson
+
+T = TypeVar("T", bound=Hashable)
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -23,3 +29,33 @@ def wait_until_sync(cond: Callable[[], bool], timeout: float = 10.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON line of a sink file ([] while it does not exist)."""
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()] if path.exists() else []
+
+
+def first_occurrences(items: list[T]) -> list[T]:
+    """``items`` with repeats (replays) removed, keeping the first time each was seen."""
+    seen: set[T] = set()
+    out: list[T] = []
+    for x in items:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+def stored_checkpoint(cp_db: Path, key: str) -> dict[str, Any] | None:
+    """A checkpoint read straight from a SQLite store that a serve process is writing."""
+    if not cp_db.exists():
+        return None
+    con = sqlite3.connect(cp_db)
+    try:
+        row = con.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
+    except sqlite3.OperationalError:
+        return None  # the schema is not there yet
+    finally:
+        con.close()
+    return orjson.loads(row[0]) if row else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import sqlite3
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.helpers import wait_until_sync
+from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 
 KILLS = 20
@@ -43,23 +42,12 @@ def config(tmp: Path, workload: bool) -> Path:
     return path
 
 
-def sink_lines(path: Path) -> list[dict[str, object]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(x) for x in path.read_bytes().splitlines()]
+sink_lines = jsonl
 
 
 def checkpoint(cp_db: Path) -> int:
-    if not cp_db.exists():
-        return 0
-    con = sqlite3.connect(cp_db)
-    try:
-        row = con.execute("SELECT value FROM checkpoints WHERE key = 'db::sink::f'").fetchone()
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        con.close()
-    return int(orjson.loads(row[0])["change_id"]) if row else 0
+    cp = stored_checkpoint(cp_db, "db::sink::f")
+    return int(cp["change_id"]) if cp else 0
 
 
 READ_CDC = """
@@ -108,12 +96,7 @@ def test_sigkill_at_random_points_loses_nothing_and_keeps_row_order(tmp_path: Pa
     delivered = [int(d["source"]["change_id"]) for d in sink_lines(out)]  # type: ignore[index]
     assert set(written) <= set(delivered), f"missing: {sorted(set(written) - set(delivered))[:20]}"
     # In source order once duplicates (replays of unacknowledged batches) are set aside.
-    first: list[int] = []
-    seen: set[int] = set()
-    for cid in delivered:
-        if cid not in seen:
-            seen.add(cid)
-            first.append(cid)
+    first = first_occurrences(delivered)
     assert first == sorted(first)
     # Per row, every delivery (duplicates included) moves forward except when a replay restarts it.
     by_row: dict[int, list[int]] = {}

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import random
-import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 import yaml
 
-from tests.helpers import wait_until_sync
+from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 from tests.servers.mariadb import CDC_PASSWORD, MariaDB
 from tests.test_mysql_source import fresh_db, purge_all_but_newest
@@ -39,21 +36,12 @@ def pipeline_yaml(tmp: Path, db: str) -> Path:
     return path
 
 
-def sink_lines(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+sink_lines = jsonl
 
 
 def checkpoint_gtid(cp_db: Path) -> str:
-    if not cp_db.exists():
-        return ""
-    con = sqlite3.connect(cp_db)
-    try:
-        row = con.execute("SELECT value FROM checkpoints WHERE key = 'shop-my::sink::f'").fetchone()
-    except sqlite3.OperationalError:
-        return ""
-    finally:
-        con.close()
-    return str(orjson.loads(row[0]).get("gtid", "")) if row else ""
+    cp = stored_checkpoint(cp_db, "shop-my::sink::f")
+    return str(cp.get("gtid", "")) if cp else ""
 
 
 class Workload(threading.Thread):
@@ -115,13 +103,7 @@ def test_sigkill_ten_times_loses_nothing_and_keeps_row_order(mariadb: MariaDB, t
     got = [(int(d["after"]["id"]), int(d["after"]["version"])) for d in sink_lines(out)]
     assert set(work.done) <= set(got), f"missing {sorted(set(work.done) - set(got))[:10]}"
     assert len(work.done) > 300
-    first: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    for x in got:
-        if x not in seen:
-            seen.add(x)
-            first.append(x)
-    assert first == work.done  # commit order, once replays are set aside
+    assert first_occurrences(got) == work.done  # commit order, once replays are set aside
     logs = (tmp_path / "serve.err").read_text() + (tmp_path / "serve.out").read_text()
     assert CDC_PASSWORD not in logs  # credentials never appear in logs
 
@@ -136,9 +118,9 @@ def test_purged_binlog_halts_serve_with_503(mariadb: MariaDB, tmp_path: Path) ->
     with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
         wait_until_sync(lambda: checkpoint_gtid(tmp_path / "cp.db") != "", timeout=30, what="a checkpoint")
         assert serve.terminate() == 0
-    con = sqlite3.connect(tmp_path / "cp.db")
-    file = orjson.loads(con.execute("SELECT value FROM checkpoints").fetchone()[0])["file"]
-    con.close()
+    stored = stored_checkpoint(tmp_path / "cp.db", "shop-my::sink::f")
+    assert stored is not None
+    file = stored["file"]
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO items VALUES (2, 1, 'lost')")  # lands in the file about to go
     purge_all_but_newest(mariadb, file)

@@ -16,7 +16,7 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
-from tests.helpers import wait_until
+from tests.helpers import first_occurrences, wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 
 N = 500
@@ -47,14 +47,7 @@ async def checkpoint(store: MemoryCheckpointStore, sid: str) -> int | None:
     return None if cp is None else int(cp["seq"])
 
 
-def first_seen(received: list[int]) -> list[int]:
-    seen: set[int] = set()
-    out = []
-    for x in received:
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
+first_seen = first_occurrences
 
 
 async def test_failed_required_sink_makes_no_checkpoint_advance() -> None:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 import yaml
 
-from tests.helpers import wait_until_sync
+from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 from tests.servers.postgres import Postgres
 from tests.test_postgres_source import fresh_db
@@ -32,7 +29,7 @@ def pipeline_yaml(tmp: Path, pg: Postgres, db: str) -> Path:
                 "config": {
                     "id": "orders-pg",
                     "dsn": "${PG_DSN}",
-                    "slot": "df_slot",
+                    "slot": f"slot_{db}",
                     "publication": "df_pub",
                     "tables": ["public.items"],
                     "heartbeat_ms": 200,
@@ -49,21 +46,12 @@ def pipeline_yaml(tmp: Path, pg: Postgres, db: str) -> Path:
     return path
 
 
-def sink_lines(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+sink_lines = jsonl
 
 
 def checkpoint_lsn(cp_db: Path) -> int:
-    if not cp_db.exists():
-        return 0
-    con = sqlite3.connect(cp_db)
-    try:
-        row = con.execute("SELECT value FROM checkpoints WHERE key = 'orders-pg::sink::f'").fetchone()
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        con.close()
-    return int(orjson.loads(row[0])["lsn"]) if row else 0
+    cp = stored_checkpoint(cp_db, "orders-pg::sink::f")
+    return int(cp["lsn"]) if cp else 0
 
 
 class Workload(threading.Thread):
@@ -96,6 +84,18 @@ class Workload(threading.Thread):
         await conn.close()
 
 
+def slot_exists(pg: Postgres, db: str) -> bool:
+    async def check() -> bool:
+        conn = await asyncpg.connect(pg.dsn(db))
+        found = await conn.fetchval(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f"slot_{db}"
+        )
+        await conn.close()
+        return bool(found)
+
+    return asyncio.run(check())
+
+
 async def _prepare(pg: Postgres, db: str) -> None:
     conn = await asyncpg.connect(pg.dsn(db))
     await conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int, payload text)")
@@ -112,9 +112,7 @@ def test_sigkill_ten_times_loses_nothing_and_keeps_row_order(postgres: Postgres,
     rng = random.Random(11)
     # The first start creates the slot; the workload begins after it exists.
     with Serve(tmp_path, "--config", str(cfg), api=False, env=env) as serve:
-        wait_until_sync(
-            lambda: checkpoint_lsn(tmp_path / "cp.db") > 0, timeout=30, what="first heartbeat checkpoint"
-        )
+        wait_until_sync(lambda: slot_exists(postgres, db), timeout=30, what="slot created")
         serve.kill()
     work = Workload(postgres.dsn(db))
     work.start()
@@ -142,13 +140,7 @@ def test_sigkill_ten_times_loses_nothing_and_keeps_row_order(postgres: Postgres,
     got = [(int(d["after"]["id"]), int(d["after"]["version"])) for d in sink_lines(out)]
     assert len(work.done) > 300
     assert set(work.done) <= set(got), f"missing {sorted(set(work.done) - set(got))[:10]}"
-    first: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    for x in got:
-        if x not in seen:
-            seen.add(x)
-            first.append(x)
-    assert first == work.done
+    assert first_occurrences(got) == work.done
 
 
 def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -> None:
@@ -160,14 +152,14 @@ def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -
     async def write_and_drop(drop: bool) -> None:
         conn = await asyncpg.connect(postgres.dsn(db))
         if drop:
-            await conn.execute("SELECT pg_drop_replication_slot('df_slot')")
+            await conn.execute("SELECT pg_drop_replication_slot($1)", f"slot_{db}")
         else:
             await conn.execute("INSERT INTO items VALUES (1, 1, 'x')")
         await conn.close()
 
     with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
         serve.wait_api()
-        wait_until_sync(lambda: checkpoint_lsn(tmp_path / "cp.db") > 0, timeout=30, what="slot created")
+        wait_until_sync(lambda: slot_exists(postgres, db), timeout=30, what="slot created")
         asyncio.run(write_and_drop(False))
         wait_until_sync(lambda: len(sink_lines(tmp_path / "events.jsonl")) == 1, timeout=30, what="delivered")
         assert serve.terminate() == 0
@@ -178,6 +170,6 @@ def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -
         [reason] = serve.get("/health").json()["reasons"]
         assert (
             reason
-            == "orders: position lost: replication slot 'df_slot' does not exist (dropped?). Re-snapshot required."
+            == f"orders: position lost: replication slot 'slot_{db}' does not exist (dropped?). Re-snapshot required."
         )
         assert serve.terminate() == 0

@@ -15,6 +15,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import PositionLost
+from deltaforge.sources.mysql_checks import SourceMisconfigured
 from deltaforge.sources.postgres import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -256,3 +257,15 @@ async def test_relation_messages_drive_added_and_dropped_columns(postgres: Postg
     ]
     await src.close()
     await conn.close()
+
+
+async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -> None:
+    first, second = await fresh_db(postgres), await fresh_db(postgres)
+    a = source(postgres, first, slot="shared_slot")
+    await a.open(None)
+    await a.close()
+    b = source(postgres, second, slot="shared_slot")
+    with pytest.raises(
+        SourceMisconfigured, match=rf"'shared_slot' belongs to database '{first}', not '{second}'"
+    ):
+        await b.open(None)

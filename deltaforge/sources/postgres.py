@@ -85,8 +85,14 @@ class PostgresSource(Source):
                 f"postgres source {self.id!r}: wal_level is {level}; set wal_level=logical"
             )
         slot = await conn.fetchrow(
-            "SELECT confirmed_flush_lsn, plugin FROM pg_replication_slots WHERE slot_name = $1", self.slot
+            "SELECT confirmed_flush_lsn, plugin, database FROM pg_replication_slots WHERE slot_name = $1",
+            self.slot,
         )
+        if slot is not None and slot["database"] != self.db:
+            raise SourceMisconfigured(
+                f"replication slot {self.slot!r} belongs to database {slot['database']!r}, not {self.db!r}; "
+                "slot names are cluster-wide: give this source its own slot"
+            )
         if slot is None:
             if resume_after is not None:
                 raise PositionLost(f"replication slot {self.slot!r} does not exist (dropped?)")
@@ -96,7 +102,8 @@ class PostgresSource(Source):
                 )
             await self._create()
             slot = await conn.fetchrow(
-                "SELECT confirmed_flush_lsn, plugin FROM pg_replication_slots WHERE slot_name = $1", self.slot
+                "SELECT confirmed_flush_lsn, plugin, database FROM pg_replication_slots WHERE slot_name = $1",
+                self.slot,
             )
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
