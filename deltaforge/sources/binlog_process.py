@@ -1,60 +1,23 @@
-"""The binlog decoder process: python-mysql-replication outside the service's GIL.
-
-Decoding row events in Python is the most expensive step of a MySQL pipeline.
-In a thread it competes with the event loop for the one GIL; in this child
-process it runs on its own core. The parent sends the settings on stdin (so the
-password never shows in a process listing) and reads length-prefixed pickled
-frames from stdout:
+"""The binlog decoder process: python-mysql-replication outside the service's GIL
+(see ``childproc.py`` for why and how). Frames it writes:
 
 * ``("txs", [(gtid, file, end_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
 * ``("schema", table, columns, position)``
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
-
-A full pipe blocks this process, which stops reading the replication socket:
-backpressure reaches the server. The process dies with its parent
-(``PR_SET_PDEATHSIG``), so a SIGKILLed service leaves no decoder behind.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import pickle
-import struct
-import sys
 import time
 from typing import IO, Any
+
+from deltaforge.sources.childproc import child_setup, write_frame
 
 HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
 FLUSH_S = 0.01  # under steady load, hand over at least this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
-FRAME = struct.Struct("<I")
-
-
-def write_frame(out: IO[bytes], obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    out.write(FRAME.pack(len(data)) + data)
-    out.flush()
-
-
-def read_frame(inp: IO[bytes]) -> Any:
-    head = inp.read(FRAME.size)
-    if len(head) < FRAME.size:
-        raise EOFError("decoder closed its output")
-    (n,) = FRAME.unpack(head)
-    data = inp.read(n)
-    if len(data) < n:
-        raise EOFError("decoder output truncated")
-    return pickle.loads(data)
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
@@ -168,12 +131,7 @@ def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
 
 
 def main() -> None:
-    from deltaforge import gctune
-
-    _die_with_parent()
-    gctune.tune()
-    out = sys.stdout.buffer
-    cfg = pickle.loads(sys.stdin.buffer.read())
+    cfg, out = child_setup()
     try:
         stream(cfg, out)
     except BrokenPipeError:

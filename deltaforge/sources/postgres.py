@@ -1,7 +1,8 @@
 """PostgreSQL source: logical decoding with pgoutput through SQL, using asyncpg.
 
 asyncpg cannot speak START_REPLICATION, so changes are read with
-``pg_logical_slot_peek_binary_changes`` and the slot is moved with
+``pg_logical_slot_peek_binary_changes`` — in a child process that also decodes
+pgoutput (``pg_process.py``, see ``childproc.py``) — and the slot is moved with
 ``pg_replication_slot_advance`` — and only ever to a position every sink has
 durably checkpointed (``confirm``), so WAL is released and nothing
 unacknowledged is lost.
@@ -14,26 +15,18 @@ where the slot may safely be advanced to.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import asyncpg
 
+from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
 from deltaforge.sources.base import PositionLost, Source, SourceError
+from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.mysql_checks import SourceMisconfigured
-from deltaforge.sources.pgoutput import (
-    UNCHANGED_TOAST,
-    Begin,
-    Change,
-    Commit,
-    DecodeError,
-    Relation,
-    Truncate,
-    decode,
-    format_lsn,
-)
-from deltaforge.sources.pgtypes import converter
+from deltaforge.sources.pgoutput import format_lsn
 
 END = 1 << 31  # the "seq" of a transaction's end: after every event in it
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
@@ -57,12 +50,10 @@ class PostgresSource(Source):
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.db = ""
-        self._relations: dict[int, tuple[Relation, list[Any]]] = {}
         self._last_commit = 0  # commit LSN of the last transaction handed out
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
-        self._unconfirmed: list[tuple[int, int]] = []  # (end_lsn, messages) read but not confirmed
-        self._last_heartbeat = 0.0
-        self._tx_prefix = ""
+        self._decoder: ChildDecoder | None = None
+        self._threads = BlockingRunner(1)
 
     @staticmethod
     def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
@@ -117,9 +108,19 @@ class PostgresSource(Source):
                 )
             await self._advance(safe)
             self._last_commit = int(resume_after.get("commit_lsn", 0))
-        self._relations = {}
-        self._unconfirmed = []
-        self._last_heartbeat = time.monotonic()
+        cfg = {
+            "dsn": self.dsn,
+            "slot": self.slot,
+            "publication": self.publication,
+            "chunk": self.chunk,
+            "heartbeat_s": self.heartbeat_s,
+            "idle_s": self._idle,
+            "last_commit": self._last_commit,
+        }
+        self._decoder = ChildDecoder(
+            f"postgres source {self.id!r}", "deltaforge.sources.pg_process", cfg, self._handle
+        )
+        self._decoder.start()
 
     async def _create(self) -> None:
         assert self._conn is not None
@@ -136,6 +137,9 @@ class PostgresSource(Source):
         await self._conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", self.slot)
 
     async def close(self) -> None:
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            await self._threads.run(decoder.stop)
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close(timeout=5)
@@ -147,39 +151,41 @@ class PostgresSource(Source):
     async def _advance(self, lsn: int) -> None:
         if lsn <= self._confirmed or self._conn is None:
             return
-        await self._conn.execute("SELECT pg_replication_slot_advance($1, $2)", self.slot, lsn)
+        # The decoder process peeks the same slot; a slot serves one backend at a time.
+        for attempt in range(500):
+            try:
+                await self._conn.execute("SELECT pg_replication_slot_advance($1, $2)", self.slot, lsn)
+                break
+            except asyncpg.ObjectInUseError:
+                if attempt == 499:
+                    raise
+                await asyncio.sleep(0.01)
         self._confirmed = lsn
-        self._unconfirmed = [t for t in self._unconfirmed if t[0] > lsn]
 
     async def read(self) -> list[Event]:
-        conn = self._conn
-        if conn is None:
+        if self._decoder is None:
             raise SourceError(f"postgres source {self.id!r} is not open")
-        skip = sum(n for _, n in self._unconfirmed)
-        try:
-            wal_now = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
-            rows = await conn.fetch(
-                "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, "
-                "'proto_version', '1', 'publication_names', $3)",
-                self.slot,
-                skip + self.chunk,
-                self.publication,
-            )
-        except asyncpg.UndefinedObjectError as exc:
-            raise PositionLost(f"replication slot {self.slot!r} is gone ({exc})") from None
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise SourceError(f"postgres source {self.id!r}: {type(exc).__name__}: {exc}") from None
-        events = self._decode(rows)
-        idle = not events and not self._unconfirmed and wal_now > self._confirmed
-        if idle and time.monotonic() - self._last_heartbeat >= self.heartbeat_s:
-            self._last_heartbeat = time.monotonic()
-            return [self._heartbeat(wal_now)]
-        return events
+        item = await self._threads.run(self._decoder.next_chunk, self.chunk)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    # -- the decoder's frames (in its pump thread) ----------------------------------
+    def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
+        kind = frame[0]
+        if kind == "txs":
+            return self._events(frame[1])
+        if kind == "heartbeat":
+            return [self._heartbeat(int(frame[1]))]
+        if frame[1] == "position_lost":
+            raise PositionLost(str(frame[2]))
+        if frame[1] == "decode":
+            raise DecodeFailed(f"postgres source {self.id!r}: {frame[2]}")
+        raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
 
     def _heartbeat(self, lsn: int) -> Event:
         """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there."""
         cp = {"lsn": lsn, "commit_lsn": lsn - 1, "seq": END}
-        self._unconfirmed.append((lsn, 0))
         return Event(
             op="h",
             before=None,
@@ -194,105 +200,38 @@ class PostgresSource(Source):
             size=64,
         )
 
-    def _decode(self, rows: list[Any]) -> list[Event]:
+    def _events(self, txs: list[tuple[Any, ...]]) -> list[Event]:
         out: list[Event] = []
-        tx: list[Event] = []
-        skipping = False
-        begin: Begin | None = None
-        count = 0
-        safe = self._confirmed if not self._unconfirmed else self._unconfirmed[-1][0]
-        for lsn, data in rows:
-            if skipping and data[:1] not in (b"C", b"R"):
-                count += 1
-                continue
-            msg = decode(data, int(lsn))
-            count += 1
-            if isinstance(msg, Begin):
-                begin, tx, count = msg, [], 1
-                self._tx_prefix = format_lsn(msg.final_lsn)
-                skipping = msg.final_lsn <= self._last_commit
-            elif isinstance(msg, Relation):
-                # str is the identity on text values: None marks "keep as is"
-                convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
-                self._relations[msg.relid] = (msg, convs)
-            elif isinstance(msg, Commit):
-                if not skipping and begin is not None:
-                    if tx:
-                        cp = {"lsn": msg.end_lsn, "commit_lsn": msg.commit_lsn, "seq": END}
-                        last = tx[-1]
-                        tx[-1] = Event(
-                            last.op, last.before, last.after, last.source, last.tx_id, True, last.event_id,
-                            last.order, cp, last.tenant, last.size,
-                        )  # fmt: skip
-                        out.extend(tx)
-                    self._last_commit = msg.commit_lsn
-                    self._unconfirmed.append((msg.end_lsn, count))
-                    safe = msg.end_lsn
-                skipping, begin, tx = False, None, []
-            elif skipping or begin is None:
-                continue
-            elif isinstance(msg, Change):
-                tx.append(self._change(msg, begin, len(tx), safe, int(lsn)))
-            elif isinstance(msg, Truncate):
-                for relid in msg.relids:
-                    rel = self._relation(relid, int(lsn))
-                    tx.append(self._event("t", None, None, rel, begin, len(tx), safe))
+        connector, db, tenant = self.connector, self.db, self.tenant
+        for xid, commit_lsn, end_lsn, commit_ts, safe, changes in txs:
+            prefix = format_lsn(commit_lsn)
+            ts_ms = PG_EPOCH_MS + commit_ts // 1000
+            tx_id = str(xid)
+            last = len(changes) - 1
+            for seq, (op, schema, table, before, after) in enumerate(changes):
+                position = {"lsn": safe, "commit_lsn": commit_lsn, "seq": seq}
+                end = seq == last
+                out.append(
+                    Event(
+                        op,
+                        before,
+                        after,
+                        SourceInfo(connector, db, table, position, ts_ms, schema),
+                        tx_id,
+                        end,
+                        f"{prefix}:{seq}",
+                        (commit_lsn, seq),
+                        {"lsn": end_lsn, "commit_lsn": commit_lsn, "seq": END} if end else position,
+                        tenant,
+                        128 + 32 * len(after or before or ()),
+                    )
+                )
+            self._last_commit = commit_lsn
         return out
 
-    def _relation(self, relid: int, lsn: int) -> Relation:
-        hit = self._relations.get(relid)
-        if hit is None:
-            raise DecodeError(lsn, f"change for relation {relid} before its Relation message")
-        return hit[0]
 
-    def _change(self, msg: Change, begin: Begin, seq: int, safe: int, lsn: int) -> Event:
-        hit = self._relations.get(msg.relid)
-        if hit is None:
-            raise DecodeError(lsn, f"change for relation {msg.relid} before its Relation message")
-        rel, convs = hit
-        names = [c.name for c in rel.columns]
-        before = _row(names, convs, msg.old) if msg.old is not None else None
-        after = _row(names, convs, msg.new) if msg.new is not None else None
-        return self._event(msg.op, before, after, rel, begin, seq, safe)
-
-    def _event(
-        self,
-        op: str,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-        rel: Relation,
-        begin: Begin,
-        seq: int,
-        safe: int,
-    ) -> Event:
-        cp = {"lsn": safe, "commit_lsn": begin.final_lsn, "seq": seq}
-        return Event(
-            op,
-            before,
-            after,
-            SourceInfo(
-                self.connector, self.db, rel.name, cp, PG_EPOCH_MS + begin.commit_ts // 1000, rel.namespace
-            ),
-            str(begin.xid),
-            False,
-            f"{self._tx_prefix}:{seq}",
-            (begin.final_lsn, seq),
-            cp,
-            self.tenant,
-            128 + 32 * len(after or before or ()),
-        )
-
-
-def _row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {}
-    for name, conv, value in zip(names, convs, values, strict=False):
-        if value is None or (conv is None and value is not UNCHANGED_TOAST):
-            row[name] = value
-        elif value is UNCHANGED_TOAST:
-            row[name] = {"__unchanged_toast__": True}
-        else:
-            row[name] = conv(value) if isinstance(value, str) else value
-    return row
+class DecodeFailed(SourceError):
+    """pgoutput bytes that could not be decoded (the message names the LSN)."""
 
 
 def _quote_table(name: str) -> str:

@@ -1,0 +1,153 @@
+"""Decoding in a child process: framing, spawning, and the pump that feeds a source.
+
+Pure-Python decoding (binlog rows, pgoutput) is the most expensive step of a
+database source. In a thread it competes with the event loop for the one GIL;
+in a child process it runs on its own core. The parent sends the settings on
+stdin (so passwords never show in a process listing) and reads
+length-prefixed pickled frames from stdout. A full queue stops the pump, the
+pipe fills, the child blocks: backpressure reaches the database connection.
+The child dies with its parent (``PR_SET_PDEATHSIG``), so a SIGKILLed service
+leaves no decoder behind.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from deltaforge.events import Event
+from deltaforge.sources.base import SourceError
+
+FRAME = struct.Struct("<I")
+
+
+def write_frame(out: IO[bytes], obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(FRAME.pack(len(data)) + data)
+    out.flush()
+
+
+def read_frame(inp: IO[bytes]) -> Any:
+    head = inp.read(FRAME.size)
+    if len(head) < FRAME.size:
+        raise EOFError("decoder closed its output")
+    (n,) = FRAME.unpack(head)
+    data = inp.read(n)
+    if len(data) < n:
+        raise EOFError("decoder output truncated")
+    return pickle.loads(data)
+
+
+def child_setup() -> tuple[dict[str, Any], IO[bytes]]:
+    """In the child: die with the parent, tune the GC, read the settings; returns (cfg, out)."""
+    from deltaforge import gctune
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    gctune.tune()
+    return pickle.loads(sys.stdin.buffer.read()), sys.stdout.buffer
+
+
+Handler = Callable[[tuple[Any, ...]], list[Event] | None]
+
+
+class ChildDecoder:
+    """Runs ``python -m module`` and turns its frames into chunks of events.
+
+    ``handle(frame)`` returns the events of a frame (or None) and raises for an
+    error frame; whatever it raises reaches the source's ``read()``.
+    """
+
+    def __init__(
+        self, name: str, module: str, cfg: dict[str, Any], handle: Handler, queue_size: int = 8
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.cfg = cfg
+        self.handle = handle
+        self.queue: queue.Queue[list[Event] | BaseException] = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Spawn the child and the pump. Call from the event loop's thread: PR_SET_PDEATHSIG
+        fires when the *thread* that forked the child ends, and pool threads end when idle."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=1 << 20,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps(self.cfg))
+        proc.stdin.close()
+        self._proc = proc
+        self._thread = threading.Thread(target=self._pump, name=f"decoder-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Kill the child and wait for the pump (blocking: run it in a thread)."""
+        self._stop.set()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+
+    def next_chunk(self, max_events: int, wait: float = 0.2) -> list[Event] | BaseException:
+        """Up to about ``max_events`` events, or the error the pump met ([] after ``wait`` idle)."""
+        try:
+            out = self.queue.get(timeout=wait)
+        except queue.Empty:
+            return []
+        if isinstance(out, BaseException):
+            return out
+        while len(out) < max_events:
+            try:
+                more = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(more, BaseException):
+                self.queue.put(more)  # report it on the next read, after these events
+                break
+            out = out + more
+        return out
+
+    def _put(self, item: list[Event] | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _pump(self) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        try:
+            while not self._stop.is_set():
+                events = self.handle(read_frame(proc.stdout))
+                if events:
+                    self._put(events)
+        except BaseException as exc:  # noqa: BLE001 - everything is handed to the actor
+            if self._stop.is_set():
+                return
+            if isinstance(exc, EOFError):
+                exc = SourceError(f"{self.name}: decoder process exited (code {proc.poll()})")
+            self._put(exc)
