@@ -8,6 +8,7 @@ import pytest
 
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
+from tests.servers.redis import Redis
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,16 @@ def mariadb() -> Iterator[MariaDB]:
 def postgres() -> Iterator[Postgres]:
     """A private PostgreSQL 15 cluster with wal_level=logical."""
     server = Postgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def redis_server() -> Iterator[Redis]:
+    """A private redis-server per test (tests stop and restart it)."""
+    server = Redis().start()
     try:
         yield server
     finally:

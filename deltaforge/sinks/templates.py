@@ -1,0 +1,48 @@
+"""Per-event name templates: ``cdc.${source.table}``, ``${after.customer_id}``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from deltaforge.events import Event
+
+_PART = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\}")
+_SOURCE = {"table", "db", "schema", "connector"}
+
+
+def _getter(path: str) -> Callable[[Event], Any]:
+    head, _, rest = path.partition(".")
+    if head == "source" and rest in _SOURCE:
+        return lambda e: getattr(e.source, rest)
+    if head in ("after", "before") and "." not in rest:
+        # a delete has no after image: fall back to before, so keys stay stable per row
+        def image(e: Event) -> Any:
+            row = getattr(e, head) if getattr(e, head) is not None else (e.before or e.after)
+            return (row or {}).get(rest, "")
+
+        return image
+    raise ValueError(
+        f"unknown template field ${{{path}}}; expected source.table/db/schema/connector, after.COL or before.COL"
+    )
+
+
+def compile_template(text: str) -> Callable[[Event], str]:
+    """A function from event to name; a text without ``${...}`` is returned as is (fast path)."""
+    parts = _PART.split(text)
+    if len(parts) == 1:
+        return lambda e: text
+    getters: list[str | Callable[[Event], Any]] = [
+        p if i % 2 == 0 else _getter(p) for i, p in enumerate(parts)
+    ]
+    return lambda e: "".join(g if isinstance(g, str) else str(g(e)) for g in getters)
+
+
+def check_template(text: str) -> str | None:
+    """None when ``text`` is a valid template, else what is wrong (for config validation)."""
+    try:
+        compile_template(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
