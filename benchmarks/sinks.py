@@ -3,8 +3,8 @@
     python benchmarks/sinks.py [--events 100000]
 
 Redis: the pipeline (synthetic source -> Redis sink, default and exactly_once)
-against bare pipelined XADD of the same payloads with redis-py. More sinks join
-as they are built.
+against bare pipelined XADD of the same payloads with redis-py. NATS: the
+pipeline against bare publish_async + all acks awaited per 2000, with nats-py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from deltaforge.envelopes import encode, native
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.kit import SyntheticSource, make_event
+from tests.servers.nats import Nats
 from tests.servers.redis import Redis
 
 
@@ -44,24 +45,33 @@ async def bare_xadd(uri: str, n: int) -> float:
     return n / elapsed
 
 
-async def pipeline(uri: str, n: int, exactly_once: bool) -> float:
+async def bare_publish(url: str, n: int) -> float:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(name="BARE", subjects=["bare.>"])
+    events = [make_event(i) for i in range(1, n + 1)]
+    t0 = time.perf_counter()
+    for start in range(0, n, 2000):
+        futures = [
+            await js.publish_async("bare.t", encode(native(e)), headers={"Nats-Msg-Id": e.idempotency_key})
+            for e in events[start : start + 2000]
+        ]
+        await asyncio.gather(*futures)
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    return n / elapsed
+
+
+async def run(sink: dict[str, object], n: int) -> float:
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
         "metadata": {"name": "bench"},
         "spec": {
             "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
-            "sinks": [
-                {
-                    "type": "redis",
-                    "config": {
-                        "id": "r",
-                        "uri": uri,
-                        "stream": f"p{int(exactly_once)}",
-                        "exactly_once": exactly_once,
-                    },
-                }
-            ],
+            "sinks": [sink],
             "batch": {"max_events": 2000, "max_ms": 50},
         },
     }
@@ -78,6 +88,14 @@ async def pipeline(uri: str, n: int, exactly_once: bool) -> float:
     return n / elapsed
 
 
+async def pipeline(uri: str, n: int, exactly_once: bool) -> float:
+    stream = f"p{int(exactly_once)}"
+    return await run(
+        {"type": "redis", "config": {"id": "r", "uri": uri, "stream": stream, "exactly_once": exactly_once}},
+        n,
+    )
+
+
 def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     ap = argparse.ArgumentParser(description=__doc__)
@@ -90,6 +108,15 @@ def main() -> None:
         eo = asyncio.run(pipeline(server.uri(), args.events, True))
     print(f"redis  {args.events:,} events: pipeline {pipe:>9,.0f}/s | exactly_once {eo:>9,.0f}/s | "
           f"bare pipelined XADD {raw:>9,.0f}/s | ratios {pipe / raw:.0%} / {eo / raw:.0%}")  # fmt: skip
+    with Nats() as server:
+        raw = asyncio.run(bare_publish(server.url(), args.events))
+        sink = {
+            "type": "nats",
+            "config": {"id": "n", "url": server.url(), "subject": "cdc.${source.table}", "stream": "CDC"},
+        }
+        pipe = asyncio.run(run(sink, args.events))
+    print(f"nats   {args.events:,} events: pipeline {pipe:>9,.0f}/s | bare publish_async {raw:>9,.0f}/s | "
+          f"ratio {pipe / raw:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 
 SOURCE_TYPES = {"turso", "mysql", "postgres"}
-SINK_TYPES = {"stdout", "file", "redis"}
+SINK_TYPES = {"stdout", "file", "redis", "nats"}
 # Known to the design but delivered by later work; named so the error says so.
 PLANNED_SOURCES: set[str] = set()
-PLANNED_SINKS = {"kafka", "nats", "postgres"}
+PLANNED_SINKS = {"kafka", "postgres"}
 # one_for_one is not offered at the pipeline level: see pipeline/tree.py for why.
 STRATEGIES = ("one_for_all", "rest_for_one")
 COMMIT_MODES = ("required", "all", "quorum")
@@ -310,6 +310,28 @@ def _sink(c: _Checker, raw: Any, i: int, extra_sink_types: set[str]) -> SinkConf
         c.string(cfg, "path", cp)
         c.boolean(cfg, "fsync", cp, True)
         c.unknown(cfg, cp, {"id", "path", "fsync", "envelope", "required"})
+    elif typ == "nats":
+        url = c.string(cfg, "url", cp)
+        if url and not re.match(r"^(nats|tls)://", url):
+            c.err(f"{cp}.url", "expected nats://host:port")
+        subject = c.string(cfg, "subject", cp)
+        if subject:
+            from deltaforge.sinks.templates import check_template
+
+            problem = check_template(subject)
+            if problem:
+                c.err(f"{cp}.subject", problem)
+        if "stream" in cfg:
+            c.string(cfg, "stream", cp)
+        c.boolean(cfg, "create_stream", cp, "stream" in cfg)
+        c.number(cfg, "duplicate_window_s", cp, 120.0)
+        c.number(cfg, "ack_timeout_s", cp, 10.0)
+        c.unknown(
+            cfg,
+            cp,
+            {"id", "url", "subject", "stream", "stream_subjects", "create_stream", "duplicate_window_s",
+             "ack_timeout_s", "envelope", "required"},
+        )  # fmt: skip
     elif typ == "redis":
         uri = c.string(cfg, "uri", cp)
         if uri and not re.match(r"^rediss?://", uri):

@@ -8,6 +8,7 @@ from typing import Any
 from deltaforge.config import SinkConfig, SourceConfig
 from deltaforge.sinks.base import Sink
 from deltaforge.sinks.file import FileSink
+from deltaforge.sinks.nats import NatsSink
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.sinks.stdout import StdoutSink
 from deltaforge.sources.base import Source
@@ -15,7 +16,12 @@ from deltaforge.sources.mysql import MySQLSource
 from deltaforge.sources.postgres import PostgresSource
 from deltaforge.sources.turso import TursoSource
 
-SINKS: dict[str, Callable[[SinkConfig], Sink]] = {"file": FileSink, "stdout": StdoutSink, "redis": RedisSink}
+SINKS: dict[str, Callable[[SinkConfig], Sink]] = {
+    "file": FileSink,
+    "stdout": StdoutSink,
+    "redis": RedisSink,
+    "nats": NatsSink,
+}
 SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {
     "turso": TursoSource,
     "mysql": MySQLSource,

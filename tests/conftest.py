@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.servers.mariadb import MariaDB
+from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 
@@ -35,6 +36,16 @@ def postgres() -> Iterator[Postgres]:
 def redis_server() -> Iterator[Redis]:
     """A private redis-server per test (tests stop and restart it)."""
     server = Redis().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def nats_server() -> Iterator[Nats]:
+    """A private nats-server with JetStream, per test."""
+    server = Nats().start()
     try:
         yield server
     finally:

@@ -109,5 +109,7 @@ class RedisSink(Sink):
             )
         pipe = self._client.pipeline(transaction=False)
         for stream, args in by_stream.items():
-            await self._script(keys=[stream, f"{stream}:df:watermark"], args=[self.maxlen, *args], client=pipe)
+            await self._script(
+                keys=[stream, f"{stream}:df:watermark"], args=[self.maxlen, *args], client=pipe
+            )
         await pipe.execute()

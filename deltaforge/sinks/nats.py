@@ -1,0 +1,112 @@
+"""NATS JetStream sink: Nats-Msg-Id = idempotency key, every ack awaited per batch.
+
+At-least-once with server-side dedup: JetStream drops a message whose
+``Nats-Msg-Id`` it has seen within the stream's ``duplicate_window``, so a
+replay after a crash inside that window adds nothing. The batch is published
+with ``publish_async`` and is delivered only when every PubAck came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+from nats import errors as nerr
+from nats.js import errors as jserr
+
+from deltaforge.config import SinkConfig
+from deltaforge.envelopes import encode, shape
+from deltaforge.events import Event
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
+from deltaforge.sinks.templates import compile_template
+
+
+class NatsSink(Sink):
+    """Publishes each event to a JetStream subject named by a template (``cdc.${source.table}``)."""
+
+    def __init__(self, config: SinkConfig) -> None:
+        super().__init__(config)
+        cfg = config.config
+        self.url = str(cfg["url"])
+        self.subject_of = compile_template(str(cfg["subject"]))
+        self.stream = cfg.get("stream")
+        self.create_stream = bool(cfg.get("create_stream", bool(self.stream)))
+        self.duplicate_window = float(cfg.get("duplicate_window_s", 120))
+        self.ack_timeout = float(cfg.get("ack_timeout_s", 10))
+        self.envelope = shape(config.envelope)
+        self._nc: Any = None
+        self._js: Any = None
+        self.duplicates = 0
+        self.last_error: str | None = None
+
+    async def open(self) -> None:
+        try:
+            self._nc = await nats.connect(
+                self.url,
+                connect_timeout=min(5.0, self.ack_timeout),
+                # A lost connection fails the batch and the retry reconnects. Not allow_reconnect=False:
+                # with it (or max_reconnect_attempts=0) nats-py 2.16's first connect to a down server
+                # never returns; one quick attempt makes it raise NoServersError instead.
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                error_cb=self._quiet,  # the default prints tracebacks; failures surface as SinkErrors
+            )
+        except (nerr.NoServersError, OSError, TimeoutError) as exc:
+            raise RetryableSinkError(f"nats sink {self.id!r}: cannot connect: {type(exc).__name__}") from None
+        except nerr.Error as exc:
+            if "authorization" in str(exc).lower():
+                raise NonRetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
+            raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
+        self._js = self._nc.jetstream(timeout=self.ack_timeout)
+        if self.create_stream and self.stream:
+            subjects = [str(self.config.config.get("stream_subjects", self.config.config["subject"]))]
+            subjects = [s.split("${", 1)[0] + ">" if "${" in s else s for s in subjects]
+            try:
+                await self._js.add_stream(
+                    name=str(self.stream), subjects=subjects, duplicate_window=self.duplicate_window
+                )
+            except jserr.BadRequestError:
+                pass  # exists with another config: leave it as the operator set it
+
+    async def _quiet(self, exc: Exception) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    async def close(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            try:
+                # close() flushes; on a dead connection that can wait forever
+                await asyncio.wait_for(nc.close(), timeout=2)
+            except (TimeoutError, nerr.Error, OSError):
+                pass
+
+    async def deliver(self, events: list[Event]) -> None:
+        if self._nc is None or not self._nc.is_connected:
+            await self.close()
+            await self.open()
+        js = self._js
+        try:
+            futures = [
+                await js.publish_async(
+                    self.subject_of(e), encode(self.envelope(e)), headers={"Nats-Msg-Id": e.idempotency_key}
+                )
+                for e in events
+            ]
+            acks = await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout)
+        except (nerr.NoRespondersError, jserr.NoStreamResponseError) as exc:
+            raise NonRetryableSinkError(
+                f"nats sink {self.id!r}: no stream listens on the subject ({exc})"
+            ) from None
+        except (
+            TimeoutError,
+            nerr.TimeoutError,
+            nerr.ConnectionClosedError,
+            nerr.StaleConnectionError,
+            OSError,
+        ) as exc:
+            await self.close()
+            raise RetryableSinkError(f"nats sink {self.id!r}: {type(exc).__name__}: {exc}") from None
+        except jserr.APIError as exc:
+            raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
+        self.duplicates += sum(1 for a in acks if getattr(a, "duplicate", False))

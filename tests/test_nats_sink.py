@@ -1,0 +1,174 @@
+"""NATS JetStream sink against a real private nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import orjson
+import pytest
+import yaml
+
+from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.base import NonRetryableSinkError
+from deltaforge.sinks.nats import NatsSink
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import stored_checkpoint, wait_until, wait_until_sync
+from tests.kit import SyntheticSource, make_event
+from tests.serve_proc import Serve
+from tests.servers.nats import Nats
+from tests.test_crash import read_cdc
+
+
+def nats_doc(url: str, **sink: Any) -> dict[str, Any]:
+    config = {"id": "n", "url": url, "subject": "cdc.${source.table}", "stream": "CDC", **sink}
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "n", "tenant": "acme"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
+            "sinks": [{"type": "nats", "config": config}],
+            "batch": {"max_events": 2000, "max_ms": 20},
+            "supervision": {
+                "max_restarts": 50,
+                "within_seconds": 60,
+                "backoff": {"base_ms": 10, "max_ms": 200},
+            },
+        },
+    }
+
+
+async def consume(url: str, subject: str, stream: str = "CDC") -> list[dict[str, Any]]:
+    """Everything in the stream for ``subject``, read with a pull consumer."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    total = info.state.messages
+    sub = await js.pull_subscribe(subject, durable=f"check{random.randrange(10**9)}", stream=stream)
+    out: list[dict[str, Any]] = []
+    while len(out) < total:
+        try:
+            msgs = await sub.fetch(1000, timeout=2)
+        except nats.errors.TimeoutError:
+            break
+        for m in msgs:
+            doc = orjson.loads(m.data)
+            doc["_msg_id"] = m.headers.get("Nats-Msg-Id") if m.headers else None
+            out.append(doc)
+            await m.ack()
+    await nc.close()
+    return out
+
+
+async def test_hundred_thousand_events_complete_in_order(nats_server: Nats) -> None:
+    n = 100_000
+    cfg = parse_pipeline(nats_doc(nats_server.url()), env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n, chunk=2000))
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= n, timeout=120, what="all committed")
+    await runner.drain()
+    await task
+    got = await consume(nats_server.url(), "cdc.t")
+    assert [int(d["event_id"]) for d in got] == list(range(1, n + 1))
+    assert got[0]["_msg_id"] == got[0]["idempotency_key"]
+
+
+async def test_replay_within_window_is_deduplicated_by_the_server(nats_server: Nats) -> None:
+    cfg = parse_pipeline(nats_doc(nats_server.url()), env={})
+    sink = NatsSink(cfg.sinks[0])
+    await sink.open()
+    batch = [make_event(i) for i in range(1, 51)]
+    await sink.deliver(batch)
+    await sink.deliver(batch)
+    await sink.close()
+    assert sink.duplicates == 50
+    assert [int(d["event_id"]) for d in await consume(nats_server.url(), "cdc.t")] == list(range(1, 51))
+
+
+async def test_no_stream_on_subject_is_non_retryable_with_sink_id(nats_server: Nats) -> None:
+    cfg = parse_pipeline(
+        nats_doc(nats_server.url(), subject="nowhere.${source.table}", create_stream=False), env={}
+    )
+    sink = NatsSink(cfg.sinks[0])
+    await sink.open()
+    with pytest.raises(NonRetryableSinkError, match=r"nats sink 'n': no stream listens"):
+        await sink.deliver([make_event(1)])
+    await sink.close()
+
+
+async def test_outage_recovers_without_loss(nats_server: Nats) -> None:
+    n = 10_000
+    store = MemoryCheckpointStore()
+    cfg = parse_pipeline(nats_doc(nats_server.url(), ack_timeout_s=1), env={})
+
+    class Slow(SyntheticSource):
+        async def read(self) -> list[Any]:
+            await asyncio.sleep(0.005)
+            return await super().read()
+
+    runner = PipelineRunner(cfg, store=store, source=Slow(n, chunk=200))
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_committed > 1000, what="some delivered")
+    nats_server.kill()
+    failures = runner.ctx.stats.commit_failures
+    await wait_until(lambda: runner.ctx.stats.commit_failures > failures, timeout=30, what="backing off")
+    nats_server.start()
+    await wait_until(lambda: runner.ctx.stats.events_committed >= n, timeout=60, what="recovered")
+    await runner.drain()
+    await task
+    ids = [int(d["event_id"]) for d in await consume(nats_server.url(), "cdc.t")]
+    assert ids == list(range(1, n + 1))  # nothing lost, and the replay was deduplicated
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_no_duplicates_within_the_window(nats_server: Nats, tmp_path: Path) -> None:
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "crash", "tenant": "t"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "db", "path": str(tmp_path / "app.db"),
+                                                   "workload": {"enabled": True, "rows_per_second": 400}}},
+            "sinks": [{"type": "nats", "config": {"id": "n", "url": "${NATS}", "subject": "cdc.${source.table}",
+                                                  "stream": "CDC"}}],
+            "batch": {"max_events": 50, "max_ms": 20},
+            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
+        },
+    }  # fmt: skip
+    with_wl = tmp_path / "with.yaml"
+    with_wl.write_text(yaml.safe_dump(doc))
+    doc["spec"]["source"]["config"]["workload"]["enabled"] = False
+    without = tmp_path / "without.yaml"
+    without.write_text(yaml.safe_dump(doc))
+    env = {"NATS": nats_server.url()}
+    rng = random.Random(8)
+    out = tmp_path / "serve.err"
+    for _ in range(6):
+        before = out.read_text().count("pipeline_started") if out.exists() else 0
+        with Serve(tmp_path, "--config", str(with_wl), api=False, env=env) as serve:
+            wait_until_sync(
+                lambda: stored_checkpoint(tmp_path / "cp.db", "db::sink::n") is not None and out.exists()
+                and out.read_text().count("pipeline_started") > before,  # noqa: B023
+                timeout=20,
+                what="running",
+            )  # fmt: skip
+            time.sleep(rng.uniform(0.2, 0.6))
+            serve.kill()
+    rows, last = read_cdc(tmp_path / "app.db")
+    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
+
+        def caught_up() -> bool:
+            cp = stored_checkpoint(tmp_path / "cp.db", "db::sink::n")
+            return cp is not None and int(cp["change_id"]) >= last
+
+        wait_until_sync(caught_up, timeout=60, what="caught up")
+        assert serve.terminate() == 0
+    got = [int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "cdc.orders"))]
+    assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
+    assert got == [int(r[0]) for r in rows]
