@@ -5,6 +5,8 @@
 Redis: the pipeline (synthetic source -> Redis sink, default and exactly_once)
 against bare pipelined XADD of the same payloads with redis-py. NATS: the
 pipeline against bare publish_async + all acks awaited per 2000, with nats-py.
+Kafka (Tansu): the pipeline, default and exactly_once, against a bare
+confluent-kafka idempotent producer (produce + flush per 2000).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.kit import SyntheticSource, make_event
 from tests.servers.nats import Nats
 from tests.servers.redis import Redis
+from tests.servers.tansu import Tansu
 
 
 async def bare_xadd(uri: str, n: int) -> float:
@@ -62,6 +65,25 @@ async def bare_publish(url: str, n: int) -> float:
     elapsed = time.perf_counter() - t0
     await nc.close()
     return n / elapsed
+
+
+def bare_kafka(bootstrap: str, n: int) -> float:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, "log_level": 3})
+    events = [make_event(i) for i in range(1, n + 1)]
+    t0 = time.perf_counter()
+    for start in range(0, n, 2000):
+        for e in events[start : start + 2000]:
+            while True:
+                try:
+                    p.produce("bare", encode(native(e)), str(e.after["id"]) if e.after else None,
+                              headers=[("idempotency_key", e.idempotency_key.encode())])  # fmt: skip
+                    break
+                except BufferError:
+                    p.poll(0.1)
+        p.flush(30)
+    return n / (time.perf_counter() - t0)
 
 
 async def run(sink: dict[str, object], n: int) -> float:
@@ -115,6 +137,19 @@ def main() -> None:
             "config": {"id": "n", "url": server.url(), "subject": "cdc.${source.table}", "stream": "CDC"},
         }
         pipe = asyncio.run(run(sink, args.events))
+    with Tansu() as broker:
+        broker.create_topic("bare")
+        broker.create_topic("cdc.t")
+        raw_k = bare_kafka(broker.bootstrap, args.events)
+        sink = {
+            "type": "kafka",
+            "config": {"id": "k", "brokers": broker.bootstrap, "topic": "cdc.${source.table}"},
+        }
+        pipe_k = asyncio.run(run(sink, args.events))
+        sink["config"] = {**sink["config"], "id": "k2", "exactly_once": True}  # type: ignore[dict-item]
+        eo_k = asyncio.run(run(sink, args.events))
+    print(f"kafka  {args.events:,} events: pipeline {pipe_k:>9,.0f}/s | exactly_once {eo_k:>9,.0f}/s | "
+          f"bare confluent-kafka {raw_k:>9,.0f}/s | ratios {pipe_k / raw_k:.0%} / {eo_k / raw_k:.0%}")  # fmt: skip
     print(f"nats   {args.events:,} events: pipeline {pipe:>9,.0f}/s | bare publish_async {raw:>9,.0f}/s | "
           f"ratio {pipe / raw:.0%}")  # fmt: skip
 

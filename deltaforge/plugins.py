@@ -8,6 +8,7 @@ from typing import Any
 from deltaforge.config import SinkConfig, SourceConfig
 from deltaforge.sinks.base import Sink
 from deltaforge.sinks.file import FileSink
+from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.sinks.stdout import StdoutSink
@@ -21,6 +22,7 @@ SINKS: dict[str, Callable[[SinkConfig], Sink]] = {
     "stdout": StdoutSink,
     "redis": RedisSink,
     "nats": NatsSink,
+    "kafka": KafkaSink,
 }
 SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {
     "turso": TursoSource,

@@ -10,6 +10,7 @@ from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
+from tests.servers.tansu import Tansu
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,16 @@ def redis_server() -> Iterator[Redis]:
 def nats_server() -> Iterator[Nats]:
     """A private nats-server with JetStream, per test."""
     server = Nats().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def tansu() -> Iterator[Tansu]:
+    """A private Tansu broker (Kafka protocol, memory storage), per test."""
+    server = Tansu().start()
     try:
         yield server
     finally:

@@ -41,6 +41,8 @@ class PipelineRunner:
         self._own_store = store is None
         self.store = store or open_store(config.storage.type, config.storage.path)
         self.sinks = sinks or {s.id: build_sink(s) for s in config.sinks}
+        for sink in self.sinks.values():
+            sink.pipeline = config.name
         self.source = source or build_source(config.source, config.tenant)
         self.workload = workload
         self.ctx = PipelineContext(config, self.store, self.source, self.sinks)

@@ -36,6 +36,7 @@ class Sink(ABC):
     def __init__(self, config: SinkConfig) -> None:
         self.config = config
         self.id = config.id
+        self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Connect."""

@@ -1,0 +1,174 @@
+"""Kafka sink (confluent-kafka): idempotent producer, or one Kafka transaction per batch.
+
+The producer is librdkafka, blocking on flush and on transaction calls, so it
+lives in this sink's own worker thread and never blocks the event loop.
+
+* Default — at-least-once: ``enable.idempotence`` dedups the producer's own
+  retries; a crash replay can still duplicate (consumers dedup on the
+  ``idempotency_key`` header).
+* ``exactly_once: true`` — each batch is one transaction with a stable
+  ``transactional.id`` (``deltaforge-<pipeline>-<sink>``): read_committed
+  consumers see a batch whole or not at all. A fenced producer is
+  :class:`supervision.Fatal`: another instance took over, the pipeline stops.
+
+Message key: the ``key`` template when set, else the row's first column (the
+primary key for tables whose key comes first), so one row's changes stay in
+one partition, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from actors import BlockingRunner
+from deltaforge.config import SinkConfig
+from deltaforge.envelopes import encode, shape
+from deltaforge.events import Event
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.templates import compile_template
+from supervision import Fatal
+
+_NON_RETRYABLE = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._AUTHENTICATION,
+    KafkaError.INVALID_RECORD,
+}
+_FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+class KafkaSink(Sink):
+    """Produces each event to a topic named by a template (``cdc.${source.table}``)."""
+
+    def __init__(self, config: SinkConfig) -> None:
+        super().__init__(config)
+        cfg = config.config
+        self.brokers = str(cfg["brokers"])
+        self.topic_of = compile_template(str(cfg["topic"]))
+        self.key_of = compile_template(str(cfg["key"])) if cfg.get("key") else None
+        self.exactly_once = bool(cfg.get("exactly_once", False))
+        self.timeout = float(cfg.get("timeout_s", 30))
+        self.extra = {str(k): v for k, v in dict(cfg.get("producer", {})).items()}
+        self.envelope = shape(config.envelope)
+        self._producer: Producer | None = None
+        self._thread = BlockingRunner(1)
+        self.commits = 0
+        self.aborts = 0
+
+    @property
+    def transactional_id(self) -> str:
+        return f"deltaforge-{self.pipeline}-{self.id}"
+
+    async def open(self) -> None:
+        await self._thread.run(self._open)
+
+    def _open(self) -> None:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.brokers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": int(self.timeout * 1000),
+            "log_level": 3,
+            **self.extra,
+        }
+        if self.exactly_once:
+            conf["transactional.id"] = self.transactional_id
+        producer = Producer(conf)
+        if self.exactly_once:
+            try:
+                producer.init_transactions(self.timeout)
+            except KafkaException as exc:
+                raise self._classify(exc.args[0]) from None
+        self._producer = producer
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await self._thread.run(producer.flush, 5.0)
+
+    async def deliver(self, events: list[Event]) -> None:
+        if self._producer is None:
+            await self.open()
+        await self._thread.run(self._deliver, events)
+
+    def _deliver(self, events: list[Event]) -> None:
+        producer = self._producer
+        assert producer is not None
+        errors: list[KafkaError] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+
+        try:
+            if self.exactly_once:
+                producer.begin_transaction()
+            for e in events:
+                self._produce(producer, e, on_delivery)
+            if self.exactly_once:
+                producer.commit_transaction(self.timeout)
+                self.commits += 1
+            else:
+                left = producer.flush(self.timeout)
+                if left:
+                    raise RetryableSinkError(
+                        f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
+                    )
+            if errors:
+                raise self._classify(errors[0])
+        except KafkaException as exc:
+            err = exc.args[0]
+            self._abort(producer, err)
+            raise self._classify(err) from None
+        except SinkError:
+            self._abort(producer, None)
+            raise
+
+    def _produce(self, producer: Producer, e: Event, on_delivery: Any) -> None:
+        key = self.key_of(e) if self.key_of is not None else _first_column(e)
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("idempotency_key", e.idempotency_key.encode()),
+            ("event_id", e.event_id.encode()),
+        ]
+        value = encode(self.envelope(e))
+        while True:
+            try:
+                producer.produce(self.topic_of(e), value, key, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:
+                producer.poll(0.1)  # queue full: let deliveries drain, then go on
+
+    def _abort(self, producer: Producer, err: KafkaError | None) -> None:
+        if not self.exactly_once or (err is not None and err.fatal()):
+            return
+        try:
+            producer.abort_transaction(self.timeout)
+            self.aborts += 1
+        except KafkaException:
+            pass
+
+    def _classify(self, err: KafkaError) -> Exception:
+        text = f"kafka sink {self.id!r}: {err.name()}: {err.str()}"
+        if self.exactly_once and (err.code() in _FATAL or err.fatal()):
+            return Fatal(f"{text} (another producer with transactional.id {self.transactional_id!r}?)")
+        if err.fatal():
+            # An idempotent producer's fatal state (e.g. the broker lost its producer id after a
+            # restart) ends that producer only: start a new one and retry the batch.
+            self._producer = None
+            return RetryableSinkError(f"{text} (producer recreated)")
+        if err.code() in _NON_RETRYABLE:
+            return NonRetryableSinkError(text)
+        return RetryableSinkError(text)
+
+
+def _first_column(e: Event) -> str | None:
+    row = e.after if e.after is not None else e.before
+    if not row:
+        return None
+    return str(next(iter(row.values())))
