@@ -10,6 +10,7 @@ from deltaforge.sinks.base import Sink
 from deltaforge.sinks.file import FileSink
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.sinks.nats import NatsSink
+from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.sinks.stdout import StdoutSink
 from deltaforge.sources.base import Source
@@ -23,6 +24,7 @@ SINKS: dict[str, Callable[[SinkConfig], Sink]] = {
     "redis": RedisSink,
     "nats": NatsSink,
     "kafka": KafkaSink,
+    "postgres": PostgresSink,
 }
 SOURCES: dict[str, Callable[[dict[str, Any], str], Source]] = {
     "turso": TursoSource,

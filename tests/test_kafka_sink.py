@@ -93,6 +93,9 @@ async def test_hundred_thousand_events_complete_and_in_order_per_key(
     cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=exactly_once), env={})
     runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n, chunk=2000))
     await run_to(runner, n)
+    stats = runner.ctx.stats.sinks["k"]
+    assert stats.events == n and stats.bytes == 100 * n and stats.batches >= n // 2000
+    assert stats.txn_commits == (stats.batches if exactly_once else 0)
     got = consume(tansu.bootstrap, "cdc.t", n)
     ids = [int(doc["event_id"]) for _, _, doc, _ in got]
     assert sorted(ids) == list(range(1, n + 1))

@@ -18,7 +18,10 @@ class SinkStats:
     """Per-sink counters for the API."""
 
     events: int = 0
+    bytes: int = 0
     batches: int = 0
+    txn_commits: int = 0
+    txn_aborts: int = 0
     skipped: int = 0
     errors: int = 0
     retries: int = 0

@@ -89,6 +89,10 @@ class DeliveryWorker(Actor):
         ):
             self.position = batch.checkpoint
         self.stats.events += len(events)
+        self.stats.bytes += sum(e.size for e in events)
         self.stats.batches += 1
+        # transactional sinks count their own commits and aborts
+        self.stats.txn_commits = int(getattr(self.sink, "commits", 0))
+        self.stats.txn_aborts = int(getattr(self.sink, "aborts", 0))
         assert self.position is not None
         return BatchDelivered(self.sink_id, batch.id, self.position, len(events))
