@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import stored_checkpoint, wait_until, wait_until_sync
+from tests.helpers import wait_until
 from tests.kit import SyntheticSource, make_event
-from tests.serve_proc import Serve
 from tests.servers.tansu import Tansu
-from tests.test_crash import read_cdc
+from tests.sink_crash import crash_and_recover
 
 
 def kafka_doc(brokers: str, **sink: Any) -> dict[str, Any]:
@@ -212,43 +209,7 @@ async def test_message_too_large_is_non_retryable(tansu: Tansu) -> None:
 @pytest.mark.slow
 def test_sigkill_loses_nothing_at_least_once(tansu: Tansu, tmp_path: Path) -> None:
     tansu.create_topic("cdc.orders")
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "crash", "tenant": "t"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "db", "path": str(tmp_path / "app.db"),
-                                                   "workload": {"enabled": True, "rows_per_second": 400}}},
-            "sinks": [{"type": "kafka", "config": {"id": "k", "brokers": "${KAFKA}", "topic": "cdc.${source.table}"}}],
-            "batch": {"max_events": 50, "max_ms": 20},
-            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
-        },
-    }  # fmt: skip
-    with_wl = tmp_path / "with.yaml"
-    with_wl.write_text(yaml.safe_dump(doc))
-    doc["spec"]["source"]["config"]["workload"]["enabled"] = False
-    without = tmp_path / "without.yaml"
-    without.write_text(yaml.safe_dump(doc))
-    env = {"KAFKA": tansu.bootstrap}
-    rng = random.Random(9)
-    for _ in range(5):
-        before = stored_checkpoint(tmp_path / "cp.db", "db::sink::k")
-        with Serve(tmp_path, "--config", str(with_wl), api=False, env=env) as serve:
-            wait_until_sync(
-                lambda: stored_checkpoint(tmp_path / "cp.db", "db::sink::k") != before,  # noqa: B023
-                timeout=30,
-                what="progress",
-            )
-            time.sleep(rng.uniform(0, 0.4))
-            serve.kill()
-    rows, last = read_cdc(tmp_path / "app.db")
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
-
-        def caught_up() -> bool:
-            cp = stored_checkpoint(tmp_path / "cp.db", "db::sink::k")
-            return cp is not None and int(cp["change_id"]) >= last
-
-        wait_until_sync(caught_up, timeout=60, what="caught up")
-        assert serve.terminate() == 0
+    sink = {"type": "kafka", "config": {"id": "k", "brokers": "${KAFKA}", "topic": "cdc.${source.table}"}}
+    rows = crash_and_recover(tmp_path, sink, {"KAFKA": tansu.bootstrap}, seed=9)
     got = {int(d["source"]["change_id"]) for _, _, d, _ in consume(tansu.bootstrap, "cdc.orders", len(rows))}
     assert {int(r[0]) for r in rows} <= got  # at-least-once: nothing lost

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from pathlib import Path
 from typing import Any
 
 import nats
 import orjson
 import pytest
-import yaml
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import stored_checkpoint, wait_until, wait_until_sync
+from tests.helpers import wait_until
 from tests.kit import SyntheticSource, make_event
-from tests.serve_proc import Serve
 from tests.servers.nats import Nats
-from tests.test_crash import read_cdc
+from tests.sink_crash import crash_and_recover
 
 
 def nats_doc(url: str, **sink: Any) -> dict[str, Any]:
@@ -128,47 +125,11 @@ async def test_outage_recovers_without_loss(nats_server: Nats) -> None:
 
 @pytest.mark.slow
 def test_sigkill_leaves_no_duplicates_within_the_window(nats_server: Nats, tmp_path: Path) -> None:
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "crash", "tenant": "t"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "db", "path": str(tmp_path / "app.db"),
-                                                   "workload": {"enabled": True, "rows_per_second": 400}}},
-            "sinks": [{"type": "nats", "config": {"id": "n", "url": "${NATS}", "subject": "cdc.${source.table}",
-                                                  "stream": "CDC"}}],
-            "batch": {"max_events": 50, "max_ms": 20},
-            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
-        },
-    }  # fmt: skip
-    with_wl = tmp_path / "with.yaml"
-    with_wl.write_text(yaml.safe_dump(doc))
-    doc["spec"]["source"]["config"]["workload"]["enabled"] = False
-    without = tmp_path / "without.yaml"
-    without.write_text(yaml.safe_dump(doc))
-    env = {"NATS": nats_server.url()}
-    rng = random.Random(8)
-    out = tmp_path / "serve.err"
-    for _ in range(6):
-        before = out.read_text().count("pipeline_started") if out.exists() else 0
-        with Serve(tmp_path, "--config", str(with_wl), api=False, env=env) as serve:
-            wait_until_sync(
-                lambda: stored_checkpoint(tmp_path / "cp.db", "db::sink::n") is not None and out.exists()
-                and out.read_text().count("pipeline_started") > before,  # noqa: B023
-                timeout=20,
-                what="running",
-            )  # fmt: skip
-            time.sleep(rng.uniform(0.2, 0.6))
-            serve.kill()
-    rows, last = read_cdc(tmp_path / "app.db")
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
-
-        def caught_up() -> bool:
-            cp = stored_checkpoint(tmp_path / "cp.db", "db::sink::n")
-            return cp is not None and int(cp["change_id"]) >= last
-
-        wait_until_sync(caught_up, timeout=60, what="caught up")
-        assert serve.terminate() == 0
+    sink = {
+        "type": "nats",
+        "config": {"id": "n", "url": "${NATS}", "subject": "cdc.${source.table}", "stream": "CDC"},
+    }
+    rows = crash_and_recover(tmp_path, sink, {"NATS": nats_server.url()}, kills=6, seed=8)
     got = [int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "cdc.orders"))]
     assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
     assert got == [int(r[0]) for r in rows]

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import time
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
-import yaml
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import stored_checkpoint, wait_until, wait_until_sync
+from tests.helpers import wait_until
 from tests.kit import SyntheticSource, make_event
-from tests.serve_proc import Serve
 from tests.servers.postgres import Postgres
+from tests.sink_crash import crash_and_recover
 from tests.test_postgres_source import fresh_db
 
 
@@ -148,54 +148,13 @@ sys.stdout.buffer.write(orjson.dumps(rows))
 
 @pytest.mark.slow
 def test_sigkill_ends_with_exactly_one_effect_per_change(postgres: Postgres, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    import orjson
-
     db = asyncio.run(target(postgres, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
                                       "status text, version int, note bytea, _df_position text)"))  # fmt: skip
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "crash", "tenant": "t"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "db", "path": str(tmp_path / "app.db"),
-                                                   "workload": {"enabled": True, "rows_per_second": 400}}},
-            "sinks": [{"type": "postgres", "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"],
-                                                      "upsert_strategy": "if_newer"}}],
-            "batch": {"max_events": 50, "max_ms": 20},
-            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
-        },
-    }  # fmt: skip
-    with_wl = tmp_path / "with.yaml"
-    with_wl.write_text(yaml.safe_dump(doc))
-    doc["spec"]["source"]["config"]["workload"]["enabled"] = False
-    without = tmp_path / "without.yaml"
-    without.write_text(yaml.safe_dump(doc))
-    env = {"PG": postgres.dsn(db)}
-    rng = random.Random(12)
-    for _ in range(5):
-        before = stored_checkpoint(tmp_path / "cp.db", "db::sink::p")
-        with Serve(tmp_path, "--config", str(with_wl), api=False, env=env) as serve:
-            wait_until_sync(
-                lambda: stored_checkpoint(tmp_path / "cp.db", "db::sink::p") != before,  # noqa: B023
-                timeout=30,
-                what="progress",
-            )
-            time.sleep(rng.uniform(0, 0.4))
-            serve.kill()
-    from tests.test_crash import read_cdc
-
-    _changes, last = read_cdc(tmp_path / "app.db")
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
-
-        def caught_up() -> bool:
-            cp = stored_checkpoint(tmp_path / "cp.db", "db::sink::p")
-            return cp is not None and int(cp["change_id"]) >= last
-
-        wait_until_sync(caught_up, timeout=60, what="caught up")
-        assert serve.terminate() == 0
+    sink = {
+        "type": "postgres",
+        "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer"},
+    }
+    crash_and_recover(tmp_path, sink, {"PG": postgres.dsn(db)}, seed=12)
     out = subprocess.run(
         [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
     )

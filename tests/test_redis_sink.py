@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import yaml
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import stored_checkpoint, wait_until, wait_until_sync
+from tests.helpers import wait_until
 from tests.kit import SyntheticSource, make_event
-from tests.serve_proc import Serve
 from tests.servers.redis import Redis, restart
-from tests.test_crash import read_cdc
+from tests.sink_crash import crash_and_recover
 
 
 def redis_doc(uri: str, exactly_once: bool = False, **batch: Any) -> dict[str, Any]:
@@ -133,45 +129,11 @@ async def test_wrong_password_is_non_retryable_and_names_the_sink() -> None:
 
 @pytest.mark.slow
 def test_exactly_once_survives_sigkill_with_one_entry_per_change(redis_server: Redis, tmp_path: Path) -> None:
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "crash", "tenant": "t"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "db", "path": str(tmp_path / "app.db"),
-                                                   "workload": {"enabled": True, "rows_per_second": 400}}},
-            "sinks": [{"type": "redis", "config": {"id": "r", "uri": "${REDIS}", "stream": "cdc.${source.table}",
-                                                   "exactly_once": True}}],
-            "batch": {"max_events": 50, "max_ms": 20},
-            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
-        },
-    }  # fmt: skip
-    with_wl = tmp_path / "with.yaml"
-    with_wl.write_text(yaml.safe_dump(doc))
-    doc["spec"]["source"]["config"]["workload"]["enabled"] = False
-    without = tmp_path / "without.yaml"
-    without.write_text(yaml.safe_dump(doc))
-    env = {"REDIS": redis_server.uri()}
-    rng = random.Random(6)
-    for _ in range(6):
-        before = redis_server.client().xlen("cdc.orders")
-        with Serve(tmp_path, "--config", str(with_wl), api=False, env=env) as serve:
-            wait_until_sync(
-                lambda: redis_server.client().xlen("cdc.orders") > before,  # noqa: B023
-                timeout=20,
-                what="more",
-            )
-            time.sleep(rng.uniform(0, 0.4))
-            serve.kill()
-    rows, last = read_cdc(tmp_path / "app.db")
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
-
-        def caught_up() -> bool:
-            cp = stored_checkpoint(tmp_path / "cp.db", "db::sink::r")
-            return cp is not None and int(cp["change_id"]) >= last
-
-        wait_until_sync(caught_up, timeout=60, what="caught up")
-        assert serve.terminate() == 0
+    sink = {
+        "type": "redis",
+        "config": {"id": "r", "uri": "${REDIS}", "stream": "cdc.${source.table}", "exactly_once": True},
+    }
+    rows = crash_and_recover(tmp_path, sink, {"REDIS": redis_server.uri()}, kills=6, seed=6)
     got = [int(d["source"]["change_id"]) for d in entries(redis_server, "cdc.orders")]
     assert got == sorted(got) and len(got) == len(set(got)), "a change was written twice"
     assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
