@@ -6,16 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
-
-from tests.helpers import wait_until_sync
+from tests.helpers import jsonl, wait_until_sync
 from tests.serve_proc import Serve
 
-
-def lines(path: Path) -> list[dict[str, object]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+lines = jsonl
 
 
 def test_default_pipeline_runs_with_no_external_server(tmp_path: Path) -> None:
