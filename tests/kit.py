@@ -144,3 +144,37 @@ class ScriptedSink(Sink):
             if asyncio.iscoroutine(result):
                 await result
         self.received.extend(e.order[0] for e in events)
+
+
+def sink_pipeline(
+    name: str, sink_type: str, config: dict[str, Any], batch: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A pipeline document for sink tests: a placeholder source (tests pass a SyntheticSource),
+    one sink, fast supervision backoff."""
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": name, "tenant": "acme"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
+            "sinks": [{"type": sink_type, "config": config}],
+            "batch": batch or {"max_events": 2000, "max_ms": 20},
+            "supervision": {
+                "max_restarts": 50,
+                "within_seconds": 60,
+                "backoff": {"base_ms": 10, "max_ms": 200},
+            },
+        },
+    }
+
+
+class PacedSource(SyntheticSource):
+    """A SyntheticSource that waits ``delay`` seconds before each read (a steady stream, not a burst)."""
+
+    def __init__(self, total: int, chunk: int, delay: float = 0.005) -> None:
+        super().__init__(total, chunk=chunk)
+        self.delay = delay
+
+    async def read(self) -> list[Event]:
+        await asyncio.sleep(self.delay)
+        return await super().read()

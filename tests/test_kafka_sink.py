@@ -16,28 +16,15 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, make_event
+from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.tansu import Tansu
 from tests.sink_crash import crash_and_recover
 
 
 def kafka_doc(brokers: str, **sink: Any) -> dict[str, Any]:
-    config = {"id": "k", "brokers": brokers, "topic": "cdc.${source.table}", **sink}
-    return {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "kp", "tenant": "acme"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
-            "sinks": [{"type": "kafka", "config": config}],
-            "batch": {"max_events": 2000, "max_ms": 20},
-            "supervision": {
-                "max_restarts": 50,
-                "within_seconds": 60,
-                "backoff": {"base_ms": 10, "max_ms": 200},
-            },
-        },
-    }
+    return sink_pipeline(
+        "kp", "kafka", {"id": "k", "brokers": brokers, "topic": "cdc.${source.table}", **sink}
+    )
 
 
 def consume(
@@ -110,12 +97,9 @@ async def test_fenced_producer_stops_the_pipeline_as_fatal(tansu: Tansu) -> None
     tansu.create_topic("cdc.t")
     cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True), env={})
 
-    class Slow(SyntheticSource):
-        async def read(self) -> list[Any]:
-            await asyncio.sleep(0.02)
-            return await super().read()
-
-    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=Slow(100_000, chunk=100))
+    runner = PipelineRunner(
+        cfg, store=MemoryCheckpointStore(), source=PacedSource(100_000, chunk=100, delay=0.02)
+    )
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_committed > 300, timeout=30, what="some committed")
     usurper = Producer(
@@ -170,12 +154,7 @@ async def test_broker_outage_holds_the_checkpoint_and_recovers(tansu: Tansu) -> 
     store = MemoryCheckpointStore()
     cfg = parse_pipeline(kafka_doc(tansu.bootstrap, timeout_s=2), env={})
 
-    class Slow(SyntheticSource):
-        async def read(self) -> list[Any]:
-            await asyncio.sleep(0.005)
-            return await super().read()
-
-    runner = PipelineRunner(cfg, store=store, source=Slow(n, chunk=200))
+    runner = PipelineRunner(cfg, store=store, source=PacedSource(n, chunk=200))
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_committed > 2000, what="some delivered")
     tansu.stop()

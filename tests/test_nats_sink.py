@@ -17,28 +17,14 @@ from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, make_event
+from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.nats import Nats
 from tests.sink_crash import crash_and_recover
 
 
 def nats_doc(url: str, **sink: Any) -> dict[str, Any]:
     config = {"id": "n", "url": url, "subject": "cdc.${source.table}", "stream": "CDC", **sink}
-    return {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "n", "tenant": "acme"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
-            "sinks": [{"type": "nats", "config": config}],
-            "batch": {"max_events": 2000, "max_ms": 20},
-            "supervision": {
-                "max_restarts": 50,
-                "within_seconds": 60,
-                "backoff": {"base_ms": 10, "max_ms": 200},
-            },
-        },
-    }
+    return sink_pipeline("n", "nats", config)
 
 
 async def consume(url: str, subject: str, stream: str = "CDC") -> list[dict[str, Any]]:
@@ -104,12 +90,7 @@ async def test_outage_recovers_without_loss(nats_server: Nats) -> None:
     store = MemoryCheckpointStore()
     cfg = parse_pipeline(nats_doc(nats_server.url(), ack_timeout_s=1), env={})
 
-    class Slow(SyntheticSource):
-        async def read(self) -> list[Any]:
-            await asyncio.sleep(0.005)
-            return await super().read()
-
-    runner = PipelineRunner(cfg, store=store, source=Slow(n, chunk=200))
+    runner = PipelineRunner(cfg, store=store, source=PacedSource(n, chunk=200))
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_committed > 1000, what="some delivered")
     nats_server.kill()

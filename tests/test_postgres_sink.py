@@ -17,7 +17,7 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, make_event
+from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.postgres import Postgres
 from tests.sink_crash import crash_and_recover
 from tests.test_postgres_source import fresh_db
@@ -25,21 +25,7 @@ from tests.test_postgres_source import fresh_db
 
 def pg_doc(dsn: str, **sink: Any) -> dict[str, Any]:
     config = {"id": "p", "dsn": dsn, "key_columns": ["id"], "upsert_strategy": "if_newer", **sink}
-    return {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "pg", "tenant": "acme"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
-            "sinks": [{"type": "postgres", "config": config}],
-            "batch": {"max_events": 2000, "max_ms": 20},
-            "supervision": {
-                "max_restarts": 50,
-                "within_seconds": 60,
-                "backoff": {"base_ms": 10, "max_ms": 200},
-            },
-        },
-    }
+    return sink_pipeline("pg", "postgres", config)
 
 
 async def target(pg: Postgres, ddl: str) -> str:
@@ -105,12 +91,7 @@ async def test_outage_holds_checkpoint_and_recovers() -> None:
         store = MemoryCheckpointStore()
         cfg = parse_pipeline(pg_doc(pg.dsn(db)), env={})
 
-        class Slow(SyntheticSource):
-            async def read(self) -> list[Any]:
-                await asyncio.sleep(0.005)
-                return await super().read()
-
-        runner = PipelineRunner(cfg, store=store, source=Slow(n, chunk=200))
+        runner = PipelineRunner(cfg, store=store, source=PacedSource(n, chunk=200))
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: runner.ctx.stats.events_committed > 2000, what="some delivered")
         await asyncio.to_thread(pg._as_postgres, *pg_ctl(pg, "stop"))

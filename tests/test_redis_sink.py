@@ -15,37 +15,14 @@ from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, make_event
+from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.redis import Redis, restart
 from tests.sink_crash import crash_and_recover
 
 
 def redis_doc(uri: str, exactly_once: bool = False, **batch: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "r", "tenant": "acme"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": "unused.db"}},
-            "sinks": [
-                {
-                    "type": "redis",
-                    "config": {
-                        "id": "r",
-                        "uri": uri,
-                        "stream": "cdc.${source.table}",
-                        "exactly_once": exactly_once,
-                    },
-                }
-            ],
-            "batch": batch or {"max_events": 2000, "max_ms": 20},
-            "supervision": {
-                "max_restarts": 50,
-                "within_seconds": 60,
-                "backoff": {"base_ms": 10, "max_ms": 200},
-            },
-        },
-    }
+    config = {"id": "r", "uri": uri, "stream": "cdc.${source.table}", "exactly_once": exactly_once}
+    return sink_pipeline("r", "redis", config, batch or None)
 
 
 def entries(server: Redis, stream: str = "cdc.t") -> list[dict[str, Any]]:
@@ -93,12 +70,7 @@ async def test_outage_backs_off_holds_checkpoint_and_recovers(redis_server: Redi
     store = MemoryCheckpointStore()
     cfg = parse_pipeline(redis_doc(redis_server.uri(), max_events=500, max_ms=20), env={})
 
-    class Slow(SyntheticSource):
-        async def read(self) -> list[Any]:
-            await asyncio.sleep(0.005)
-            return await super().read()
-
-    runner = PipelineRunner(cfg, store=store, source=Slow(n, chunk=200))
+    runner = PipelineRunner(cfg, store=store, source=PacedSource(n, chunk=200))
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_committed > 2000, what="some delivered")
     redis_server.kill()
