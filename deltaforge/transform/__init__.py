@@ -1,0 +1,1 @@
+"""Batch transforms on Spark: processor specs, events as Arrow, the session, the plan."""
