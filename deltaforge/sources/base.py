@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from deltaforge.events import Event
@@ -18,6 +19,15 @@ class PositionLost(Fatal):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"position lost: {reason}. Re-snapshot required.")
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredTable:
+    """A captured table's columns as the database declares them: ``(name, SQL type)`` in order."""
+
+    db: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
 
 
 class Source(ABC):
@@ -48,6 +58,15 @@ class Source(ABC):
 
     def take_schema_changes(self) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
         """Schemas first seen since the last call: ``(table, columns, position)``."""
+        return []
+
+    async def describe_tables(self) -> list[DeclaredTable]:
+        """The captured tables that exist now, with their declared column types.
+
+        Used to type row images for processors and to check processors at start; a
+        source that cannot tell returns ``[]`` and row images are typed from values.
+        It opens its own short connection: it may run before ``open``.
+        """
         return []
 
     @staticmethod

@@ -12,12 +12,13 @@ so a resume starts exactly after the committed transaction.
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 from typing import Any
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import PositionLost, Source, SourceError
+from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.mysql_checks import (
     MySQLSettings,
@@ -84,6 +85,29 @@ class MySQLSource(Source):
             f"mysql source {self.id!r}", "deltaforge.sources.binlog_process", cfg, self._handle
         )
         self._decoder.start()
+
+    async def describe_tables(self) -> list[DeclaredTable]:
+        return await self._threads.run(self._describe_sync)
+
+    def _describe_sync(self) -> list[DeclaredTable]:
+        conn = self.settings.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA NOT IN ('mysql', 'sys', 'information_schema', 'performance_schema') "
+                    "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION"
+                )
+                rows = cur.fetchall()
+        finally:
+            conn.close()
+        tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for schema, table, column, typ in rows:
+            if not self.patterns or any(
+                fnmatch.fnmatchcase(schema, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.patterns
+            ):
+                tables.setdefault((schema, table), []).append((column, str(typ)))
+        return [DeclaredTable(db, t, tuple(cols)) for (db, t), cols in tables.items()]
 
     def _prepare(self, resume_after: dict[str, Any] | None) -> tuple[ServerInfo, dict[str, Any]]:
         conn = self.settings.connect()

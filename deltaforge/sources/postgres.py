@@ -23,7 +23,7 @@ import asyncpg
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import PositionLost, Source, SourceError
+from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.mysql_checks import SourceMisconfigured
 from deltaforge.sources.pgoutput import format_lsn
@@ -121,6 +121,29 @@ class PostgresSource(Source):
             f"postgres source {self.id!r}", "deltaforge.sources.pg_process", cfg, self._handle
         )
         self._decoder.start()
+
+    async def describe_tables(self) -> list[DeclaredTable]:
+        try:
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
+        try:
+            rows = await conn.fetch(
+                "SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod) "
+                "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped "
+                "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%' "
+                "ORDER BY n.nspname, c.relname, a.attnum"
+            )
+        finally:
+            await conn.close()
+        wanted = {_qualified(t) for t in self.tables}
+        tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for schema, table, column, typ in rows:
+            if not wanted or (schema, table) in wanted:
+                tables.setdefault((schema, table), []).append((column, typ))
+        return [DeclaredTable(s, t, tuple(cols)) for (s, t), cols in tables.items()]
 
     async def _create(self) -> None:
         assert self._conn is not None
@@ -234,6 +257,11 @@ class DecodeFailed(SourceError):
     """pgoutput bytes that could not be decoded (the message names the LSN)."""
 
 
-def _quote_table(name: str) -> str:
+def _qualified(name: str) -> tuple[str, str]:
     schema, _, table = name.rpartition(".")
-    return f'"{schema or "public"}"."{table}"'
+    return schema or "public", table
+
+
+def _quote_table(name: str) -> str:
+    schema, table = _qualified(name)
+    return f'"{schema}"."{table}"'

@@ -19,7 +19,7 @@ from typing import Any
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import PositionLost, Source, SourceError
+from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
 from deltaforge.sources.sqlite_record import decode_record
 
 _OPS = {1: "c", 0: "u", -1: "d"}
@@ -63,6 +63,29 @@ class TursoSource(Source):
         self._conn = await self._threads.run(self._connect)
         if self._after:
             await self._threads.run(self._check_position)
+
+    async def describe_tables(self) -> list[DeclaredTable]:
+        return await self._threads.run(self._describe_sync)
+
+    def _describe_sync(self) -> list[DeclaredTable]:
+        conn = self._connect()
+        try:
+            names = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%' AND name != 'turso_cdc' ORDER BY name"
+                ).fetchall()
+            ]
+            out = []
+            for name in names:
+                if self.tables is None or name in self.tables:
+                    info = conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+                    out.append(DeclaredTable(self.db_name, name, tuple((r[1], str(r[2])) for r in info)))
+            conn.commit()
+            return out
+        finally:
+            conn.close()
 
     def _check_position(self) -> None:
         """Halt rather than skip when the checkpoint is beyond what the database holds."""
