@@ -18,8 +18,9 @@ class Accumulator(Actor):
     """Buffers chunks and cuts batches by ``max_events``, ``max_bytes`` and ``max_ms``.
 
     With ``respect_source_tx`` a cut happens only at a transaction end, so a
-    transaction larger than the limits makes a larger batch. Batches go to the
-    coordinator, whose mailbox holds ``max_inflight`` of them: when it is full
+    transaction larger than the limits makes a larger batch. Batches go to
+    ``batches`` (the SparkTransformer when there are processors, else the
+    coordinator), whose mailbox holds ``max_inflight`` of them: when it is full
     this actor waits, its own mailbox fills, and the reader waits in turn.
     """
 
@@ -71,7 +72,7 @@ class Accumulator(Actor):
             self.first_at = time.monotonic() if self.buffer else None
             self.next_id += 1
             batch = Batch(self.next_id, events, sum(e.size for e in events))
-            await self.ctx.ref("coordinator").tell(DeliverBatch(batch))
+            await self.ctx.ref("batches").tell(DeliverBatch(batch))
 
     async def on_stop(self) -> None:
         if self._ticker is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,13 @@ class PipelineStats:
     batches_committed: int = 0
     events_committed: int = 0
     commit_failures: int = 0
+    transform_batches: int = 0
+    transform_events_in: int = 0
+    transform_events_out: int = 0
+    transform_failures: int = 0
+    transform_last_ms: float | None = None
+    transform_most_inflight: int = 0
+    spark_session_starts: int = 0
     last_checkpoint: dict[str, Any] | None = None
     last_commit_at: float | None = None
     started_at: float = field(default_factory=time.time)
@@ -48,6 +56,15 @@ class PipelineStats:
             "batches_committed": self.batches_committed,
             "events_committed": self.events_committed,
             "commit_failures": self.commit_failures,
+            "transform": {
+                "batches": self.transform_batches,
+                "events_in": self.transform_events_in,
+                "events_out": self.transform_events_out,
+                "failures": self.transform_failures,
+                "last_ms": self.transform_last_ms,
+                "most_inflight": self.transform_most_inflight,
+                "spark_session_starts": self.spark_session_starts,
+            },
             "last_checkpoint": self.last_checkpoint,
             "last_commit_at": self.last_commit_at,
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -67,6 +84,9 @@ class PipelineContext:
     refs: dict[str, ActorRef] = field(default_factory=dict)
     durable: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each sink's checkpoint as last durably written (the committer keeps it current)."""
+    ready: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Actors the reader waits for before it opens the source (the SparkTransformer
+    sets its event once the processors are checked, clears it when it stops)."""
 
     def durable_min(self) -> dict[str, Any] | None:
         """The checkpoint every sink holds durably, or None while any sink has none."""

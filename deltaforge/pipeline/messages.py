@@ -11,20 +11,31 @@ from deltaforge.events import Event
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """The unit of delivery and of checkpointing: events in source order."""
+    """The unit of delivery and of checkpointing: events in source order.
+
+    ``last`` is the last source event the batch covers. Processors may drop
+    events, the last one included, or all of them: the batch still moves every
+    sink's checkpoint past what was read, or a filtered table would be re-read
+    on every restart (and hold a PostgreSQL slot's WAL forever).
+    """
 
     id: int
     events: list[Event]
     size_bytes: int
+    last: Event | None = None
+
+    @property
+    def end(self) -> Event:
+        return self.last if self.last is not None else self.events[-1]
 
     @property
     def checkpoint(self) -> dict[str, Any]:
         """Where a sink stands once it has this batch."""
-        return self.events[-1].checkpoint
+        return self.end.checkpoint
 
     @property
     def last_order(self) -> tuple[int, ...]:
-        return self.events[-1].order
+        return self.end.order
 
 
 @message
@@ -87,6 +98,11 @@ class CommitCheckpoint:
 
     batch_id: int
     checkpoints: dict[str, dict[str, Any]]
+
+
+@message
+class JobDone:
+    """SparkTransformer to itself: a batch's Spark job finished; forward what is ready."""
 
 
 @message

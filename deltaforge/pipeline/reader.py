@@ -38,6 +38,8 @@ class SourceReader(Actor):
         self.confirmed: dict[str, Any] | None = None
         if len(found) == len(keys):
             resume = min(found.values(), key=ctx.source.order_of)
+        for gate in ctx.ready.values():
+            await gate.wait()  # nothing is read before every processor has been checked
         self.log.info("source_opening", source=ctx.source.id, resume_after=resume)
         await ctx.source.open(resume)
         await self.ref.tell(ReadNext())

@@ -87,6 +87,8 @@ class PipelineRunner:
             async with asyncio.timeout(timeout):
                 await refs["reader"].ask(StopReading(), timeout=timeout)
                 await refs["accumulator"].ask(FlushNow(), timeout=timeout)
+                if "transformer" in refs:
+                    await refs["transformer"].ask(Barrier(), timeout=timeout)
                 await refs["coordinator"].ask(Barrier(), timeout=timeout)
             self.log.info("pipeline_drained", checkpoint=self.ctx.stats.last_checkpoint)
         except (TimeoutError, ActorStopped) as exc:

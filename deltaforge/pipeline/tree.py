@@ -5,6 +5,7 @@
      ├─ DeliverySupervisor            permanent   one_for_one over the workers
      │    └─ DeliveryWorker[sink] x N permanent   retries, classifies, reports
      ├─ DeliveryCoordinator           permanent   fan-out, commit policy, FIFO batches
+     ├─ SparkTransformer              permanent   only with processors: Spark jobs, in order
      ├─ Accumulator                   permanent   cuts batches (max_events/bytes/ms, tx)
      ├─ DemoWorkload                  transient   only for the built-in default pipeline
      └─ SourceReader                  permanent   reads from the minimum sink checkpoint
@@ -17,9 +18,16 @@ be skipped. Restarting everything after the failed actor (rest_for_one) or
 everything (one_for_all) makes the reader resume from committed checkpoints,
 so a restart costs duplicates at worst, never loss. Delivery workers can restart
 alone (one_for_one) because the coordinator re-asks them for the same batch.
+
+The SparkTransformer sits before the Accumulator for the same reason: when a
+Spark job fails or the JVM dies, the reader and accumulator restart with it and
+the lost batches are read again. Its module (and pyspark) is imported only when
+the pipeline has processors, so a pipeline without them never starts a JVM.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from actors import ActorCell
 from deltaforge.pipeline.accumulator import Accumulator
@@ -62,12 +70,23 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Su
             mailbox_size=DeliveryCoordinator.mailbox_for(cfg.batch.max_inflight),
         ),
     )
+    transform: list[ChildSpec] = []
+    ctx.refs["batches"] = coordinator.ref
+    if cfg.processors:
+        from deltaforge.pipeline.transformer import SparkTransformer
+
+        transformer = cell("transformer", ActorCell("SparkTransformer", lambda: SparkTransformer(ctx)))
+        ctx.refs["batches"] = transformer.ref
+        ctx.ready["transformer"] = asyncio.Event()
+        # A job is allowed to finish when the pipeline stops; Spark cannot cancel it from here.
+        transform.append(ChildSpec(transformer, shutdown_timeout=30.0))
     accumulator = cell("accumulator", ActorCell("Accumulator", lambda: Accumulator(ctx)))
     reader = cell("reader", ActorCell("SourceReader", lambda: SourceReader(ctx)))
     children = [
         ChildSpec(committer),
         ChildSpec(delivery, shutdown_timeout=30.0),
         ChildSpec(coordinator, shutdown_timeout=10.0),
+        *transform,
         ChildSpec(accumulator),
         *(extra or []),
         ChildSpec(reader),

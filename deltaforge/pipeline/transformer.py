@@ -1,0 +1,156 @@
+"""SparkTransformer: runs each batch through the pipeline's processors on Spark."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any
+
+from actors import Actor
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.messages import Barrier, Batch, DeliverBatch, JobDone
+from deltaforge.transform.plan import Plan, ProcessorError, Transformed
+from deltaforge.transform.session import SparkRuntime, SparkUnavailable, runtime_for
+from deltaforge.transform.types import table_schema
+from supervision import Fatal
+
+
+class SparkSessionLost(Exception):
+    """The Spark JVM died under a job; the restart starts a new session."""
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+class SparkTransformer(Actor):
+    """Sits between the Accumulator and the DeliveryCoordinator when processors exist.
+
+    On start it makes sure the process's Spark session is up (starting it the
+    first time, replacing it if its JVM died) and analyses every processor
+    against the schemas of the captured tables: a bad one is a :class:`Fatal`
+    error naming the processor, before any event flows.
+
+    Up to ``batch.max_inflight`` batches are transformed at once, in the
+    runtime's thread pool, and handed on strictly in arrival order. A failed job
+    crashes this actor; the pipeline's supervisor restarts it with the reader,
+    which resumes from the committed checkpoints, so the batch is read and
+    transformed again and no checkpoint ever moves past an untransformed batch.
+    """
+
+    mailbox_size = 4
+
+    def __init__(self, ctx: PipelineContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.inflight = max(1, ctx.config.batch.max_inflight)
+        self.pending: collections.deque[tuple[Batch, asyncio.Future[Transformed]]] = collections.deque()
+        self.runtime: SparkRuntime | None = None
+        self.plan: Plan | None = None
+
+    async def on_start(self) -> None:
+        cfg = self.ctx.config
+        try:
+            runtime = runtime_for(cfg.spark, cfg.name)
+        except SparkUnavailable as exc:
+            raise Fatal(str(exc)) from None
+        runtime.users += 1
+        self.runtime = runtime
+        declared = await self.ctx.source.describe_tables()
+        schemas = [table_schema(t, self.ctx.source.connector) for t in declared]
+        plan = Plan(cfg.processors, schemas)
+        starts = runtime.starts
+        began = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            session = await loop.run_in_executor(runtime.pool, runtime.ensure)
+            await loop.run_in_executor(runtime.pool, plan.analyse, session)
+        except SparkUnavailable as exc:
+            raise Fatal(str(exc)) from None
+        stats = self.ctx.stats
+        stats.spark_session_starts += runtime.starts - starts
+        if runtime.starts != starts:
+            self.log.info(
+                "spark_session_started",
+                master=cfg.spark.master,
+                seconds=round(time.monotonic() - began, 2),
+                jvm_pid=runtime.jvm_pid(),
+                starts=runtime.starts,
+            )
+        self.log.info(
+            "processors_checked",
+            processors=[p.path for p in cfg.processors],
+            tables=[f"{s.db}.{s.table}" for s in schemas],
+        )
+        self.plan = plan
+        self.ctx.ready["transformer"].set()
+
+    async def on_stop(self) -> None:
+        self.ctx.ready["transformer"].clear()
+        for _, job in self.pending:
+            job.cancel()
+        if self.runtime is not None:
+            self.runtime.users -= 1
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, DeliverBatch):
+            while len(self.pending) >= self.inflight:
+                await self._forward_head()
+            self._submit(message.batch)
+            await self._forward_ready()
+            return None
+        if isinstance(message, JobDone):
+            await self._forward_ready()
+            return None
+        if isinstance(message, Barrier):
+            while self.pending:
+                await self._forward_head()
+            return True
+        return await super().receive(message)
+
+    def _submit(self, batch: Batch) -> None:
+        assert self.runtime is not None and self.plan is not None
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self.runtime.pool, self.plan.run, self.runtime, batch.events)
+        job.add_done_callback(self._wake)
+        self.pending.append((batch, job))
+        stats = self.ctx.stats
+        stats.transform_most_inflight = max(stats.transform_most_inflight, len(self.pending))
+
+    def _wake(self, _: asyncio.Future[Transformed]) -> None:
+        # A full mailbox means messages are queued, and each of them forwards what is ready.
+        try:
+            self.ref.try_tell(JobDone())
+        except Exception:  # noqa: BLE001 - the actor is gone or busy; either way nobody is waiting
+            pass
+
+    async def _forward_ready(self) -> None:
+        while self.pending and self.pending[0][1].done():
+            await self._forward_head()
+
+    async def _forward_head(self) -> None:
+        batch, job = self.pending[0]
+        try:
+            result = await job
+        except ProcessorError:
+            raise
+        except Exception as exc:
+            self.ctx.stats.transform_failures += 1
+            runtime = self.runtime
+            assert runtime is not None
+            if not await asyncio.to_thread(runtime.alive):
+                # What py4j raises when the JVM dies mid-job rarely says so.
+                self.log.error("spark_session_lost", batch=batch.id, error=_short(exc))
+                raise SparkSessionLost(f"Spark session lost (its JVM is gone): {_short(exc)}") from exc
+            self.log.error("transform_failed", batch=batch.id, error=_short(exc))
+            raise
+        self.pending.popleft()
+        events = result.events
+        stats = self.ctx.stats
+        stats.transform_batches += 1
+        stats.transform_events_in += len(batch.events)
+        stats.transform_events_out += len(events)
+        stats.transform_last_ms = round(result.seconds * 1000, 2)
+        out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end)
+        await self.ctx.ref("coordinator").tell(DeliverBatch(out))
