@@ -16,7 +16,6 @@ make a value fit.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -215,14 +214,26 @@ def from_arrow(result: pa.Table, events: list[Event], sent: ArrowBatch, path: st
                     if image is not None:
                         _decode_json(image, sent.json)
             replaced[name] = images
-    out: list[tuple[int, Event]] = []
-    for row, seq in enumerate(seqs):
-        if seq is None or seq not in sent.seqs:
-            raise TransformError(f"{path}: returned a row whose {SEQ} ({seq}) was not in the batch")
-        changes = {name: values[row] for name, values in replaced.items()}
-        event = events[seq]
-        out.append((seq, dataclasses.replace(event, **changes) if changes else event))
-    return out
+    if not seqs or not sent.seqs.issuperset(seqs):
+        bad = next((q for q in seqs if q not in sent.seqs), None)
+        if seqs:
+            raise TransformError(f"{path}: returned a row whose {SEQ} ({bad}) was not in the batch")
+        return []
+    picked = [events[q] for q in seqs]
+    ops = replaced.get("op") or [e.op for e in picked]
+    befores = replaced.get("before") or [e.before for e in picked]
+    afters = replaced.get("after") or [e.after for e in picked]
+    return [
+        (seq, e if (op == e.op and after == e.after and before == e.before) else _with(e, op, before, after))
+        for seq, e, op, before, after in zip(seqs, picked, ops, befores, afters, strict=True)
+    ]
+
+
+def _with(e: Event, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> Event:
+    # Positional, not dataclasses.replace: ~2x faster, and 10k-event batches make it count.
+    return Event(
+        op, before, after, e.source, e.tx_id, e.tx_end, e.event_id, e.order, e.checkpoint, e.tenant, e.size
+    )
 
 
 def _json_default(value: Any) -> Any:

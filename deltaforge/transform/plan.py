@@ -1,9 +1,11 @@
-"""Plan: a pipeline's processors as Spark DataFrame operations, checked and run.
+"""Plan: a pipeline's processors as Spark SQL, checked and run.
 
-``analyse`` builds the plan over an empty table of each captured table's schema
-before any event flows: a bad expression, an unknown column or a query that does
-not return event rows is refused there, with the processor's path. ``run``
-transforms one batch: one Spark job per source table in it, Arrow in and out.
+``analyse`` compiles the processors over an empty table of each captured
+table's schema before any event flows: a bad expression, an unknown column or a
+query that does not return event rows is refused there, with the processor's
+path. ``run`` transforms one batch: one Spark job per source table in it, Arrow
+in and out. Compiled SQL is cached per table and Arrow schema, so a steady
+stream is analysed once per query, not once per processor call.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from deltaforge.events import Event
 from deltaforge.transform.arrow import (
@@ -25,17 +29,30 @@ from deltaforge.transform.arrow import (
     to_arrow,
 )
 from deltaforge.transform.session import SparkRuntime
-from deltaforge.transform.spec import REDACTED, ProcessorSpec
+from deltaforge.transform.spec import ProcessorSpec
+from deltaforge.transform.sqlgen import (
+    BATCH_VIEW,
+    IMAGES,
+    IN_VIEW,
+    base_query,
+    filter_query,
+    mask_query,
+)
 from supervision import Fatal
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
-
-IMAGES = ("before", "after")
+    from pyspark.sql import SparkSession
 
 
 class ProcessorError(Fatal):
     """A processor cannot work on a table: retrying will not help, the pipeline halts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One table's processors as SQL: register the batch as ``view``, run ``query``, repeat."""
+
+    steps: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,7 @@ class Plan:
     def __init__(self, processors: tuple[ProcessorSpec, ...], schemas: list[TableSchema]) -> None:
         self.processors = processors
         self.schemas = {(s.db, s.table): s for s in schemas}
+        self._compiled: dict[tuple[str, str, pa.Schema], Compiled] = {}
 
     # -- at start --------------------------------------------------------------
     def analyse(self, spark: SparkSession) -> None:
@@ -69,8 +87,56 @@ class Plan:
                             + ", ".join(f"{s.db}.{s.table}" for s in in_scope)
                         )
         for schema in self.schemas.values():
-            df = spark.createDataFrame(empty_table(schema))
-            self._apply(spark, df, schema.db, schema.table)
+            self.compile(spark, schema.db, schema.table, empty_table(schema).schema)
+
+    def compile(self, spark: SparkSession, db: str, table: str, arrow_schema: pa.Schema) -> Compiled:
+        """The SQL steps for one table's batches of this Arrow schema (cached: analysed once)."""
+        key = (db, table, arrow_schema)
+        cached = self._compiled.get(key)
+        if cached is None:
+            cached = self._compile(spark, db, table, arrow_schema)
+            self._compiled[key] = cached
+        return cached
+
+    def _compile(self, spark: SparkSession, db: str, table: str, arrow_schema: pa.Schema) -> Compiled:
+        from pyspark.errors import AnalysisException
+
+        current = spark.createDataFrame(arrow_schema.empty_table())
+        current.createOrReplaceTempView(IN_VIEW)
+        steps: list[tuple[str, str]] = []
+        query = base_query()
+        for p in self.processors:
+            if not p.applies_to(db, table):
+                continue
+            try:
+                if p.type == "sql":
+                    if query != base_query():
+                        steps.append((IN_VIEW, query))
+                        current = spark.sql(query)
+                    current.createOrReplaceTempView(BATCH_VIEW)
+                    steps.append((BATCH_VIEW, p.query))
+                    current = spark.sql(p.query)
+                    current.createOrReplaceTempView(IN_VIEW)
+                    query = base_query()
+                    result = current
+                elif p.type == "filter":
+                    query = filter_query(query, p.expr)
+                    result = spark.sql(query)
+                else:
+                    query = _mask(spark.sql(query).schema, query, p)
+                    result = spark.sql(query)
+            except (AnalysisException, NoSuchColumn) as exc:
+                field = {"filter": "expr", "sql": "query", "mask": "columns"}[p.type]
+                raise ProcessorError(f"{p.path}.{field}: {_first_line(exc)} (table {db}.{table})") from None
+            columns = set(result.columns)
+            if SEQ not in columns or not columns <= set(EVENT_COLUMNS):
+                raise ProcessorError(
+                    f"{p.path}: must return event rows: {SEQ} and any of "
+                    f"{', '.join(EVENT_COLUMNS[1:])}; got {', '.join(result.columns)} (table {db}.{table})"
+                )
+        if query != base_query() or not steps:
+            steps.append((IN_VIEW, query))
+        return Compiled(tuple(steps))
 
     # -- per batch (in a worker thread) -------------------------------------------
     def run(self, runtime: SparkRuntime, events: list[Event]) -> Transformed:
@@ -84,73 +150,31 @@ class Plan:
                 parts.append([(i, events[i]) for i in indices])
                 continue
             sent = to_arrow(events, indices, self.schemas.get((db, table)))
-            df = self._apply(spark, spark.createDataFrame(sent.table), db, table)
+            compiled = self.compile(spark, db, table, sent.table.schema)
+            df = spark.createDataFrame(sent.table)
+            for view, query in compiled.steps:
+                df.createOrReplaceTempView(view)
+                df = spark.sql(query)
             result = df.toArrow()
             jobs += 1
             parts.append(from_arrow(result, events, sent, path=f"processors ({db}.{table})"))
         return Transformed(merge_in_order(parts), jobs, time.perf_counter() - started)
 
-    def _apply(self, spark: SparkSession, df: DataFrame, db: str, table: str) -> DataFrame:
-        from pyspark.errors import AnalysisException
 
-        for p in self.processors:
-            if not p.applies_to(db, table):
-                continue
-            try:
-                df = _step(spark, df, p)
-            except (AnalysisException, NoSuchColumn) as exc:
-                field = {"filter": "expr", "sql": "query", "mask": "columns"}[p.type]
-                raise ProcessorError(f"{p.path}.{field}: {_first_line(exc)} (table {db}.{table})") from None
-            columns = set(df.columns)
-            if SEQ not in columns or not columns <= set(EVENT_COLUMNS):
-                raise ProcessorError(
-                    f"{p.path}: must return event rows: {SEQ} and any of "
-                    f"{', '.join(EVENT_COLUMNS[1:])}; got {', '.join(df.columns)} (table {db}.{table})"
-                )
-        return df
-
-
-def _step(spark: SparkSession, df: DataFrame, p: ProcessorSpec) -> DataFrame:
-    if p.type == "filter":
-        return df.filter(p.expr)
-    if p.type == "sql":
-        session = df.sparkSession
-        df.createOrReplaceTempView("batch")
-        return session.sql(p.query)
-    return _mask(df, p)
-
-
-def _mask(df: DataFrame, p: ProcessorSpec) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    for image in IMAGES:
-        if image not in df.columns:
-            continue
-        fields = set(df.schema[image].dataType.fieldNames())  # type: ignore[attr-defined]
-        struct: Column = F.col(image)
-        for column, action in p.columns:
-            if column not in fields:
-                if p.tables is not None:  # named tables must have it; unscoped masks apply where it exists
-                    raise _missing(p, column, sorted(fields))
-                continue
-            value = struct.getField(column)
-            if action == "drop":
-                struct = struct.dropFields(column)
-            elif action == "hash":
-                struct = struct.withField(column, F.sha2(value.cast("string"), 256))
-            else:
-                struct = struct.withField(column, F.when(value.isNull(), None).otherwise(F.lit(REDACTED)))
-        # A missing row image (before of an insert) stays missing rather than becoming a struct of nulls.
-        df = df.withColumn(image, F.when(F.col(image).isNull(), None).otherwise(struct))
-    return df
+def _mask(schema: Any, query: str, p: ProcessorSpec) -> str:
+    columns = dict(p.columns)
+    if p.tables is not None:  # named tables must have the column; unscoped masks apply where it exists
+        for image in IMAGES:
+            if image in schema.fieldNames():
+                fields = schema[image].dataType.fieldNames()
+                for column in columns:
+                    if column not in fields:
+                        raise NoSuchColumn(f"no column {column!r}; the table has {', '.join(fields)}")
+    return mask_query(query, schema, columns)
 
 
 class NoSuchColumn(Exception):
     """A mask names a column that a table in its ``tables:`` scope does not have."""
-
-
-def _missing(p: ProcessorSpec, column: str, fields: list[str]) -> Exception:
-    return NoSuchColumn(f"no column {column!r}; the table has {', '.join(fields)}")
 
 
 def _parse_check(spark: SparkSession, p: ProcessorSpec) -> None:

@@ -1,0 +1,170 @@
+"""What processors on Spark cost: per-batch latency, and pipeline throughput with and without.
+
+    .venv/bin/python benchmarks/spark_transform.py [--events 200000] [--runs 30]
+
+1. Per-batch latency of ``Plan.run`` (events -> Arrow -> Spark filter+mask -> Arrow -> events)
+   for batches of 1k and 10k events, p50 and p99 over ``--runs`` warm runs.
+2. Pipeline drain rate (synthetic typed source -> file sink) without processors, then
+   with a filter, at max_inflight 1, 2 and 4, all in the same run on a session that is
+   already warm (the 13-22 s cold start is paid once per process, not per batch).
+
+Targets (issue 7): <= 100 ms added per batch; >= 50 % of the no-transform rate with
+max_inflight >= 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from deltaforge import gctune
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event, SourceInfo
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import DeclaredTable, Source
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from deltaforge.transform.plan import Plan
+from deltaforge.transform.session import runtime_for
+from deltaforge.transform.spec import ProcessorSpec, SparkConfig
+from deltaforge.transform.types import table_schema
+
+COLUMNS = (("id", "INTEGER"), ("customer", "TEXT"), ("email", "TEXT"), ("amount", "REAL"), ("status", "TEXT"))
+FILTER = {"type": "filter", "expr": "after.amount > 100", "tables": ["orders"]}
+MASK = {"type": "mask", "columns": {"email": "hash"}}
+SPARK = SparkConfig(master="local[*]")
+
+
+def event(seq: int) -> Event:
+    pos = {"seq": seq}
+    after = {
+        "id": seq,
+        "customer": f"customer-{seq % 50}",
+        "email": f"c{seq % 997}@example.com",
+        "amount": float(seq % 500),
+        "status": "new",
+    }
+    return Event("c", None, after, SourceInfo("bench", "shop", "orders", pos, 0), str(seq // 10),
+                 seq % 10 == 9, str(seq), (seq,), pos, "bench", 120)  # fmt: skip
+
+
+class TypedSource(Source):
+    """``total`` orders inserts, in transactions of 10, with a declared schema."""
+
+    connector = "turso"  # SQLite type names in COLUMNS
+
+    def __init__(self, total: int) -> None:
+        self.id = "bench"
+        self.total = total
+        self.next = 0
+
+    @staticmethod
+    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
+        return (int(checkpoint["seq"]),)
+
+    async def open(self, resume_after: dict[str, Any] | None) -> None:
+        self.next = int(resume_after["seq"]) + 1 if resume_after else 0
+
+    async def read(self) -> list[Event]:
+        if self.next >= self.total:
+            await asyncio.sleep(0.01)
+            return []
+        end = min(self.total, self.next + 5000)
+        out = [event(s) for s in range(self.next, end)]
+        self.next = end
+        return out
+
+    async def describe_tables(self) -> list[DeclaredTable]:
+        return [DeclaredTable("shop", "orders", COLUMNS)]
+
+
+def pipeline(out: Path, processors: list[dict[str, Any]], inflight: int, size: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": f"bench-{inflight}-{len(processors)}-{size}"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "bench", "path": "unused.db"}},
+            "processors": processors,
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out), "fsync": False}}],
+            "batch": {"max_events": size, "max_ms": 50, "max_inflight": inflight},
+        },
+    }
+
+
+async def drain(doc: dict[str, Any], total: int) -> float:
+    runner = PipelineRunner(
+        parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), source=TypedSource(total)
+    )
+    t0 = time.perf_counter()
+    task = asyncio.create_task(runner.run())
+    while runner.ctx.stats.last_checkpoint is None or runner.ctx.stats.last_checkpoint["seq"] < total - 1:
+        await asyncio.sleep(0.01)
+        if task.done():
+            raise RuntimeError(f"pipeline ended: {runner.failure}")
+    elapsed = time.perf_counter() - t0
+    await runner.drain()
+    await task
+    return total / elapsed
+
+
+def latency(runs: int, warmup: int) -> None:
+    runtime = runtime_for(SPARK, "bench")
+    t0 = time.perf_counter()
+    spark = runtime.ensure()
+    print(f"cold SparkSession start: {time.perf_counter() - t0:.1f} s")
+    schema = table_schema(DeclaredTable("shop", "orders", COLUMNS), "turso")
+    specs = (
+        ProcessorSpec("filter", "spec.processors[0]", ("orders",), expr=str(FILTER["expr"])),
+        ProcessorSpec("mask", "spec.processors[1]", columns=(("email", "hash"),)),
+    )
+    plan = Plan(specs, [schema])
+    plan.analyse(spark)
+    print(f"per-batch transform latency (filter + mask), after {warmup} warm-up batches (JVM JIT):")
+    for size in (1000, 10_000):
+        events = [event(s) for s in range(size)]
+        for _ in range(warmup):
+            runtime.pool.submit(plan.run, runtime, events).result()
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            out = runtime.pool.submit(plan.run, runtime, events).result()
+            times.append((time.perf_counter() - t) * 1000)
+        times.sort()
+        p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+        print(f"  {size:>6} events: p50 {statistics.median(times):6.1f} ms  p99 {p99:6.1f} ms  "
+              f"({len(out.events)} kept)")  # fmt: skip
+
+
+async def throughput(total: int) -> None:
+    gctune.tune()
+    print(f"pipeline drain, {total} events, synthetic source -> file sink (no fsync), same run:")
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in (2000, 10_000):
+            base = await drain(pipeline(Path(tmp) / f"plain{size}.jsonl", [], 1, size), total)
+            print(f"  max_events {size:>6}, no processors:          {base:>9,.0f} events/s")
+            for inflight in (1, 2, 4):
+                out = Path(tmp) / f"f{inflight}-{size}.jsonl"
+                rate = await drain(pipeline(out, [FILTER, MASK], inflight, size), total)
+                print(f"  max_events {size:>6}, filter+mask, inflight {inflight}: "
+                      f"{rate:>9,.0f} events/s  ({rate / base:.0%})")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=150)
+    args = ap.parse_args()
+    print(f"{dt.datetime.now():%Y-%m-%d %H:%M}")
+    latency(args.runs, args.warmup)
+    asyncio.run(throughput(args.events))
+
+
+if __name__ == "__main__":
+    main()
