@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from drain import drain_rate
+
 from deltaforge import gctune
-from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, SourceInfo
-from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.pipeline.context import PipelineStats
 from deltaforge.sources.base import DeclaredTable, Source
-from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.transform.plan import Plan
 from deltaforge.transform.session import runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
@@ -98,19 +98,11 @@ def pipeline(out: Path, processors: list[dict[str, Any]], inflight: int, size: i
 
 
 async def drain(doc: dict[str, Any], total: int) -> float:
-    runner = PipelineRunner(
-        parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), source=TypedSource(total)
-    )
-    t0 = time.perf_counter()
-    task = asyncio.create_task(runner.run())
-    while runner.ctx.stats.last_checkpoint is None or runner.ctx.stats.last_checkpoint["seq"] < total - 1:
-        await asyncio.sleep(0.01)
-        if task.done():
-            raise RuntimeError(f"pipeline ended: {runner.failure}")
-    elapsed = time.perf_counter() - t0
-    await runner.drain()
-    await task
-    return total / elapsed
+    # Processors drop events, so "done" is the checkpoint reaching the last one read.
+    def done(stats: PipelineStats) -> bool:
+        return stats.last_checkpoint is not None and stats.last_checkpoint["seq"] >= total - 1
+
+    return await drain_rate(doc, total, TypedSource(total), done)
 
 
 def latency(runs: int, warmup: int) -> None:

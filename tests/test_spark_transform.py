@@ -147,13 +147,18 @@ def write_db(path: Path, txs: list[list[tuple[str, list[Any]]]]) -> int:
     return int(out.stdout)
 
 
-def pipeline_yaml(tmp: Path, name: str, processors: list[dict[str, Any]] | None, **spec: Any) -> Path:
+def pipeline_yaml(
+    tmp: Path, name: str, processors: list[dict[str, Any]] | None, workload: Any = None, **spec: Any
+) -> Path:
+    source: dict[str, Any] = {"id": "src", "path": str(tmp / "app.db")}
+    if workload:
+        source["workload"] = workload
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
         "metadata": {"name": name, "tenant": "t"},
         "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp / "app.db")}},
+            "source": {"type": "turso", "config": source},
             "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / f"{name}.jsonl")}}],
             "batch": {"max_events": 7, "max_ms": 20, "max_inflight": 3},
             "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
@@ -286,35 +291,14 @@ def test_bad_processors_are_refused_at_start_with_their_path(tmp_path: Path) -> 
 
 
 def test_killing_the_spark_jvm_restarts_the_session_and_loses_nothing(tmp_path: Path) -> None:
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "jvm", "tenant": "t"},
-        "spec": {
-            "source": {
-                "type": "turso",
-                "config": {
-                    "id": "src",
-                    "path": str(tmp_path / "app.db"),
-                    "workload": {"rows_per_second": 150, "max_rows": 2500},
-                },
-            },
-            "processors": [
-                {"type": "filter", "expr": "op <> 'd'"},
-                {"type": "mask", "columns": {"customer": "hash"}},
-            ],
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
-            "batch": {"max_events": 50, "max_ms": 20, "max_inflight": 2},
-            "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")},
-            "supervision": {
-                "max_restarts": 5,
-                "within_seconds": 120,
-                "backoff": {"base_ms": 100, "max_ms": 1000},
-            },
-        },
-    }
-    cfg = tmp_path / "jvm.yaml"
-    cfg.write_text(yaml.safe_dump(doc))
+    processors = [{"type": "filter", "expr": "op <> 'd'"}, {"type": "mask", "columns": {"customer": "hash"}}]
+    cfg = pipeline_yaml(
+        tmp_path,
+        "jvm",
+        processors,
+        workload={"rows_per_second": 150, "max_rows": 2500},
+        batch={"max_events": 50, "max_ms": 20, "max_inflight": 2},
+    )
     with Serve(tmp_path, "--config", str(cfg), "--log-file", str(tmp_path / "log.jsonl")) as serve:
         serve.wait_api()
         wait_until_sync(
@@ -352,7 +336,7 @@ def test_killing_the_spark_jvm_restarts_the_session_and_loses_nothing(tmp_path: 
     cdc = orjson.loads(subprocess.run([sys.executable, "-c", READ_CDC, str(tmp_path / "app.db")],
                                       capture_output=True, check=True, timeout=60).stdout)  # fmt: skip
     wanted = [cid for cid, kind in cdc["rows"] if kind != -1]
-    events = jsonl(tmp_path / "out.jsonl")
+    events = jsonl(tmp_path / "jvm.jsonl")
     ids = first_occurrences([e["source"]["change_id"] for e in events])
     assert ids == wanted  # every non-delete change, in order, none lost (a replay may repeat some)
     assert all(len(e["after"]["customer"]) == 64 for e in events)
