@@ -37,7 +37,6 @@ from deltaforge.transform.types import table_schema
 COLUMNS = (("id", "INTEGER"), ("customer", "TEXT"), ("email", "TEXT"), ("amount", "REAL"), ("status", "TEXT"))
 FILTER = {"type": "filter", "expr": "after.amount > 100", "tables": ["orders"]}
 MASK = {"type": "mask", "columns": {"email": "hash"}}
-SPARK = SparkConfig(master="local[*]")
 
 
 def event(seq: int) -> Event:
@@ -83,7 +82,9 @@ class TypedSource(Source):
         return [DeclaredTable("shop", "orders", COLUMNS)]
 
 
-def pipeline(out: Path, processors: list[dict[str, Any]], inflight: int, size: int) -> dict[str, Any]:
+def pipeline(
+    out: Path, processors: list[dict[str, Any]], inflight: int, size: int, master: str = "local[*]"
+) -> dict[str, Any]:
     return {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
@@ -91,6 +92,7 @@ def pipeline(out: Path, processors: list[dict[str, Any]], inflight: int, size: i
         "spec": {
             "source": {"type": "turso", "config": {"id": "bench", "path": "unused.db"}},
             "processors": processors,
+            "spark": {"master": master},
             "sinks": [{"type": "file", "config": {"id": "f", "path": str(out), "fsync": False}}],
             "batch": {"max_events": size, "max_ms": 50, "max_inflight": inflight},
         },
@@ -105,10 +107,10 @@ async def drain(doc: dict[str, Any], total: int) -> float:
     return await drain_rate(doc, total, TypedSource(total), done)
 
 
-def latency(runs: int, warmup: int) -> None:
-    runtime = runtime_for(SPARK, "bench")
+def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
+    runtime = runtime_for(spark_config, "bench")
     t0 = time.perf_counter()
-    spark = runtime.ensure()
+    runtime.ensure()
     print(f"cold SparkSession start: {time.perf_counter() - t0:.1f} s")
     schema = table_schema(DeclaredTable("shop", "orders", COLUMNS), "turso")
     specs = (
@@ -116,7 +118,7 @@ def latency(runs: int, warmup: int) -> None:
         ProcessorSpec("mask", "spec.processors[1]", columns=(("email", "hash"),)),
     )
     plan = Plan(specs, [schema])
-    plan.analyse(spark)
+    plan.analyse(runtime)
     print(f"per-batch transform latency (filter + mask), after {warmup} warm-up batches (JVM JIT):")
     for size in (1000, 10_000):
         events = [event(s) for s in range(size)]
@@ -133,7 +135,7 @@ def latency(runs: int, warmup: int) -> None:
               f"({len(out.events)} kept)")  # fmt: skip
 
 
-async def throughput(total: int) -> None:
+async def throughput(total: int, master: str) -> None:
     gctune.tune()
     print(f"pipeline drain, {total} events, synthetic source -> file sink (no fsync), same run:")
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +144,7 @@ async def throughput(total: int) -> None:
             print(f"  max_events {size:>6}, no processors:          {base:>9,.0f} events/s")
             for inflight in (1, 2, 4):
                 out = Path(tmp) / f"f{inflight}-{size}.jsonl"
-                rate = await drain(pipeline(out, [FILTER, MASK], inflight, size), total)
+                rate = await drain(pipeline(out, [FILTER, MASK], inflight, size, master), total)
                 print(f"  max_events {size:>6}, filter+mask, inflight {inflight}: "
                       f"{rate:>9,.0f} events/s  ({rate / base:.0%})")  # fmt: skip
 
@@ -152,10 +154,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--master", default="local[*]")
     args = ap.parse_args()
     print(f"{dt.datetime.now():%Y-%m-%d %H:%M}")
-    latency(args.runs, args.warmup)
-    asyncio.run(throughput(args.events))
+    latency(SparkConfig(master=args.master), args.runs, args.warmup)
+    asyncio.run(throughput(args.events, args.master))
 
 
 if __name__ == "__main__":

@@ -210,6 +210,7 @@ def run_chain(tmp_path: Path, name: str, **spec: Any) -> list[Change]:
         assert c["transform"]["spark_session_starts"] == 1
         assert c["transform"]["events_in"] == len(changes)
         assert c["transform"]["most_inflight"] >= 2  # max_inflight 3: jobs overlapped
+        assert c["transform"]["jobs"] < c["transform"]["batches"]  # queued batches shared jobs
         assert serve.terminate() == 0
     assert stored_checkpoint(tmp_path / "cp.db", "src::sink::f") == {"change_id": last}
     out = delivered(tmp_path / f"{name}.jsonl")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import gc
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -31,7 +32,7 @@ from deltaforge.transform.arrow import (
     merge_in_order,
     to_arrow,
 )
-from deltaforge.transform.plan import Plan
+from deltaforge.transform.plan import Plan, ProcessorError, Transformed
 from deltaforge.transform.session import SparkRuntime, runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
 from deltaforge.transform.types import mysql_type, postgres_type, sqlite_type, table_schema
@@ -102,13 +103,21 @@ def test_results_are_merged_in_source_order_and_may_not_invent_events() -> None:
     groups = group_by_table([*events, heartbeat])
     assert groups == {("db", "b"): [0, 2, 4], ("db", "a"): [1, 3, 5]}  # heartbeats go to no table
     merged = merge_in_order([[(i, events[i]) for i in (5, 1)], [(i, events[i]) for i in (4, 0)]])
-    assert [e.order[0] for e in merged] == [0, 1, 4, 5]
+    assert [(seq, e.order[0]) for seq, e in merged] == [(0, 0), (1, 1), (4, 4), (5, 5)]
     with pytest.raises(TransformError, match="came back twice"):
         merge_in_order([[(1, events[1])], [(1, events[1])]])
     sent = to_arrow(events, [0, 2], None)
     foreign = sent.table.set_column(0, "_seq", pa.array([0, 3], pa.int64()))
     with pytest.raises(TransformError, match=r"_seq \(3\) was not in the batch"):
         from_arrow(foreign, events, sent, "spec.processors[0]")
+
+
+def test_a_job_over_several_batches_splits_back_into_them() -> None:
+    events = [event(i, "a", {"id": i}) for i in range(8)]
+    kept = [(0, events[0]), (2, events[2]), (3, events[3]), (7, events[7])]
+    parts = Transformed(kept, 1, 0.0).split([3, 2, 3])
+    assert parts == [[events[0], events[2]], [events[3]], [events[7]]]
+    assert Transformed(kept[:1], 1, 0.0).split([1, 4]) == [[events[0]], []]
 
 
 def test_a_batch_whose_events_were_all_dropped_still_moves_the_checkpoint() -> None:
@@ -184,7 +193,8 @@ def spark() -> Iterator[SparkRuntime]:
 
 async def through_spark(runtime: SparkRuntime, plan: Plan, events: list[Event]) -> list[Event]:
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(runtime.pool, plan.analyse, runtime.ensure())
+    runtime.ensure()
+    await loop.run_in_executor(runtime.pool, plan.analyse, runtime)
     result = await loop.run_in_executor(runtime.pool, plan.run, runtime, events)
     return result.events
 
@@ -260,3 +270,50 @@ async def test_mysql_rows_keep_their_types_through_spark(mariadb: MariaDB, spark
     assert out.after["dec_"] == Decimal("12345678.1234") and out.after["dtm"] == dt.datetime(
         2024, 1, 2, 3, 4, 5, 123456
     )
+
+
+async def test_pipelines_analysed_at_the_same_time_do_not_see_each_others_tables(spark: SparkRuntime) -> None:
+    orders = TableSchema("db", "orders", (("id", pa.int64()), ("amount", pa.float64())))
+    customers = TableSchema("db", "customers", (("id", pa.int64()), ("name", pa.string())))
+    bad = Plan((ProcessorSpec("filter", "spec.processors[0]", expr="after.amount > 1"),), [customers])
+    good = Plan((ProcessorSpec("filter", "spec.processors[0]", expr="after.amount > 1"),), [orders])
+    loop = asyncio.get_running_loop()
+    for _ in range(15):
+        results = await asyncio.gather(
+            loop.run_in_executor(spark.pool, bad.analyse, spark),
+            loop.run_in_executor(spark.pool, good.analyse, spark),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], ProcessorError) and "FIELD_NOT_FOUND" in str(results[0])
+        assert results[1] is None
+        bad._compiled.clear()
+        good._compiled.clear()
+
+
+async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(spark: SparkRuntime) -> None:
+    """With serve's GC tuning, PySpark's reference cycles would hold every job's data in the JVM."""
+    schema = TableSchema("db", "t", (("id", pa.int64()), ("text", pa.string())))
+    plan = Plan((ProcessorSpec("filter", "p", expr="after.id % 2 = 0"),), [schema])
+    events = [event(i, "t", {"id": i, "text": "x" * 200}) for i in range(5000)]
+    jvm: Any = spark.ensure().sparkContext._jvm
+
+    def heap_mb() -> int:
+        runtime = jvm.java.lang.Runtime.getRuntime()
+        jvm.java.lang.System.gc()
+        return int((runtime.totalMemory() - runtime.freeMemory()) // 2**20)
+
+    def jobs(n: int) -> None:
+        for _ in range(n):
+            assert len(plan.run(spark, events).kept) == 2500
+
+    loop = asyncio.get_running_loop()
+    saved = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)  # what deltaforge.gctune sets in serve
+    try:
+        await loop.run_in_executor(spark.pool, jobs, 10)
+        before = heap_mb()
+        await loop.run_in_executor(spark.pool, jobs, 60)  # ~1.2 MB of row data each
+        after = heap_mb()
+    finally:
+        gc.set_threshold(*saved)
+    assert after - before < 40, (before, after)

@@ -39,6 +39,7 @@ class PipelineStats:
     events_committed: int = 0
     commit_failures: int = 0
     transform_batches: int = 0
+    transform_jobs: int = 0
     transform_events_in: int = 0
     transform_events_out: int = 0
     transform_failures: int = 0
@@ -58,6 +59,7 @@ class PipelineStats:
             "commit_failures": self.commit_failures,
             "transform": {
                 "batches": self.transform_batches,
+                "jobs": self.transform_jobs,
                 "events_in": self.transform_events_in,
                 "events_out": self.transform_events_out,
                 "failures": self.transform_failures,

@@ -15,6 +15,8 @@ from deltaforge.transform.session import SparkRuntime, SparkUnavailable, runtime
 from deltaforge.transform.types import table_schema
 from supervision import Fatal
 
+MAX_WAITING_BATCHES = 64  # bounds memory when batches are tiny
+
 
 class SparkSessionLost(Exception):
     """The Spark JVM died under a job; the restart starts a new session."""
@@ -32,8 +34,8 @@ class SparkTransformer(Actor):
     against the schemas of the captured tables: a bad one is a :class:`Fatal`
     error naming the processor, before any event flows.
 
-    Up to ``batch.max_inflight`` batches are transformed at once, in the
-    runtime's thread pool, and handed on strictly in arrival order. A failed job
+    Up to ``batch.max_inflight`` jobs run at once, in the runtime's thread
+    pool, and batches are handed on strictly in arrival order. A failed job
     crashes this actor; the pipeline's supervisor restarts it with the reader,
     which resumes from the committed checkpoints, so the batch is read and
     transformed again and no checkpoint ever moves past an untransformed batch.
@@ -45,7 +47,10 @@ class SparkTransformer(Actor):
         super().__init__()
         self.ctx = ctx
         self.inflight = max(1, ctx.config.batch.max_inflight)
-        self.pending: collections.deque[tuple[Batch, asyncio.Future[Transformed]]] = collections.deque()
+        self.job_events = ctx.config.spark.max_job_events
+        self.waiting: collections.deque[Batch] = collections.deque()
+        self.waiting_events = 0
+        self.running: collections.deque[tuple[list[Batch], asyncio.Future[Transformed]]] = collections.deque()
         self.runtime: SparkRuntime | None = None
         self.plan: Plan | None = None
 
@@ -64,8 +69,8 @@ class SparkTransformer(Actor):
         began = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            session = await loop.run_in_executor(runtime.pool, runtime.ensure)
-            await loop.run_in_executor(runtime.pool, plan.analyse, session)
+            await loop.run_in_executor(runtime.pool, runtime.ensure)
+            await loop.run_in_executor(runtime.pool, plan.analyse, runtime)
         except SparkUnavailable as exc:
             raise Fatal(str(exc)) from None
         stats = self.ctx.stats
@@ -88,35 +93,57 @@ class SparkTransformer(Actor):
 
     async def on_stop(self) -> None:
         self.ctx.ready["transformer"].clear()
-        for _, job in self.pending:
+        for _, job in self.running:
             job.cancel()
         if self.runtime is not None:
             self.runtime.users -= 1
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, DeliverBatch):
-            while len(self.pending) >= self.inflight:
-                await self._forward_head()
-            self._submit(message.batch)
+            self.waiting.append(message.batch)
+            self.waiting_events += len(message.batch.events)
             await self._forward_ready()
+            self._pump()
+            # Enough waiting for a full job: hold the accumulator (and so the reader) until a job ends.
+            while self.waiting_events >= self.job_events or len(self.waiting) >= MAX_WAITING_BATCHES:
+                await self._forward_head()
+                self._pump()
             return None
         if isinstance(message, JobDone):
             await self._forward_ready()
+            self._pump()
             return None
         if isinstance(message, Barrier):
-            while self.pending:
+            while self.running or self.waiting:
+                self._pump()
                 await self._forward_head()
             return True
         return await super().receive(message)
 
-    def _submit(self, batch: Batch) -> None:
+    def _pump(self) -> None:
+        """Start jobs while fewer than ``max_inflight`` run; batches that queued meanwhile share one.
+
+        Spark's cost is mostly per job (~50 ms here, whatever its size), so under a
+        backlog several batches go as one job of up to ``spark.max_job_events``
+        events and are split again afterwards: batches, their checkpoints and the
+        order they are handed on in do not change.
+        """
         assert self.runtime is not None and self.plan is not None
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self.runtime.pool, self.plan.run, self.runtime, batch.events)
-        job.add_done_callback(self._wake)
-        self.pending.append((batch, job))
-        stats = self.ctx.stats
-        stats.transform_most_inflight = max(stats.transform_most_inflight, len(self.pending))
+        while self.waiting and len(self.running) < self.inflight:
+            group = [self.waiting.popleft()]
+            size = len(group[0].events)
+            while self.waiting and size + len(self.waiting[0].events) <= self.job_events:
+                size += len(self.waiting[0].events)
+                group.append(self.waiting.popleft())
+            self.waiting_events -= size
+            events = group[0].events if len(group) == 1 else [e for b in group for e in b.events]
+            job = loop.run_in_executor(self.runtime.pool, self.plan.run, self.runtime, events)
+            job.add_done_callback(self._wake)
+            self.running.append((group, job))
+            stats = self.ctx.stats
+            stats.transform_jobs += 1
+            stats.transform_most_inflight = max(stats.transform_most_inflight, len(self.running))
 
     def _wake(self, _: asyncio.Future[Transformed]) -> None:
         # A full mailbox means messages are queued, and each of them forwards what is ready.
@@ -126,11 +153,12 @@ class SparkTransformer(Actor):
             pass
 
     async def _forward_ready(self) -> None:
-        while self.pending and self.pending[0][1].done():
+        while self.running and self.running[0][1].done():
             await self._forward_head()
 
     async def _forward_head(self) -> None:
-        batch, job = self.pending[0]
+        group, job = self.running[0]
+        first = group[0]
         try:
             result = await job
         except ProcessorError:
@@ -141,16 +169,17 @@ class SparkTransformer(Actor):
             assert runtime is not None
             if not await asyncio.to_thread(runtime.alive):
                 # What py4j raises when the JVM dies mid-job rarely says so.
-                self.log.error("spark_session_lost", batch=batch.id, error=_short(exc))
+                self.log.error("spark_session_lost", batch=first.id, error=_short(exc))
                 raise SparkSessionLost(f"Spark session lost (its JVM is gone): {_short(exc)}") from exc
-            self.log.error("transform_failed", batch=batch.id, error=_short(exc))
+            self.log.error("transform_failed", batch=first.id, error=_short(exc))
             raise
-        self.pending.popleft()
-        events = result.events
+        self.running.popleft()
         stats = self.ctx.stats
-        stats.transform_batches += 1
-        stats.transform_events_in += len(batch.events)
-        stats.transform_events_out += len(events)
         stats.transform_last_ms = round(result.seconds * 1000, 2)
-        out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end)
-        await self.ctx.ref("coordinator").tell(DeliverBatch(out))
+        parts = [result.events] if len(group) == 1 else result.split([len(b.events) for b in group])
+        for batch, events in zip(group, parts, strict=True):
+            stats.transform_batches += 1
+            stats.transform_events_in += len(batch.events)
+            stats.transform_events_out += len(events)
+            out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end)
+            await self.ctx.ref("coordinator").tell(DeliverBatch(out))

@@ -278,12 +278,12 @@ def restore_types(column: pa.Array, sent: pa.DataType) -> pa.Array:
     return pa.StructArray.from_arrays(children, fields=fields, mask=column.is_null())
 
 
-def merge_in_order(parts: Iterable[list[tuple[int, Event]]]) -> list[Event]:
-    """Results of every table of a batch, back in source order, refusing duplicates."""
+def merge_in_order(parts: Iterable[list[tuple[int, Event]]]) -> list[tuple[int, Event]]:
+    """Results of every table of a batch, back in source order with their ``_seq``, refusing duplicates."""
     merged = sorted((pair for part in parts for pair in part), key=lambda p: p[0])
     for a, b in itertools.pairwise(merged):
         if a[0] == b[0]:
             raise TransformError(
                 f"event {SEQ}={a[0]} came back twice; processors may drop or change events, never add them"
             )
-    return [e for _, e in merged]
+    return merged

@@ -57,11 +57,29 @@ class Compiled:
 
 @dataclass(frozen=True, slots=True)
 class Transformed:
-    """One batch's events after the processors, and what it cost."""
+    """Events after the processors, each with its index in the input, and what it cost."""
 
-    events: list[Event]
+    kept: list[tuple[int, Event]]
     jobs: int
     seconds: float
+
+    @property
+    def events(self) -> list[Event]:
+        return [e for _, e in self.kept]
+
+    def split(self, sizes: list[int]) -> list[list[Event]]:
+        """The kept events of each of several batches sent as one (``sizes`` events each, in order)."""
+        out: list[list[Event]] = []
+        kept, i = self.kept, 0
+        end = 0
+        for size in sizes:
+            end += size
+            part: list[Event] = []
+            while i < len(kept) and kept[i][0] < end:
+                part.append(kept[i][1])
+                i += 1
+            out.append(part)
+        return out
 
 
 class Plan:
@@ -73,8 +91,14 @@ class Plan:
         self._compiled: dict[tuple[str, str, pa.Schema], Compiled] = {}
 
     # -- at start --------------------------------------------------------------
-    def analyse(self, spark: SparkSession) -> None:
-        """Refuse, with the processor's path, anything Spark cannot analyse for some table."""
+    def analyse(self, runtime: SparkRuntime) -> None:
+        """Refuse, with the processor's path, anything Spark cannot analyse for some table.
+
+        Runs in this thread's own child session: pipelines starting together analyse
+        at the same time, and in one shared session their views would overwrite each
+        other's (a bad processor was once checked against another table and passed).
+        """
+        spark = runtime.job_session()
         for p in self.processors:
             _parse_check(spark, p)
         for p in self.processors:
@@ -140,7 +164,7 @@ class Plan:
 
     # -- per batch (in a worker thread) -------------------------------------------
     def run(self, runtime: SparkRuntime, events: list[Event]) -> Transformed:
-        """The batch's events after every processor, in source order."""
+        """The events after every processor, in source order (one Spark job per table)."""
         started = time.perf_counter()
         spark = runtime.job_session()
         parts: list[list[tuple[int, Event]]] = [[(i, e) for i, e in enumerate(events) if e.op == "h"]]
@@ -158,6 +182,7 @@ class Plan:
             result = df.toArrow()
             jobs += 1
             parts.append(from_arrow(result, events, sent, path=f"processors ({db}.{table})"))
+        runtime.after_job()
         return Transformed(merge_in_order(parts), jobs, time.perf_counter() - started)
 
 

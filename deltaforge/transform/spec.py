@@ -50,6 +50,8 @@ class SparkConfig:
     conf: tuple[tuple[str, str], ...] = ()
     threads: int = 2
     app_name: str = "deltaforge"
+    max_job_events: int = 10_000
+    """Batches queued behind busy jobs are sent together, up to this many events per job."""
 
 
 def parse_processors(c: Checker, raw: Any) -> tuple[ProcessorSpec, ...]:
@@ -98,9 +100,10 @@ def _tables(c: Checker, raw: Any, path: str) -> tuple[str, ...] | None:
 
 
 def parse_spark(c: Checker, raw: Any) -> SparkConfig:
-    """``spec.spark``: ``master`` (``local[*]`` or ``spark://host:port``), ``conf``, ``threads``."""
+    """``spec.spark``: ``master`` (``local[*]`` or ``spark://host:port``), ``conf``, ``threads``,
+    ``max_job_events``."""
     m = c.mapping(raw, "spec.spark", required=False)
-    c.unknown(m, "spec.spark", {"master", "conf", "threads", "app_name"})
+    c.unknown(m, "spec.spark", {"master", "conf", "threads", "app_name", "max_job_events"})
     master = c.string(m, "master", "spec.spark", default="local[*]")
     if master and not (master.startswith("local") or master.startswith("spark://")):
         c.err("spec.spark.master", f"expected local, local[N], local[*] or spark://host:port, got {master!r}")
@@ -113,6 +116,7 @@ def parse_spark(c: Checker, raw: Any) -> SparkConfig:
         conf=tuple((str(k), _conf_text(v)) for k, v in conf.items()),
         threads=c.integer(m, "threads", "spec.spark", 2, 1),
         app_name=c.string(m, "app_name", "spec.spark", default="deltaforge"),
+        max_job_events=c.integer(m, "max_job_events", "spec.spark", 10_000, 1),
     )
 
 
