@@ -47,6 +47,12 @@ DEFAULT_CONF = {
     # In local mode the jobs run inside the driver JVM: 1g (Spark's default) ran out with
     # four 10k-event jobs in flight.
     "spark.driver.memory": "2g",
+    # Spark keeps the last 1000 jobs, stages and SQL executions for its UI even with the UI off:
+    # in a service running a job per batch that is heap and listener work for nothing.
+    "spark.ui.retainedJobs": "20",
+    "spark.ui.retainedStages": "20",
+    "spark.ui.retainedTasks": "200",
+    "spark.sql.ui.retainedExecutions": "20",
 }
 GC_EVERY_S = 1.0
 
