@@ -26,6 +26,7 @@ from typing import Any
 from drain import drain_rate
 
 from deltaforge import gctune
+from deltaforge import logging as dflogging
 from deltaforge.events import Event, SourceInfo
 from deltaforge.pipeline.context import PipelineStats
 from deltaforge.sources.base import DeclaredTable, Source
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--master", default="local[*]")
     args = ap.parse_args()
+    dflogging.configure(level="warning")  # restarts and failures still show
     print(f"{dt.datetime.now():%Y-%m-%d %H:%M}")
     latency(SparkConfig(master=args.master), args.runs, args.warmup)
     asyncio.run(throughput(args.events, args.master))

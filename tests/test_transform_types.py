@@ -24,6 +24,8 @@ import pytest
 from deltaforge.config import ConfigError, parse_pipeline
 from deltaforge.events import Event, SourceInfo
 from deltaforge.pipeline.messages import Batch
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from deltaforge.transform.arrow import (
     TableSchema,
     TransformError,
@@ -38,7 +40,8 @@ from deltaforge.transform.spec import ProcessorSpec, SparkConfig
 from deltaforge.transform.types import mysql_type, postgres_type, sqlite_type, table_schema
 from tests import test_mysql_source as my
 from tests import test_postgres_source as pg
-from tests.kit import doc
+from tests.helpers import first_occurrences
+from tests.kit import ScriptedSink, SyntheticSource, doc
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 
@@ -317,3 +320,31 @@ async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(spark: SparkRuntime)
     finally:
         gc.set_threshold(*saved)
     assert after - before < 60, (before, after)  # without the periodic GC: ~380 MB
+
+
+async def test_a_failing_spark_job_is_retried_by_restarts_and_moves_no_checkpoint(
+    spark: SparkRuntime,
+) -> None:
+    """assert_true fails the job of the batch holding seq 150 on every attempt (not a dead JVM)."""
+    d = doc(
+        sinks=[{"type": "stdout", "config": {"id": "a"}}],
+        batch={"max_events": 50, "max_ms": 10},
+        supervision={"max_restarts": 2, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}},
+    )
+    d["spec"]["processors"] = [{"type": "filter", "expr": "assert_true(after.seq <> 150) IS NULL"}]
+    d["spec"]["spark"] = {"master": "local[2]"}  # the module's warm session
+    sink = ScriptedSink("a")
+    store = MemoryCheckpointStore()
+    runner = PipelineRunner(
+        parse_pipeline(d, env={}), store=store, sinks={"a": sink}, source=SyntheticSource(300, chunk=50)
+    )
+    await asyncio.wait_for(runner.run(), 120)
+    assert runner.state == "failed" and "SparkTransformer" in (runner.failure or "")
+    assert runner.ctx.stats.transform_failures == 3  # the first try and two restarts
+    node = runner.snapshot().find("SparkTransformer")
+    assert node is not None and node.restarts == 2
+    # a prefix of the source was delivered and checkpointed, never the failing batch nor what follows
+    got = first_occurrences(sink.received)
+    assert got == list(range(1, len(got) + 1)) and 50 <= len(got) < 150
+    cp = await store.get(sink_key("src", "a"))
+    assert cp == {"seq": len(got)}
