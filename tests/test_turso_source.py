@@ -184,3 +184,19 @@ async def test_pipeline_turso_to_file_with_debezium_envelope(tmp_path: Path) -> 
             assert doc_["before"]["score"] == 1 and doc_["after"]["score"] == 5
         if doc_["op"] == "d":
             assert doc_["before"]["email"] == "b@x" and doc_["after"] is None
+
+
+async def test_describe_tables_lists_the_user_tables_not_turso_internals(tmp_path: Path) -> None:
+    conn = writer(tmp_path / "d.db")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, v REAL, b BLOB)")
+    conn.execute("INSERT INTO t (name, v) VALUES ('a', 1.5)")
+    conn.commit()
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()}
+    assert {"turso_cdc", "turso_cdc_version"} <= names  # what CDC capture adds beside the user's tables
+    [table] = await source(tmp_path / "d.db").describe_tables()
+    assert (table.table, table.columns) == (
+        "t",
+        (("id", "INTEGER"), ("name", "TEXT"), ("v", "REAL"), ("b", "BLOB")),
+    )
+    only = await source(tmp_path / "d.db", tables=["nope"]).describe_tables()
+    assert only == []

@@ -74,7 +74,8 @@ class TursoSource(Source):
                 r[0]
                 for r in conn.execute(
                     "SELECT name FROM sqlite_schema WHERE type = 'table' "
-                    "AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '__turso_internal%' AND name != 'turso_cdc' ORDER BY name"
+                    "AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '__turso_internal%' AND name NOT LIKE 'turso_cdc%' "
+                    "ORDER BY name"
                 ).fetchall()
             ]
             out = []
