@@ -99,6 +99,10 @@ class Plan:
         other's (a bad processor was once checked against another table and passed).
         """
         spark = runtime.job_session()
+        with runtime.analysis_lock:
+            self._analyse(spark)
+
+    def _analyse(self, spark: SparkSession) -> None:
         for p in self.processors:
             _parse_check(spark, p)
         for p in self.processors:
@@ -174,7 +178,10 @@ class Plan:
                 parts.append([(i, events[i]) for i in indices])
                 continue
             sent = to_arrow(events, indices, self.schemas.get((db, table)))
-            compiled = self.compile(spark, db, table, sent.table.schema)
+            compiled = self._compiled.get((db, table, sent.table.schema))
+            if compiled is None:
+                with runtime.analysis_lock:
+                    compiled = self.compile(spark, db, table, sent.table.schema)
             df = spark.createDataFrame(sent.table)
             for view, query in compiled.steps:
                 df.createOrReplaceTempView(view)

@@ -72,6 +72,8 @@ class SparkRuntime:
         self._session: SparkSession | None = None
         self._generation = 0
         self._lock = threading.Lock()
+        self.analysis_lock = threading.Lock()
+        """Held while processors are analysed or compiled (rare): one at a time."""
         self._local = threading.local()
         self._collected_at = time.monotonic()
 
@@ -95,7 +97,8 @@ class SparkRuntime:
             raise SparkUnavailable("the Spark session is not started")
         local = self._local
         if getattr(local, "generation", None) != self._generation:
-            local.session = session.newSession()
+            with self._lock:  # one JVM-side session creation at a time
+                local.session = session.newSession()
             local.generation = self._generation
         child: SparkSession = local.session
         return child
