@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from deltaforge.events import Event
+from deltaforge.events import Event, with_images
 from supervision import Fatal
 
 SEQ = "_seq"
@@ -224,16 +224,14 @@ def from_arrow(result: pa.Table, events: list[Event], sent: ArrowBatch, path: st
     befores = replaced.get("before") or [e.before for e in picked]
     afters = replaced.get("after") or [e.after for e in picked]
     return [
-        (seq, e if (op == e.op and after == e.after and before == e.before) else _with(e, op, before, after))
+        (
+            seq,
+            e
+            if (op == e.op and after == e.after and before == e.before)
+            else with_images(e, op, before, after),
+        )
         for seq, e, op, before, after in zip(seqs, picked, ops, befores, afters, strict=True)
     ]
-
-
-def _with(e: Event, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> Event:
-    # Positional, not dataclasses.replace: ~2x faster, and 10k-event batches make it count.
-    return Event(
-        op, before, after, e.source, e.tx_id, e.tx_end, e.event_id, e.order, e.checkpoint, e.tenant, e.size
-    )
 
 
 def _json_default(value: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from deltaforge.events import Event
+from deltaforge.transform import jvmio
 from deltaforge.transform.arrow import (
     EVENT_COLUMNS,
     SEQ,
@@ -28,6 +29,8 @@ from deltaforge.transform.arrow import (
     merge_in_order,
     to_arrow,
 )
+from deltaforge.transform.changes import Changes, changes_of
+from deltaforge.transform.jvmio import ArrowConf, JobHandles, from_spark, to_spark
 from deltaforge.transform.session import SparkRuntime
 from deltaforge.transform.spec import ProcessorSpec
 from deltaforge.transform.sqlgen import (
@@ -50,9 +53,16 @@ class ProcessorError(Fatal):
 
 @dataclass(frozen=True, slots=True)
 class Compiled:
-    """One table's processors as SQL: register the batch as ``view``, run ``query``, repeat."""
+    """One table's processors as SQL: register the batch as ``view``, run ``query``, repeat.
+
+    ``changes`` is set for chains without ``sql``: the last query then returns only
+    ``_seq`` and masked values, which ``changes.apply`` puts into the events.
+    """
 
     steps: tuple[tuple[str, str], ...]
+    result: pa.Schema
+    """The Arrow schema the last query returns."""
+    changes: Changes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +110,9 @@ class Plan:
         """
         spark = runtime.job_session()
         with runtime.analysis_lock:
-            self._analyse(spark)
+            self._analyse(spark, runtime.arrow_conf())
 
-    def _analyse(self, spark: SparkSession) -> None:
+    def _analyse(self, spark: SparkSession, conf: ArrowConf) -> None:
         for p in self.processors:
             _parse_check(spark, p)
         for p in self.processors:
@@ -115,27 +125,46 @@ class Plan:
                             + ", ".join(f"{s.db}.{s.table}" for s in in_scope)
                         )
         for schema in self.schemas.values():
-            self.compile(spark, schema.db, schema.table, empty_table(schema).schema)
+            self.compile(spark, conf, schema.db, schema.table, empty_table(schema).schema)
 
-    def compile(self, spark: SparkSession, db: str, table: str, arrow_schema: pa.Schema) -> Compiled:
+    def compile(
+        self, spark: SparkSession, conf: ArrowConf, db: str, table: str, arrow_schema: pa.Schema
+    ) -> Compiled:
         """The SQL steps for one table's batches of this Arrow schema (cached: analysed once)."""
         key = (db, table, arrow_schema)
         cached = self._compiled.get(key)
         if cached is None:
-            cached = self._compile(spark, db, table, arrow_schema)
+            cached = self._compile(spark, conf, db, table, arrow_schema)
             self._compiled[key] = cached
         return cached
 
-    def _compile(self, spark: SparkSession, db: str, table: str, arrow_schema: pa.Schema) -> Compiled:
+    def _compile(
+        self, spark: SparkSession, conf: ArrowConf, db: str, table: str, arrow_schema: pa.Schema
+    ) -> Compiled:
         from pyspark.errors import AnalysisException
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        def arrow_of(df: Any) -> pa.Schema:
+            return to_arrow_schema(
+                df.schema,
+                error_on_duplicated_field_names_in_struct=True,
+                timezone="UTC",
+                prefers_large_types=conf.large_var_types,
+            )
 
         current = spark.createDataFrame(arrow_schema.empty_table())
         current.createOrReplaceTempView(IN_VIEW)
         steps: list[tuple[str, str]] = []
         query = base_query()
+        result = current
+        has_sql = False
+        masked: list[str] = []
         for p in self.processors:
             if not p.applies_to(db, table):
                 continue
+            if p.type == "mask":
+                masked += [column for column, action in p.columns if action != "drop"]
+            has_sql = has_sql or p.type == "sql"
             try:
                 if p.type == "sql":
                     if query != base_query():
@@ -162,15 +191,20 @@ class Plan:
                     f"{p.path}: must return event rows: {SEQ} and any of "
                     f"{', '.join(EVENT_COLUMNS[1:])}; got {', '.join(result.columns)} (table {db}.{table})"
                 )
-        if query != base_query() or not steps:
-            steps.append((IN_VIEW, query))
-        return Compiled(tuple(steps))
+        if has_sql:
+            if query != base_query():
+                steps.append((IN_VIEW, query))
+            return Compiled(tuple(steps), arrow_of(result))
+        changes = changes_of(arrow_schema.field("after").type, result.schema, masked)
+        narrow = spark.sql(changes.query(query))
+        return Compiled(((IN_VIEW, changes.query(query)),), arrow_of(narrow), changes)
 
     # -- per batch (in a worker thread) -------------------------------------------
     def run(self, runtime: SparkRuntime, events: list[Event]) -> Transformed:
         """The events after every processor, in source order (one Spark job per table)."""
         started = time.perf_counter()
         spark = runtime.job_session()
+        conf = runtime.arrow_conf()
         parts: list[list[tuple[int, Event]]] = [[(i, e) for i, e in enumerate(events) if e.op == "h"]]
         jobs = 0
         for (db, table), indices in group_by_table(events).items():
@@ -181,15 +215,22 @@ class Plan:
             compiled = self._compiled.get((db, table, sent.table.schema))
             if compiled is None:
                 with runtime.analysis_lock:
-                    compiled = self.compile(spark, db, table, sent.table.schema)
-            df = spark.createDataFrame(sent.table)
-            for view, query in compiled.steps:
-                df.createOrReplaceTempView(view)
-                df = spark.sql(query)
-            result = df.toArrow()
+                    compiled = self.compile(spark, conf, db, table, sent.table.schema)
+            handles = JobHandles()
+            try:
+                df = to_spark(spark, conf, sent.table, handles)
+                for view, query in compiled.steps:
+                    df.createOrReplaceTempView(view)
+                    df = jvmio.sql(spark, query, handles)
+                result = from_spark(df, compiled.result, handles)
+            finally:
+                handles.release()
             jobs += 1
-            parts.append(from_arrow(result, events, sent, path=f"processors ({db}.{table})"))
-        runtime.after_job()
+            path = f"processors ({db}.{table})"
+            if compiled.changes is not None:
+                parts.append(compiled.changes.apply(result, events, sent, path))
+            else:
+                parts.append(from_arrow(result, events, sent, path))
         return Transformed(merge_in_order(parts), jobs, time.perf_counter() - started)
 
 
