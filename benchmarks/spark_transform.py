@@ -109,9 +109,10 @@ async def drain(doc: dict[str, Any], total: int) -> float:
 
 
 def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
+    gctune.tune()  # what serve runs with
     runtime = runtime_for(spark_config, "bench")
     t0 = time.perf_counter()
-    runtime.ensure()
+    runtime.pool.submit(runtime.ensure).result()
     print(f"cold SparkSession start: {time.perf_counter() - t0:.1f} s")
     schema = table_schema(DeclaredTable("shop", "orders", COLUMNS), "turso")
     specs = (
@@ -119,8 +120,10 @@ def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
         ProcessorSpec("mask", "spec.processors[1]", columns=(("email", "hash"),)),
     )
     plan = Plan(specs, [schema])
-    plan.analyse(runtime)
-    print(f"per-batch transform latency (filter + mask), after {warmup} warm-up batches (JVM JIT):")
+    runtime.pool.submit(plan.analyse, runtime).result()
+    print(
+        f"per-batch transform latency (filter + mask), after {warmup} warm-up batches (JVM JIT), serve's GC settings:"
+    )
     for size in (1000, 10_000):
         events = [event(s) for s in range(size)]
         for _ in range(warmup):
@@ -154,7 +157,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--master", default="local[*]")
     args = ap.parse_args()
     dflogging.configure(level="warning")  # restarts and failures still show

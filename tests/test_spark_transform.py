@@ -197,6 +197,8 @@ def run_chain(tmp_path: Path, name: str, **spec: Any) -> list[Change]:
     """Serve the processor chain over the scripted database until it is all checkpointed."""
     txs, changes = workload()
     last = write_db(tmp_path / "app.db", txs)
+    # jobs of up to two 7-event batches: a second job starts beside a running one only when full
+    spec["spark"] = {"max_job_events": 14, **spec.get("spark", {})}
     cfg = pipeline_yaml(tmp_path, name, PROCESSORS, **spec)
     with Serve(tmp_path, "--config", str(cfg)) as serve:
         serve.wait_api()

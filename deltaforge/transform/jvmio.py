@@ -75,14 +75,15 @@ def to_spark(spark: SparkSession, conf: ArrowConf, table: pa.Table, handles: Job
 
     schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=conf.prefer_timestamp_ntz)
     if schema.fields:
-        table = _check_arrow_table_timestamps_localize(table, schema, True, conf.timezone).cast(
-            to_arrow_schema(
-                schema,
-                error_on_duplicated_field_names_in_struct=True,
-                timezone="UTC",
-                prefers_large_types=conf.large_var_types,
-            )
+        target = to_arrow_schema(
+            schema,
+            error_on_duplicated_field_names_in_struct=True,
+            timezone="UTC",
+            prefers_large_types=conf.large_var_types,
         )
+        table = _check_arrow_table_timestamps_localize(table, schema, True, conf.timezone)
+        if table.schema != target:
+            table = table.cast(target)
     jvm: Any = spark._jvm
     jbatches = handles.keep(
         spark.sparkContext._serialize_to_jvm(
@@ -109,13 +110,12 @@ def from_spark(df: DataFrame, schema: pa.Schema, handles: JobHandles) -> pa.Tabl
     """``df.toArrow()`` for a result known to have Arrow ``schema`` (as ``toArrow`` would cast it)."""
     from pyspark.errors.exceptions.captured import unwrap_spark_exception
     from pyspark.sql.pandas.serializers import ArrowCollectSerializer
-    from pyspark.traceback_utils import SCCallSiteSync as call_site
     from pyspark.util import _load_from_socket
 
-    sync: Any = call_site  # untyped in pyspark
-    with sync(df.sparkSession.sparkContext):
-        reply = handles.keep(df._jdf.collectAsArrowToPython())
-        port, secret, server = reply[0], reply[1], handles.keep(reply[2])
+    # (toArrow also records the caller's stack as the job's call site, for Spark's UI, which is off:
+    # traceback.extract_stack showed up in profiles)
+    reply = handles.keep(df._jdf.collectAsArrowToPython())
+    port, secret, server = reply[0], reply[1], handles.keep(reply[2])
     try:
         with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
             batches = list(stream)
@@ -124,7 +124,8 @@ def from_spark(df: DataFrame, schema: pa.Schema, handles: JobHandles) -> pa.Tabl
             server.getResult()  # joins the serving thread; raises the job's error
     if not batches:
         return schema.empty_table()
-    return pa.Table.from_batches(batches).cast(schema)
+    table = pa.Table.from_batches(batches)
+    return table if table.schema == schema else table.cast(schema)
 
 
 __all__ = ["ArrowConf", "JobHandles", "from_spark", "sql", "to_spark"]
