@@ -315,10 +315,20 @@ async def test_pipelines_analysed_at_the_same_time_do_not_see_each_others_tables
         good._compiled.clear()
 
 
-async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(spark: SparkRuntime) -> None:
-    """With serve's GC tuning, PySpark's reference cycles would hold every job's data in the JVM."""
+@pytest.mark.parametrize(
+    "processor",
+    [
+        ProcessorSpec("filter", "p", expr="after.id % 2 = 0"),  # returns _seq only
+        ProcessorSpec("sql", "p", query="SELECT * FROM batch WHERE after.id % 2 = 0"),  # whole rows
+    ],
+    ids=["filter", "sql"],
+)
+async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(
+    spark: SparkRuntime, processor: ProcessorSpec
+) -> None:
+    """With serve's GC tuning, py4j's reference cycles would hold every job's data in the JVM."""
     schema = TableSchema("db", "t", (("id", pa.int64()), ("text", pa.string())))
-    plan = Plan((ProcessorSpec("filter", "p", expr="after.id % 2 = 0"),), [schema])
+    plan = Plan((processor,), [schema])
     events = [event(i, "t", {"id": i, "text": "x" * 200}) for i in range(5000)]
     jvm: Any = spark.ensure().sparkContext._jvm
 
