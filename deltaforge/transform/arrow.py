@@ -190,6 +190,17 @@ def _typed(values: list[Any], declared: pa.DataType | None) -> pa.Array | None:
     return None
 
 
+def result_seqs(result: pa.Table, sent: ArrowBatch, path: str) -> list[int]:
+    """The ``_seq`` of each row of a job's result, every one of them refused unless it was sent."""
+    if SEQ not in result.column_names:
+        raise TransformError(f"{path}: the result has no {SEQ} column")
+    seqs: list[int] = result.column(SEQ).to_pylist()
+    if not sent.seqs.issuperset(seqs):
+        bad = next(q for q in seqs if q not in sent.seqs)
+        raise TransformError(f"{path}: returned a row whose {SEQ} ({bad}) was not in the batch")
+    return seqs
+
+
 def from_arrow(result: pa.Table, events: list[Event], sent: ArrowBatch, path: str) -> list[tuple[int, Event]]:
     """Events of a job's result, each with its ``_seq``.
 
@@ -198,9 +209,7 @@ def from_arrow(result: pa.Table, events: list[Event], sent: ArrowBatch, path: st
     that Spark hands back in UTC become naive again where they went in naive, and
     JSON-text columns are decoded again.
     """
-    if SEQ not in result.column_names:
-        raise TransformError(f"{path}: the result has no {SEQ} column")
-    seqs = result.column(SEQ).to_pylist()
+    seqs = result_seqs(result, sent, path)
     replaced: dict[str, list[Any]] = {}
     for name in REPLACEABLE:
         if name in result.column_names:
@@ -214,11 +223,6 @@ def from_arrow(result: pa.Table, events: list[Event], sent: ArrowBatch, path: st
                     if image is not None:
                         _decode_json(image, sent.json)
             replaced[name] = images
-    if not seqs or not sent.seqs.issuperset(seqs):
-        bad = next((q for q in seqs if q not in sent.seqs), None)
-        if seqs:
-            raise TransformError(f"{path}: returned a row whose {SEQ} ({bad}) was not in the batch")
-        return []
     picked = [events[q] for q in seqs]
     ops = replaced.get("op") or [e.op for e in picked]
     befores = replaced.get("before") or [e.before for e in picked]

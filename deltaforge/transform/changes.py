@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from deltaforge.events import Event, with_images
-from deltaforge.transform.arrow import SEQ, ArrowBatch, TransformError
+from deltaforge.transform.arrow import SEQ, ArrowBatch, result_seqs
 from deltaforge.transform.sqlgen import ident
 
 
@@ -43,10 +43,7 @@ class Changes:
         self, result: pa.Table, events: list[Event], sent: ArrowBatch, path: str
     ) -> list[tuple[int, Event]]:
         """The kept events, each with its ``_seq``, their masked columns replaced and dropped ones gone."""
-        seqs: list[int] = result.column(SEQ).to_pylist()
-        bad = next((q for q in seqs if q not in sent.seqs), None)
-        if bad is not None:
-            raise TransformError(f"{path}: returned a row whose {SEQ} ({bad}) was not in the batch")
+        seqs = result_seqs(result, sent, path)
         if not self.columns and not self.dropped:
             return [(q, events[q]) for q in seqs]
         picked = [events[q] for q in seqs]

@@ -73,24 +73,27 @@ class ArrowConf:
         )
 
 
+def arrow_schema(spark_schema: Any, conf: ArrowConf) -> pa.Schema:
+    """The Arrow schema pyspark converts a Spark schema to, both into Spark and out of it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(
+        spark_schema,
+        error_on_duplicated_field_names_in_struct=True,
+        timezone="UTC",
+        prefers_large_types=conf.large_var_types,
+    )
+
+
 def to_spark(spark: SparkSession, conf: ArrowConf, table: pa.Table, handles: JobHandles) -> DataFrame:
     """``spark.createDataFrame(table)``, its JVM objects kept in ``handles``."""
     from pyspark.sql.dataframe import DataFrame
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
-    from pyspark.sql.pandas.types import (
-        _check_arrow_table_timestamps_localize,
-        from_arrow_schema,
-        to_arrow_schema,
-    )
+    from pyspark.sql.pandas.types import _check_arrow_table_timestamps_localize, from_arrow_schema
 
     schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=conf.prefer_timestamp_ntz)
     if schema.fields:
-        target = to_arrow_schema(
-            schema,
-            error_on_duplicated_field_names_in_struct=True,
-            timezone="UTC",
-            prefers_large_types=conf.large_var_types,
-        )
+        target = arrow_schema(schema, conf)
         table = _check_arrow_table_timestamps_localize(table, schema, True, conf.timezone)
         if table.schema != target:
             table = table.cast(target)
@@ -142,4 +145,4 @@ def from_spark(df: DataFrame, schema: pa.Schema, handles: JobHandles) -> pa.Tabl
     return table if table.schema == schema else table.cast(schema)
 
 
-__all__ = ["ArrowConf", "JobHandles", "from_spark", "sql", "to_spark"]
+__all__ = ["ArrowConf", "JobHandles", "arrow_schema", "from_spark", "sql", "to_spark"]

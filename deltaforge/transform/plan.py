@@ -142,15 +142,6 @@ class Plan:
         self, spark: SparkSession, conf: ArrowConf, db: str, table: str, arrow_schema: pa.Schema
     ) -> Compiled:
         from pyspark.errors import AnalysisException
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        def arrow_of(df: Any) -> pa.Schema:
-            return to_arrow_schema(
-                df.schema,
-                error_on_duplicated_field_names_in_struct=True,
-                timezone="UTC",
-                prefers_large_types=conf.large_var_types,
-            )
 
         current = spark.createDataFrame(arrow_schema.empty_table())
         current.createOrReplaceTempView(IN_VIEW)
@@ -194,10 +185,10 @@ class Plan:
         if has_sql:
             if query != base_query():
                 steps.append((IN_VIEW, query))
-            return Compiled(tuple(steps), arrow_of(result))
+            return Compiled(tuple(steps), jvmio.arrow_schema(result.schema, conf))
         changes = changes_of(arrow_schema.field("after").type, result.schema, masked)
-        narrow = spark.sql(changes.query(query))
-        return Compiled(((IN_VIEW, changes.query(query)),), arrow_of(narrow), changes)
+        narrow = changes.query(query)
+        return Compiled(((IN_VIEW, narrow),), jvmio.arrow_schema(spark.sql(narrow).schema, conf), changes)
 
     # -- per batch (in a worker thread) -------------------------------------------
     def run(self, runtime: SparkRuntime, events: list[Event]) -> Transformed:
