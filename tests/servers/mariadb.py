@@ -2,52 +2,35 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import pymysql
 
-from tests.serve_proc import free_port
+from tests.servers.base import ServerProcess
 
 CDC_USER = "cdc"
 CDC_PASSWORD = "cdc-secret-pw"
 
 
-class MariaDB:
+class MariaDB(ServerProcess):
     """Starts ``mariadbd`` on a free port in a temporary directory.
 
     ``extra_args`` override server options (e.g. ``--binlog-format=STATEMENT``).
     """
 
+    name = "mariadb"
+    start_timeout = 60.0
+
     def __init__(self, extra_args: list[str] | None = None, server_id: int = 1) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="df-mariadb-"))
+        super().__init__()
         self.data = self.dir / "data"
-        self.port = free_port()
         self.server_id = server_id
         self.extra_args = extra_args or []
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> MariaDB:
-        subprocess.run(
-            [
-                "mariadb-install-db",
-                "--no-defaults",
-                f"--datadir={self.data}",
-                "--user=root",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        args = [
+    def command(self) -> list[str]:
+        return [
             "mariadbd",
             "--no-defaults",
             f"--datadir={self.data}",
@@ -68,17 +51,33 @@ class MariaDB:
             "--skip-name-resolve",
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.root().close()
-                break
-            except pymysql.err.OperationalError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.dir / "err.log").read_text() if (self.dir / "err.log").exists() else ""
-                    raise RuntimeError(f"mariadbd did not start: {log[-2000:]}") from None
-                time.sleep(0.1)
+
+    def ready(self) -> bool:
+        try:
+            self.root().close()
+            return True
+        except pymysql.err.OperationalError:
+            return False
+
+    def failure_detail(self) -> str:
+        log = self.dir / "err.log"
+        return f": {log.read_text()[-2000:]}" if log.exists() else ""
+
+    def start(self) -> MariaDB:
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        super().start()
         with self.root() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE USER IF NOT EXISTS '{CDC_USER}'@'%' IDENTIFIED BY '{CDC_PASSWORD}'")
             cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{CDC_USER}'@'%'")
@@ -93,17 +92,5 @@ class MariaDB:
         return f"mysql://{user}:{password}@127.0.0.1:{self.port}/{db}"
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        self.kill(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> MariaDB:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -6,10 +6,8 @@ import glob
 import os
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
-from tests.serve_proc import free_port
+from tests.servers.base import ServerProcess
 
 
 def _bin(name: str) -> str:
@@ -19,13 +17,14 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
-class Postgres:
-    """initdb as user postgres in a temp dir, started and stopped with pg_ctl."""
+class Postgres(ServerProcess):
+    """initdb as user postgres in a temp dir, started with pg_ctl, stopped by pg_ctl (or its PID)."""
+
+    name = "pg"
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="df-pg-"))
+        super().__init__()
         self.data = self.dir / "data"
-        self.port = free_port()
 
     def _as_postgres(self, *cmd: str) -> None:
         subprocess.run(["su", "postgres", "-c", " ".join(cmd)], check=True, capture_output=True, timeout=120)
@@ -54,9 +53,3 @@ class Postgres:
             if pid_file.exists():
                 os.kill(int(pid_file.read_text().split()[0]), 9)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Postgres:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
