@@ -15,7 +15,7 @@ builds a fresh actor instance from its factory, so a restart begins from clean s
 from actors.actor import Actor
 from actors.cell import ActorCell
 from actors.errors import ActorError, ActorStopped, AskTimeout
-from actors.message import message
+from actors.message import Ask, message
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
 from actors.threads import BlockingRunner
@@ -26,6 +26,7 @@ __all__ = [
     "ActorError",
     "ActorRef",
     "ActorStopped",
+    "Ask",
     "AskTimeout",
     "BlockingRunner",
     "NodeSnapshot",

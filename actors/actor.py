@@ -30,13 +30,27 @@ class Actor:
 
     Class attributes tune the runtime: ``mailbox_size`` bounds the mailbox
     (the backpressure point) and ``blocking_threads`` bounds :meth:`run_blocking`.
+
+        >>> import asyncio
+        >>> from actors import Actor, ActorCell
+        >>> class Doubler(Actor):
+        ...     async def receive(self, message: int) -> int:
+        ...         return message * 2
+        >>> async def main() -> int:
+        ...     cell = ActorCell("doubler", Doubler)
+        ...     task = asyncio.create_task(cell.run())
+        ...     answer = await cell.ref.ask(21)
+        ...     task.cancel()
+        ...     return answer
+        >>> asyncio.run(main())
+        42
     """
 
     mailbox_size: ClassVar[int] = 16
     blocking_threads: ClassVar[int] = 1
 
     def __init__(self) -> None:
-        self._ref: ActorRef | None = None
+        self._ref: ActorRef[Actor] | None = None
         self._stop_requested = False
         self._runner: BlockingRunner | None = None
         self.log: structlog.stdlib.BoundLogger = structlog.get_logger()
@@ -54,7 +68,7 @@ class Actor:
 
     # -- helpers for subclasses --------------------------------------------------
     @property
-    def ref(self) -> ActorRef:
+    def ref(self) -> ActorRef[Actor]:
         """This actor's own reference (to hand to others)."""
         if self._ref is None:
             raise RuntimeError("actor is not attached to a cell yet")
@@ -70,6 +84,6 @@ class Actor:
             self._runner = BlockingRunner(self.blocking_threads)
         return await self._runner.run(fn, *args)
 
-    def _attach(self, ref: ActorRef, name: str) -> None:
+    def _attach(self, ref: ActorRef[Actor], name: str) -> None:
         self._ref = ref
         self.log = structlog.get_logger().bind(actor=name)

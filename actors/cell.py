@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
+from anyio.abc import TaskStatus
 
 from actors.actor import Actor
 from actors.errors import ActorStopped
@@ -13,8 +14,10 @@ from actors.mailbox import Envelope, Mailbox
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
 
+A = TypeVar("A", bound=Actor)
 
-class ActorCell:
+
+class ActorCell(Generic[A]):
     """Owns an actor's mailbox and runs a fresh actor instance per ``run()``.
 
     ``run()`` returns when the actor calls ``stop()`` (a normal exit) and raises
@@ -23,15 +26,18 @@ class ActorCell:
     still queued when the actor ends are dropped and their askers told
     :class:`ActorStopped` — senders of work must resend from durable state, which
     is exactly what a CDC pipeline does by resuming from checkpoints.
+
+    ``run()`` reports "started" to its supervisor (``task_status.started()``) once
+    ``on_start`` has returned, so the next child starts only after this one is up.
     """
 
-    def __init__(self, name: str, factory: Callable[[], Actor], mailbox_size: int | None = None) -> None:
+    def __init__(self, name: str, factory: Callable[[], A], mailbox_size: int | None = None) -> None:
         self.name = name
         self.factory = factory
         self._capacity = mailbox_size
         self.mailbox: Mailbox | None = None
-        self.ref = ActorRef(self)
-        self.actor: Actor | None = None
+        self.ref: ActorRef[A] = ActorRef(self)
+        self.actor: A | None = None
         self.state = "new"
         self.processed = 0
         # The first mailbox exists before the first start so that wiring code may
@@ -41,12 +47,12 @@ class ActorCell:
     def _mailbox_capacity(self) -> int:
         return self._capacity if self._capacity is not None else type(self._probe()).mailbox_size
 
-    def _probe(self) -> Actor:
+    def _probe(self) -> A:
         if self.actor is None:
             self.actor = self.factory()
         return self.actor
 
-    async def run(self) -> None:
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """One incarnation of the actor, from ``on_start`` to ``on_stop``."""
         if self.mailbox is None:
             self.mailbox = Mailbox(self._mailbox_capacity())
@@ -58,6 +64,7 @@ class ActorCell:
         self.state = "running"
         try:
             await actor.on_start()
+            task_status.started()
             while not actor._stop_requested:
                 envelope = await mailbox.get()
                 await self._handle(actor, envelope)
@@ -73,7 +80,7 @@ class ActorCell:
             with anyio.CancelScope(shield=True):
                 await actor.on_stop()
 
-    async def _handle(self, actor: Actor, envelope: Envelope) -> None:
+    async def _handle(self, actor: A, envelope: Envelope) -> None:
         reply = envelope.reply
         try:
             result: Any = await actor.receive(envelope.message)

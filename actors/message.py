@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar, dataclass_transform
+from typing import Generic, TypeVar, dataclass_transform
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Ask(Generic[R]):
+    """Base of a message that is asked and answered with an ``R``.
+
+    ``await ref.ask(msg)`` is then typed ``R``::
+
+        >>> from actors import Ask, message
+        >>> @message
+        ... class HowMany(Ask[int]):
+        ...     since: float
+    """
+
+    __slots__ = ()
 
 
 @dataclass_transform(frozen_default=True)

@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import anyio
 
 from actors.errors import ActorStopped, AskTimeout
 from actors.mailbox import Envelope
+from actors.message import Ask
 
 if TYPE_CHECKING:
+    from actors.actor import Actor
     from actors.cell import ActorCell
 
+A = TypeVar("A", bound="Actor", covariant=True)
+R = TypeVar("R")
 
-class ActorRef:
-    """A stable address for an actor across its restarts.
+
+class ActorRef(Generic[A]):
+    """A stable address for an actor of type ``A`` across its restarts.
 
     A restart gives the actor a fresh mailbox; the ref always points at the current
     one, so holders never need a new ref. While the actor is down, ``tell`` and
-    ``ask`` raise :class:`ActorStopped` instead of queueing into the void.
+    ``ask`` raise :class:`ActorStopped` instead of queueing into the void. Asking
+    an :class:`~actors.Ask` message is typed by its reply.
     """
 
     __slots__ = ("_cell",)
 
-    def __init__(self, cell: ActorCell) -> None:
+    def __init__(self, cell: ActorCell[A]) -> None:
         self._cell = cell
 
     @property
@@ -61,7 +67,13 @@ class ActorRef:
             raise ActorStopped(self.name) from None
         return True
 
-    async def ask(self, message: Any, timeout: float | None = 30.0) -> Any:
+    @overload
+    async def ask(self, message: Ask[R], timeout: float | None = 30.0) -> R: ...
+
+    @overload
+    async def ask(self, message: object, timeout: float | None = 30.0) -> Any: ...
+
+    async def ask(self, message: object, timeout: float | None = 30.0) -> Any:
         """Enqueue ``message`` and return what ``receive`` returns for it.
 
         Raises what ``receive`` raised, :class:`AskTimeout` past ``timeout``

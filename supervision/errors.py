@@ -17,7 +17,10 @@ class Fatal(Exception):
 
 
 class SupervisorFailed(Exception):
-    """A supervisor exceeded its restart intensity and gave up (escalation)."""
+    """A supervisor exceeded its restart intensity and gave up (escalation).
+
+    Raised ``from`` the last failure, so its traceback travels with it.
+    """
 
     def __init__(self, supervisor: str, child: str, cause: BaseException | None) -> None:
         why = f"{type(cause).__name__}: {cause}" if cause is not None else "normal exit"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import structlog
+from anyio.abc import TaskStatus
 
 from actors.snapshot import NodeSnapshot
 from supervision.backoff import Backoff
@@ -29,6 +30,8 @@ class _Running:
     stopping: bool = False
     state: str = "new"
     restarts: int = 0
+    done: bool = False
+    """Ended and, by its restart type, not to be started again."""
     last_error: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -51,8 +54,27 @@ def _describe(exc: BaseException | None) -> str | None:
     return f"{type(exc).__name__}: {exc}"
 
 
+class _Started:
+    """The ``task_status`` handed to a child: ``started()`` is its "I am up"."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def started(self, value: None = None) -> None:
+        self.event.set()
+
+
 class Supervisor:
     """Runs children and applies a restart strategy when they end.
+
+    Children start one at a time, in order, and each must report that it is up
+    (``task_status.started()``; an actor does after ``on_start``) before the next
+    one starts: OTP's start_link. So a child may rely on every child before it
+    being ready, with no readiness events or polling. A restart starts its group
+    again the same way.
+
+    Every crash, restart, escalation and fatal stop is logged with the
+    exception's traceback (``exc_info``).
 
     Children run as their own asyncio tasks rather than in a task group: a child
     that ignores cancellation past its ``shutdown_timeout`` can then be reported
@@ -63,6 +85,17 @@ class Supervisor:
     :class:`SupervisorFailed` when restart intensity is exceeded and re-raises
     :class:`Fatal` from any child. Either way every child is stopped first, in
     reverse start order.
+
+        >>> import asyncio
+        >>> from supervision import FunctionChild, Supervisor
+        >>> async def hello() -> None:
+        ...     print("hello")
+        >>> sup = Supervisor("top", [ChildSpec(FunctionChild("greeter", hello), Restart.TRANSIENT)])
+        >>> asyncio.run(sup.run())  # doctest: +ELLIPSIS
+        hello
+        ...child_exited...
+        >>> sup.state
+        'stopped'
     """
 
     def __init__(
@@ -89,18 +122,27 @@ class Supervisor:
         self.last_error: str | None = None
         self._children = [_Running(spec) for spec in self.specs]
         self._exits: asyncio.Queue[_Exited | object] | None = None
+        self._stopping = asyncio.Event()
         self.log = structlog.get_logger().bind(supervisor=name)
 
     # -- public ----------------------------------------------------------------
-    async def run(self) -> None:
-        """Start every child in order and supervise until stopped or failed."""
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start every child in order and supervise until stopped or failed.
+
+        Reports ``task_status.started()`` once every child is up.
+        """
         self._exits = asyncio.Queue()
+        self._stopping = asyncio.Event()
         tracker = RestartIntensity(self.intensity)
         self.state = "running"
+        reported = False
         try:
-            for child in self._children:
-                self._start(child)
-            while any(c.task is not None for c in self._children):
+            while True:
+                if await self._start_pending() and not reported:
+                    task_status.started()
+                    reported = True
+                if not any(c.task is not None for c in self._children):
+                    break
                 item = await self._exits.get()
                 if item is _STOP:
                     break
@@ -125,6 +167,7 @@ class Supervisor:
 
     def request_stop(self) -> None:
         """Stop every child (reverse order) and return from ``run()`` normally."""
+        self._stopping.set()
         if self._exits is not None:
             self._exits.put_nowait(_STOP)
 
@@ -148,18 +191,43 @@ class Supervisor:
         )
 
     # -- internals -------------------------------------------------------------
-    def _start(self, child: _Running) -> None:
+    async def _start_pending(self) -> bool:
+        """Start, in order, every child that should run and does not; True once all are up.
+
+        Each waits for the one before it to report that it is up. A child that ends
+        before that stops the sequence: its exit is queued and handled first.
+        """
+        for child in self._children:
+            if child.task is not None or child.done:
+                continue
+            if self._stopping.is_set() or not await self._start(child):
+                return False
+        return True
+
+    async def _start(self, child: _Running) -> bool:
         child.generation += 1
         child.stopping = False
-        child.state = "running"
-        child.task = asyncio.create_task(
-            self._watch(child, child.generation), name=f"{self.name}/{child.spec.name}"
+        child.state = "starting"
+        status = _Started()
+        task = asyncio.create_task(
+            self._watch(child, child.generation, status), name=f"{self.name}/{child.spec.name}"
         )
+        child.task = task
+        up = asyncio.create_task(status.event.wait())
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({task, up, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            up.cancel()
+            stop.cancel()
+        if status.event.is_set() and child.state == "starting":
+            child.state = "running"
+        return status.event.is_set()
 
-    async def _watch(self, child: _Running, generation: int) -> None:
+    async def _watch(self, child: _Running, generation: int, status: _Started) -> None:
         error: BaseException | None = None
         try:
-            await child.spec.child.run()
+            await child.spec.child.run(status)
         except asyncio.CancelledError:
             if child.stopping:
                 raise
@@ -178,12 +246,15 @@ class Supervisor:
             child.last_error = reason
         if isinstance(error, Fatal):
             child.state = "fatal"
-            self.log.error("child_fatal", actor=name, reason=error.reason)
+            self.log.error("child_fatal", actor=name, reason=error.reason, exc_info=error)
             raise error
         restart = child.spec.restart
         if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT and error is None):
             child.state = "stopped" if error is None else "failed"
-            self.log.info("child_exited", actor=name, reason=reason or "normal", restarted=False)
+            child.done = True
+            self.log.info(
+                "child_exited", actor=name, reason=reason or "normal", restarted=False, exc_info=error
+            )
             return
         if not tracker.record(self.clock.now()):
             child.state = "failed"
@@ -193,8 +264,9 @@ class Supervisor:
                 reason=reason or "normal exit",
                 max_restarts=self.intensity.max_restarts,
                 within_seconds=self.intensity.within_seconds,
+                exc_info=error,
             )
-            raise SupervisorFailed(self.name, name, error)
+            raise SupervisorFailed(self.name, name, error) from error
         group = self._restart_group(child)
         for other in reversed(group):
             if other is not child:
@@ -206,9 +278,9 @@ class Supervisor:
         for member in group:
             if member is not child and member.spec.restart is Restart.TEMPORARY:
                 member.state = "stopped"
+                member.done = True
                 continue
             member.restarts += 1
-            self._start(member)
             self.log.warning(
                 "child_restarted",
                 actor=member.spec.name,
@@ -216,7 +288,9 @@ class Supervisor:
                 failed=name,
                 restarts=member.restarts,
                 delay_s=round(delay, 4),
+                exc_info=error if member is child else None,
             )
+        # run() starts the group again, in order, each after the one before it is up.
 
     def _restart_group(self, failed: _Running) -> list[_Running]:
         if self.strategy is Strategy.ONE_FOR_ONE:

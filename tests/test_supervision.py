@@ -7,11 +7,12 @@ import random
 
 import anyio
 import pytest
+from anyio.abc import TaskStatus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from actors import NodeSnapshot
+from actors import Actor, ActorCell, NodeSnapshot
 from supervision import (
     Backoff,
     ChildSpec,
@@ -37,9 +38,10 @@ class Probe:
         self.commands: asyncio.Queue[str] = asyncio.Queue()
         self.running = False
 
-    async def run(self) -> None:
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.log.append(("start", self.name))
         self.running = True
+        task_status.started()
         try:
             cmd = await self.commands.get()
             if cmd == "fail":
@@ -150,8 +152,9 @@ class Flaky:
         self.failures = 0
         self.exhausted = asyncio.Event()
 
-    async def run(self) -> None:
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if not self.times:
+            task_status.started()
             self.exhausted.set()
             await anyio.sleep_forever()
         self.clock.set(self.times.pop(0))
@@ -334,8 +337,9 @@ class Stubborn:
     def __init__(self) -> None:
         self.started = False
 
-    async def run(self) -> None:
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.started = True
+        task_status.started()
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while deadline is None or loop.time() < deadline:
@@ -372,6 +376,8 @@ async def test_every_restart_is_logged_with_actor_supervisor_reason() -> None:
         probes["a"].commands.put_nowait("fail")
         await _started(sup, log, 2)
     ev = [e for e in logs if e["event"] == "child_restarted"]
+    crash = ev[0].pop("exc_info")  # the failure itself, rendered with its traceback
+    assert isinstance(crash, RuntimeError) and str(crash) == "a failed"
     assert ev == [
         {
             "event": "child_restarted",
@@ -419,3 +425,80 @@ async def test_actor_cells_under_a_supervisor_get_fresh_state_and_stable_refs() 
     assert snap.last_error == "RuntimeError: crash"
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_each_child_starts_only_after_the_one_before_it_is_up() -> None:
+    """OTP's start_link: child N+1's on_start begins only after child N's on_start returned,
+    and a supervisor reports itself up (``tg.start``) only once all its children are."""
+    events: list[str] = []
+    gate = anyio.Event()
+
+    class First(Actor):
+        async def on_start(self) -> None:
+            events.append("first:begin")
+            await gate.wait()
+            events.append("first:end")
+
+    class Second(Actor):
+        async def on_start(self) -> None:
+            events.append("second:begin")
+
+    inner = Supervisor(
+        "inner", [ChildSpec(ActorCell("first", First)), ChildSpec(ActorCell("second", Second))]
+    )
+
+    class Third(Actor):
+        async def on_start(self) -> None:
+            events.append("third:begin")
+
+    top = Supervisor("top", [ChildSpec(inner), ChildSpec(ActorCell("third", Third))])
+    up: list[str] = []
+
+    async def start_top() -> None:
+        async with anyio.create_task_group() as inner_tg:
+            await inner_tg.start(top.run)
+            up.append("top")
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(start_top)
+        await anyio.wait_all_tasks_blocked()
+        assert events == ["first:begin"]  # second (and so third) wait for first to be up
+        assert up == []
+        gate.set()
+        await anyio.wait_all_tasks_blocked()
+        assert events == ["first:begin", "first:end", "second:begin", "third:begin"]
+        assert up == ["top"]
+        tg.cancel_scope.cancel()
+
+
+async def test_a_restart_starts_its_group_again_in_order() -> None:
+    events: list[str] = []
+
+    class Steady(Actor):
+        async def on_start(self) -> None:
+            events.append(f"{self.ref.name}:up")
+
+        async def receive(self, message: object) -> object:
+            raise RuntimeError("crash")
+
+    a, b = ActorCell("a", Steady), ActorCell("b", Steady)
+    sup = Supervisor("s", [ChildSpec(a), ChildSpec(b)], strategy=Strategy.ONE_FOR_ALL, backoff=NO_BACKOFF)
+    async with anyio.create_task_group() as tg:
+        await tg.start(sup.run)
+        assert events == ["a:up", "b:up"]
+        with pytest.raises(RuntimeError):
+            await a.ref.ask("boom")
+        await wait_until(lambda: len(events) == 4, what="a and b restarted")
+        assert events == ["a:up", "b:up", "a:up", "b:up"]
+        sup.request_stop()
+
+
+async def test_escalation_chains_the_failure_that_caused_it() -> None:
+    sup, probes, log = _tree(Strategy.ONE_FOR_ONE, names=("a",), intensity=Intensity(0, 60))
+    task = asyncio.create_task(sup.run())
+    await _started(sup, log, 1)
+    probes["a"].commands.put_nowait("fail")
+    with pytest.raises(SupervisorFailed) as info:
+        await task
+    assert isinstance(info.value.__cause__, RuntimeError) and str(info.value.__cause__) == "a failed"
