@@ -25,7 +25,7 @@ import asyncpg
 import structlog
 from drain import drain_rate
 
-from deltaforge.sources.pgoutput import Change, Commit, decode
+from deltaforge.sources.postgres.pgoutput import Change, Commit, decode
 from tests.servers.postgres import Postgres
 
 

@@ -26,14 +26,16 @@ from typing import Any
 from drain import drain_rate
 
 from deltaforge import gctune
-from deltaforge import logging as dflogging
+from deltaforge import logsetup as dflogging
 from deltaforge.events import Event, SourceInfo
 from deltaforge.pipeline.context import PipelineStats
-from deltaforge.sources.base import DeclaredTable, Source
+from deltaforge.position import Position, PositionDoc
+from deltaforge.sources.base import DeclaredTable, Source, own_position
 from deltaforge.transform.plan import Plan
 from deltaforge.transform.session import runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
 from deltaforge.transform.types import table_schema
+from tests.kit import SeqPosition
 
 COLUMNS = (("id", "INTEGER"), ("customer", "TEXT"), ("email", "TEXT"), ("amount", "REAL"), ("status", "TEXT"))
 FILTER = {"type": "filter", "expr": "after.amount > 100", "tables": ["orders"]}
@@ -41,7 +43,7 @@ MASK = {"type": "mask", "columns": {"email": "hash"}}
 
 
 def event(seq: int) -> Event:
-    pos = {"seq": seq}
+    pos = SeqPosition(seq)
     after = {
         "id": seq,
         "customer": f"customer-{seq % 50}",
@@ -64,11 +66,12 @@ class TypedSource(Source):
         self.next = 0
 
     @staticmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        return (int(checkpoint["seq"]),)
+    def load_position(doc: PositionDoc) -> SeqPosition:
+        return SeqPosition.from_doc(doc)
 
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
-        self.next = int(resume_after["seq"]) + 1 if resume_after else 0
+    async def open(self, resume_after: Position | None) -> None:
+        resume = own_position(resume_after, SeqPosition)
+        self.next = resume.seq + 1 if resume else 0
 
     async def read(self) -> list[Event]:
         if self.next >= self.total:

@@ -1,24 +1,27 @@
-"""Command line: serve, validate, checkpoints, logs."""
+"""Command line: serve, validate, schema, checkpoints, logs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import structlog
 import uvicorn
 
-from deltaforge import gctune
-from deltaforge import logging as df_logging
+from deltaforge import gctune, logsetup
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.workload import DemoWorkload
+from deltaforge.pipeline.tree import MissingExtra
+from deltaforge.sources.turso.config import TursoSourceConfig
+from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
 
 
@@ -30,20 +33,19 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _workload(cfg: PipelineConfig) -> DemoWorkload | None:
-    if cfg.source.type != "turso":
+def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
+    settings = cfg.source.config
+    if not allowed or not isinstance(settings, TursoSourceConfig):
         return None
-    w = cfg.source.config.get("workload")
-    if not w or not w.get("enabled", True):
+    w = settings.workload
+    if w is None or not w.enabled:
         return None
-    return DemoWorkload(
-        cfg.source.config["path"], float(w.get("rows_per_second", 20)), int(w.get("max_rows", 0))
-    )
+    return DemoWorkload(settings.path, w.rows_per_second, w.max_rows)
 
 
-async def _serve(configs: list[PipelineConfig], api_addr: str) -> int:
+async def _serve(configs: list[PipelineConfig], api_addr: str, workload: bool = True) -> int:
     log = structlog.get_logger().bind(actor="cli")
-    runners = {c.name: PipelineRunner(c, workload=_workload(c)) for c in configs}
+    runners = {c.name: PipelineRunner(c, workload=_workload(c, workload)) for c in configs}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -77,7 +79,7 @@ async def _serve(configs: list[PipelineConfig], api_addr: str) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    df_logging.configure(args.log_level, args.log_file, stderr=not args.quiet)
+    logsetup.configure(args.log_level, args.log_file, stderr=not args.quiet)
     try:
         if args.config:
             configs = load(args.config)
@@ -91,11 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.no_workload:
-        for c in configs:
-            c.source.config.pop("workload", None)
     gctune.tune()
-    return asyncio.run(_serve(configs, args.api_addr))
+    try:
+        return asyncio.run(_serve(configs, args.api_addr, workload=not args.no_workload))
+    except MissingExtra as exc:
+        structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
+        print(exc, file=sys.stderr)
+        return 2
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -106,6 +110,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     for c in configs:
         print(f"ok: pipeline {c.name!r}: {c.source.type} -> {', '.join(f'{s.type}:{s.id}' for s in c.sinks)}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from deltaforge.schema import pipeline_schema
+
+    text = json.dumps(pipeline_schema(), indent=2) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -167,6 +182,10 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a pipeline config; list every wrong field")
     v.add_argument("file")
     v.set_defaults(fn=cmd_validate)
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of a pipeline document (for editors)")
+    sc.add_argument("-o", "--output", help="write it to this file instead of stdout")
+    sc.set_defaults(fn=cmd_schema)
 
     c = sub.add_parser("checkpoints", help="list checkpoints, their versions, or roll one back")
     c.add_argument("--storage-path", default="./data/deltaforge.db")

@@ -44,7 +44,7 @@ def _source(ev: Event) -> dict[str, Any]:
         "schema": s.schema,
         "table": s.table,
         "ts_ms": s.ts_ms,
-        **s.position,
+        **s.position.to_doc(),
     }
 
 

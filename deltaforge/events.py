@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltaforge.position import Position
+
 Row = dict[str, Any]
 
 OPS = ("c", "u", "d", "r")
@@ -17,7 +19,7 @@ class SourceInfo:
     connector: str
     db: str
     table: str
-    position: dict[str, Any]
+    position: Position
     ts_ms: int
     schema: str | None = None
 
@@ -43,7 +45,7 @@ class Event:
     tx_end: bool
     event_id: str
     order: tuple[int, ...]
-    checkpoint: dict[str, Any]
+    checkpoint: Position
     tenant: str = "default"
     size: int = field(default=256, compare=False)
 

@@ -8,12 +8,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from deltaforge.config import PipelineConfig, SinkConfig, parse_pipeline
+from deltaforge.config import PipelineConfig, parse_pipeline
+from deltaforge.configmodel import SinkConfig
 from deltaforge.events import Event, SourceInfo
+from deltaforge.position import Position, PositionDoc, as_int
 from deltaforge.sinks.base import Sink
-from deltaforge.sources.base import Source
+from deltaforge.sinks.stdout import StdoutSinkConfig
+from deltaforge.sources.base import Source, own_position
+
+
+class SeqPosition(NamedTuple):
+    """The synthetic source's position: a sequence number."""
+
+    seq: int
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return (self.seq,)
+
+    def to_doc(self) -> PositionDoc:
+        return {"seq": self.seq}
+
+    @classmethod
+    def from_doc(cls, doc: PositionDoc) -> SeqPosition:
+        return cls(as_int(doc, "seq"))
 
 
 def doc(
@@ -73,15 +93,16 @@ class SyntheticSource(Source):
         self.reads = 0
 
     @staticmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        return (int(checkpoint["seq"]),)
+    def load_position(doc: PositionDoc) -> SeqPosition:
+        return SeqPosition.from_doc(doc)
 
     @property
     def idle_wait(self) -> float:
         return 0.01
 
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
-        self.next = int(resume_after["seq"]) + 1 if resume_after else 1
+    async def open(self, resume_after: Position | None) -> None:
+        resume = own_position(resume_after, SeqPosition)
+        self.next = resume.seq + 1 if resume else 1
         self.opened_from.append(self.next)
 
     def _tx_of(self, seq: int) -> tuple[int, bool]:
@@ -110,7 +131,7 @@ class SyntheticSource(Source):
 
 
 def make_event(seq: int, tx: int = 0, tx_end: bool = True, payload: str = "", size: int = 100) -> Event:
-    pos = {"seq": seq}
+    pos = SeqPosition(seq)
     return Event(
         op="c",
         before=None,
@@ -126,13 +147,13 @@ def make_event(seq: int, tx: int = 0, tx_end: bool = True, payload: str = "", si
     )
 
 
-class ScriptedSink(Sink):
+class ScriptedSink(Sink[StdoutSinkConfig]):
     """Records what it receives; ``script(batch_no, events)`` may raise or delay."""
 
     def __init__(
         self, sid: str, required: bool = True, script: Callable[[int, list[Event]], Any] | None = None
     ):
-        super().__init__(SinkConfig("stdout", sid, required, "native", {"id": sid}))
+        super().__init__(SinkConfig("stdout", StdoutSinkConfig(id=sid, required=required)))
         self.script = script
         self.received: list[int] = []
         self.calls = 0

@@ -37,7 +37,7 @@ def errors_of(d: Any, env: dict[str, str] | None = None) -> list[str]:
 def test_good_config_parses_with_env_and_defaults() -> None:
     cfg = parse_pipeline(yaml.safe_load(GOOD), env={"DATA": "/tmp/x"})
     assert cfg.name == "orders" and cfg.tenant == "acme"
-    assert cfg.source.config["path"] == "/tmp/x/orders.db"
+    assert cfg.source.config.path == "/tmp/x/orders.db"
     assert [s.id for s in cfg.sinks] == ["f1", "out"]
     assert cfg.sinks[0].envelope == "debezium" and cfg.sinks[0].required
     assert not cfg.sinks[1].required
@@ -47,7 +47,7 @@ def test_good_config_parses_with_env_and_defaults() -> None:
 def test_templates_with_dots_are_left_for_the_sink() -> None:
     d = doc(sinks=[{"type": "file", "config": {"id": "f", "path": "out/${source.table}.jsonl"}}])
     cfg = parse_pipeline(d, env={})
-    assert cfg.sinks[0].config["path"] == "out/${source.table}.jsonl"
+    assert cfg.sinks[0].config.path == "out/${source.table}.jsonl"
 
 
 def test_unknown_source_and_sink_types() -> None:
@@ -143,3 +143,42 @@ def test_validate_cli_accepts_good_file(tmp_path: Path) -> None:
     r = _validate(f)
     assert r.returncode == 0, r.stderr
     assert "ok: pipeline 'orders'" in r.stdout
+
+
+def test_ten_different_mistakes_are_all_reported_with_their_paths() -> None:
+    d = doc(
+        sinks=[
+            {"type": "kafka", "config": {"id": "k", "topic": "cdc.${source.nope}", "timeout_s": -1}},
+            {"type": "redis", "config": {"id": "r", "uri": "http://x", "stream": "s", "maxlen": "lots"}},
+            {"type": "stdout", "config": {"id": "k", "format": "xml"}},
+        ],
+        batch={"max_inflight": 0},
+        commit_policy={"mode": "quorum", "quorum": 4},
+    )
+    d["spec"]["source"]["config"]["poll_interval_ms"] = True
+    d["spec"]["source"]["config"]["tables"] = "orders"
+    errs = errors_of(d)
+    expected = [
+        "spec.sinks[0].config.brokers: required (a string)",
+        "spec.sinks[0].config.topic: unknown template field ${source.nope}",
+        "spec.sinks[0].config.timeout_s: expected a positive number, got -1",
+        "spec.sinks[1].config.uri: expected redis://[user:password@]host:port[/db]",
+        "spec.sinks[1].config.maxlen: expected an integer >= 0, got 'lots'",
+        "spec.sinks[2].config.format: expected one of pretty, json, got 'xml'",
+        "spec.sinks: sink id 'k' is used more than once",
+        "spec.batch.max_inflight: expected an integer >= 1, got 0",
+        "spec.commit_policy.quorum: expected 1..3 with mode quorum, got 4",
+        "spec.source.config.poll_interval_ms: expected an integer >= 1, got True",
+        "spec.source.config.tables: expected a list of table names, got 'orders'",
+    ]
+    for e in expected:
+        assert any(x.startswith(e) for x in errs), (e, errs)
+    assert len(errs) == len(expected), errs
+
+
+def test_a_password_in_a_bad_dsn_is_never_echoed() -> None:
+    d = doc()
+    d["spec"]["source"] = {"type": "mysql", "config": {"id": "m", "dsn": "postgres://u:hunter2@h/db"}}
+    errs = errors_of(d)
+    assert errs == ["spec.source.config.dsn: expected mysql://user:password@host:port/db"]
+    assert not any("hunter2" in e for e in errs)

@@ -14,9 +14,9 @@ import pytest
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost
-from deltaforge.sources.mysql import MySQLSource
-from deltaforge.sources.mysql_checks import SourceMisconfigured
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.mysql.config import MySQLSourceConfig
+from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.servers.mariadb import MariaDB
@@ -32,7 +32,7 @@ def fresh_db(server: MariaDB) -> str:
 
 
 def source(server: MariaDB, tables: list[str], **extra: Any) -> MySQLSource:
-    return MySQLSource({"id": "my", "dsn": server.dsn(), "tables": tables, **extra}, tenant="acme")
+    return MySQLSource(MySQLSourceConfig(id="my", dsn=server.dsn(), tables=tables, **extra), tenant="acme")
 
 
 async def read_n(src: MySQLSource, n: int, timeout: float = 30) -> list[Event]:
@@ -107,7 +107,7 @@ async def test_mixed_workload_in_commit_order_with_typed_values(mariadb: MariaDB
     assert dele.op == "d" and dele.after is None and dele.before is not None and dele.before["id"] == 1
     assert [e.after["v"] for e in events[1004:] if e.after] == [2, 3, 4]
     assert [e.order for e in events] == sorted(e.order for e in events)
-    assert events[-1].checkpoint["gtid"].startswith("0-1-")
+    assert events[-1].checkpoint.gtid.startswith("0-1-")
     key = events[0].idempotency_key
     assert key == f"acme|{db}.types|{events[0].tx_id}|{events[0].event_id}"
 
@@ -180,12 +180,12 @@ async def test_purged_binlog_is_position_lost(mariadb: MariaDB) -> None:
     await src.open(None)
     [ev] = await read_n(src, 1)
     await src.close()
-    purge_all_but_newest(mariadb, ev.checkpoint["file"])
+    purge_all_but_newest(mariadb, ev.checkpoint.file)
     src2 = source(mariadb, [f"{db}.t"])
     with pytest.raises(PositionLost) as info:
         await src2.open(ev.checkpoint)
     msg = str(info.value)
-    assert msg.startswith(f"position lost: binlog file {ev.checkpoint['file']} is no longer on the server")
+    assert msg.startswith(f"position lost: binlog file {ev.checkpoint.file} is no longer on the server")
     assert msg.endswith("Re-snapshot required.")
 
 
@@ -213,14 +213,14 @@ async def test_gtid_ahead_of_server_is_position_lost(mariadb: MariaDB) -> None:
         cur.execute("SHOW MASTER STATUS")
         file = cur.fetchone()[0]
     with pytest.raises(PositionLost, match=r"GTID 0-1-999999 is ahead of the server's binlog state"):
-        await src.open({"file": file, "pos": 4, "row": 0, "gtid": "0-1-999999"})
+        await src.open(src.load_position({"file": file, "pos": 4, "row": 0, "gtid": "0-1-999999"}))
 
 
 async def test_missing_privileges_are_named(mariadb: MariaDB) -> None:
     with mariadb.root() as c, c.cursor() as cur:
         cur.execute("CREATE USER IF NOT EXISTS 'weak'@'%' IDENTIFIED BY 'weak-pw'")
         cur.execute("GRANT SELECT ON *.* TO 'weak'@'%'")
-    src = MySQLSource({"id": "w", "dsn": mariadb.dsn(user="weak", password="weak-pw")})
+    src = MySQLSource(MySQLSourceConfig(id="w", dsn=mariadb.dsn(user="weak", password="weak-pw")))
     with pytest.raises(SourceMisconfigured) as info:
         await src.open(None)
     assert "user lacks REPLICATION SLAVE, BINLOG MONITOR" in str(info.value)
@@ -228,7 +228,7 @@ async def test_missing_privileges_are_named(mariadb: MariaDB) -> None:
 
 
 async def test_wrong_password_is_clear_and_does_not_leak(mariadb: MariaDB) -> None:
-    src = MySQLSource({"id": "w", "dsn": mariadb.dsn(password="not-the-pw")})
+    src = MySQLSource(MySQLSourceConfig(id="w", dsn=mariadb.dsn(password="not-the-pw")))
     with pytest.raises(SourceMisconfigured, match="access denied") as info:
         await src.open(None)
     assert "not-the-pw" not in str(info.value)
@@ -236,7 +236,7 @@ async def test_wrong_password_is_clear_and_does_not_leak(mariadb: MariaDB) -> No
 
 def test_statement_format_fails_at_start_saying_what_to_set() -> None:
     with MariaDB(extra_args=["--binlog-format=STATEMENT"], server_id=7) as server:
-        src = MySQLSource({"id": "s", "dsn": server.dsn()})
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn()))
         with pytest.raises(SourceMisconfigured) as info:
             asyncio.run(src.open(None))
     msg = str(info.value)

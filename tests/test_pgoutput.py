@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltaforge.sources.pgoutput import (
+from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     Change,
@@ -20,7 +20,7 @@ from deltaforge.sources.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from deltaforge.sources.pgtypes import converter, parse_array
+from deltaforge.sources.postgres.types import converter, parse_array
 
 
 def tup(*vals: object) -> bytes:

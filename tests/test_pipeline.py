@@ -277,7 +277,7 @@ async def test_backpressure_blocks_the_reader_and_memory_stays_flat() -> None:
     peak = 0
     while runner.ctx.stats.events_committed < total:
         await asyncio.sleep(0.01)
-        if runner.ctx.refs["accumulator"].waiting_senders > 0:
+        if runner.tree.accumulator.waiting_senders > 0:
             blocked_seen += 1  # the reader is parked in tell() on a full mailbox
         committed = runner.ctx.stats.events_committed
         rss = proc.memory_info().rss

@@ -14,9 +14,9 @@ import pytest
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost
-from deltaforge.sources.mysql_checks import SourceMisconfigured
-from deltaforge.sources.postgres import PostgresSource
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.source import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import ScriptedSink
@@ -35,7 +35,7 @@ async def fresh_db(pg: Postgres) -> str:
 
 def source(pg: Postgres, db: str, **extra: Any) -> PostgresSource:
     cfg = {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}", **extra}
-    return PostgresSource(cfg, tenant="acme")
+    return PostgresSource(PostgresSourceConfig.model_validate(cfg), tenant="acme")
 
 
 async def read_n(src: PostgresSource, n: int, timeout: float = 60) -> list[Event]:

@@ -106,3 +106,57 @@ def test_sqlite_checkpoints_survive_sigkill(tmp_path: Path) -> None:
     assert a is not None and b is not None
     assert a == b  # both keys of one write, or neither
     assert int(a["n"]) >= last  # type: ignore[call-overload]  # every acknowledged write is there
+
+
+# Checkpoint values exactly as deltaforge stored them before positions were typed (0.1.0:
+# plain dicts built in sources/mysql.py, postgres.py and turso.py), and what they mean.
+PREVIOUS_FORMAT = [
+    ("mysql", {"file": "mysql-bin.000003", "pos": 1234, "row": 0, "gtid": "0-1-42"}),
+    ("mysql", {"file": "mysql-bin.000001", "pos": 4, "row": 0, "gtid": ""}),
+    ("postgres", {"lsn": 23456, "commit_lsn": 23400, "seq": 2**31}),
+    ("postgres", {"lsn": 23000, "commit_lsn": 23400, "seq": 3}),
+    ("turso", {"change_id": 17}),
+]
+
+
+@pytest.mark.parametrize(("source", "stored"), PREVIOUS_FORMAT)
+async def test_checkpoints_in_the_previous_format_load_as_typed_positions(
+    tmp_path: Path, source: str, stored: dict[str, object]
+) -> None:
+    from deltaforge.sources.mysql.position import BinlogPosition
+    from deltaforge.sources.mysql.source import MySQLSource
+    from deltaforge.sources.postgres.position import PgPosition
+    from deltaforge.sources.postgres.source import PostgresSource
+    from deltaforge.sources.turso.position import TursoPosition
+    from deltaforge.sources.turso.source import TursoSource
+
+    store = SqliteCheckpointStore(tmp_path / "cp.db")
+    await store.open()
+    await store.put("src::sink::a", stored)  # type: ignore[arg-type]
+    await store.close()
+    store = SqliteCheckpointStore(tmp_path / "cp.db")
+    await store.open()
+    doc = await store.get("src::sink::a")
+    await store.close()
+    assert doc is not None
+    reader = {"mysql": MySQLSource, "postgres": PostgresSource, "turso": TursoSource}[source]
+    position = reader.load_position(doc)
+    kind = {"mysql": BinlogPosition, "postgres": PgPosition, "turso": TursoPosition}[source]
+    assert isinstance(position, kind)
+    assert position.to_doc() == stored  # written back unchanged: older versions can still read it
+    expected_order = {
+        "mysql": lambda d: (int(str(d["file"]).rsplit(".", 1)[1]), d["pos"], d["row"]),
+        "postgres": lambda d: (d["commit_lsn"], d["seq"]),
+        "turso": lambda d: (d["change_id"],),
+    }[source](stored)
+    assert position.order == expected_order
+
+
+def test_positions_order_across_binlog_files_numerically() -> None:
+    from deltaforge.sources.mysql.position import BinlogPosition
+
+    early, late = BinlogPosition("mysql-bin.999999", 9_000, 5), BinlogPosition("mysql-bin.1000000", 4)
+    assert early.order < late.order  # not text order
+    assert BinlogPosition.from_doc({"file": "mysql-bin.000002", "pos": 7}) == BinlogPosition(
+        "mysql-bin.000002", 7, 0, ""
+    )

@@ -43,13 +43,13 @@ from deltaforge.transform.types import mysql_type, postgres_type, sqlite_type, t
 from tests import test_mysql_source as my
 from tests import test_postgres_source as pg
 from tests.helpers import first_occurrences
-from tests.kit import ScriptedSink, SyntheticSource, doc
+from tests.kit import ScriptedSink, SeqPosition, SyntheticSource, doc
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 
 
 def event(seq: int, table: str, after: dict[str, Any] | None, op: str = "c", before: Any = None) -> Event:
-    pos = {"seq": seq}
+    pos = SeqPosition(seq)
     return Event(
         op, before, after, SourceInfo("x", "db", table, pos, 0), "1", True, str(seq), (seq,), pos, "t", 10
     )
@@ -128,8 +128,8 @@ def test_a_job_over_several_batches_splits_back_into_them() -> None:
 def test_a_batch_whose_events_were_all_dropped_still_moves_the_checkpoint() -> None:
     events = [event(1, "a", {"id": 1}), event(2, "a", {"id": 2})]
     batch = Batch(1, [events[0]], 10, last=events[1])
-    assert batch.checkpoint == {"seq": 2} and batch.last_order == (2,)
-    assert Batch(2, [], 0, last=events[1]).checkpoint == {"seq": 2}
+    assert batch.checkpoint.to_doc() == {"seq": 2} and batch.last_order == (2,)
+    assert Batch(2, [], 0, last=events[1]).checkpoint.to_doc() == {"seq": 2}
 
 
 def test_declared_sql_types_map_to_arrow() -> None:
@@ -180,7 +180,7 @@ def test_processor_config_errors_name_the_field() -> None:
     [p] = cfg.processors
     assert (p.type, p.path, p.expr, p.tables) == ("filter", "spec.processors[0]", "op = 'c'", ("orders",))
     assert cfg.spark.master == "spark://127.0.0.1:7077"
-    assert cfg.spark.conf == (("spark.executor.memory", "1g"), ("x.y", "2"))
+    assert tuple(cfg.spark.conf.items()) == (("spark.executor.memory", "1g"), ("x.y", "2"))
 
 
 # -- through Spark, from real sources ---------------------------------------------------------
@@ -415,7 +415,7 @@ def test_masked_values_from_spark_replace_only_their_columns() -> None:
     [(_, first), (_, third)] = out
     assert first.after == {"id": 1, "email": "h-a", "n": 7} and first.before == {"id": 1, "email": "h-old"}
     assert third.after == {"id": 3} and third.before is None
-    assert (first.op, first.order, first.checkpoint) == ("u", (0,), {"seq": 0})
+    assert (first.op, first.order, first.checkpoint.to_doc()) == ("u", (0,), {"seq": 0})
     assert [e.after for e in events] == [e.after for e in originals]  # the source's dicts are untouched
     with pytest.raises(TransformError, match="_seq \\(7\\) was not in the batch"):
         changes.apply(pa.table({"_seq": [7], "c0": ["x"], "c1": ["y"]}), events, sent, "p")

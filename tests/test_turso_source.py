@@ -13,8 +13,9 @@ import turso
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.sqlite_record import decode_record
-from deltaforge.sources.turso import TursoSource
+from deltaforge.sources.turso.config import TursoSourceConfig
+from deltaforge.sources.turso.record import decode_record
+from deltaforge.sources.turso.source import TursoSource
 from tests.helpers import wait_until
 from tests.kit import doc
 
@@ -26,7 +27,7 @@ def writer(path: Path) -> Any:
 
 
 def source(path: Path, **extra: Any) -> TursoSource:
-    return TursoSource({"id": "t", "path": str(path), **extra}, tenant="acme")
+    return TursoSource(TursoSourceConfig(id="t", path=str(path), **extra), tenant="acme")
 
 
 async def read_all(src: TursoSource) -> list[Event]:

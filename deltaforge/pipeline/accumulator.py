@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actors import Actor
+from actors import Actor, ActorRef
 from deltaforge.events import Event
 from deltaforge.pipeline.batching import cut_point
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Batch, DeliverBatch, EventsRead, FlushDue, FlushNow
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.coordinator import DeliveryCoordinator
+    from deltaforge.pipeline.transformer import SparkTransformer
 
 
 class Accumulator(Actor):
@@ -26,9 +30,12 @@ class Accumulator(Actor):
 
     mailbox_size = 4
 
-    def __init__(self, ctx: PipelineContext) -> None:
+    def __init__(
+        self, ctx: PipelineContext, batches: ActorRef[DeliveryCoordinator] | ActorRef[SparkTransformer]
+    ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.batches = batches
         self.cfg = ctx.config.batch
         self.buffer: list[Event] = []
         self.first_at: float | None = None
@@ -72,7 +79,7 @@ class Accumulator(Actor):
             self.first_at = time.monotonic() if self.buffer else None
             self.next_id += 1
             batch = Batch(self.next_id, events, sum(e.size for e in events))
-            await self.ctx.ref("batches").tell(DeliverBatch(batch))
+            await self.batches.tell(DeliverBatch(batch))
 
     async def on_stop(self) -> None:
         if self._ticker is not None:

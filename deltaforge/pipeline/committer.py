@@ -27,7 +27,7 @@ class CheckpointCommitter(Actor):
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, CommitCheckpoint):
             return await super().receive(message)
-        await self.ctx.store.put_many(message.checkpoints)
+        await self.ctx.store.put_many({key: p.to_doc() for key, p in message.checkpoints.items()})
         by_key = {self.ctx.key(sid): sid for sid in self.ctx.sinks}
         for key, checkpoint in message.checkpoints.items():
             self.ctx.durable[by_key[key]] = checkpoint

@@ -1,17 +1,22 @@
-"""What the actors of one pipeline share: config, store, plug-ins, refs, counters."""
+"""What the actors of one pipeline share: config, store, plug-ins, clock, counters.
+
+Actors do not find each other here: each gets the refs it talks to as typed
+constructor arguments (see ``tree.py``).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors import ActorRef
 from deltaforge.config import PipelineConfig
+from deltaforge.position import Position
 from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
 from deltaforge.state.checkpoints import CheckpointStore, sink_key
+from supervision import Clock, MonotonicClock
 
 
 @dataclass
@@ -46,7 +51,7 @@ class PipelineStats:
     transform_last_ms: float | None = None
     transform_most_inflight: int = 0
     spark_session_starts: int = 0
-    last_checkpoint: dict[str, Any] | None = None
+    last_checkpoint: Position | None = None
     last_commit_at: float | None = None
     started_at: float = field(default_factory=time.time)
     sinks: dict[str, SinkStats] = field(default_factory=dict)
@@ -67,7 +72,7 @@ class PipelineStats:
                 "most_inflight": self.transform_most_inflight,
                 "spark_session_starts": self.spark_session_starts,
             },
-            "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint": self.last_checkpoint.to_doc() if self.last_checkpoint else None,
             "last_commit_at": self.last_commit_at,
             "uptime_s": round(time.time() - self.started_at, 3),
             "sinks": {k: vars(v) for k, v in self.sinks.items()},
@@ -76,25 +81,33 @@ class PipelineStats:
 
 @dataclass
 class PipelineContext:
-    """Built once per pipeline; actors read it, refs are filled in by tree.py."""
+    """Built once per pipeline and read by its actors.
+
+    ``clock`` and ``rng`` are the pipeline's only sources of time-to-wait and
+    jitter (supervisors' backoff, delivery retries), so tests pass fakes here.
+    """
 
     config: PipelineConfig
     store: CheckpointStore
     source: Source
-    sinks: dict[str, Sink]
+    sinks: dict[str, Sink[Any]]
     stats: PipelineStats = field(default_factory=PipelineStats)
-    refs: dict[str, ActorRef] = field(default_factory=dict)
-    durable: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clock: Clock = field(default_factory=MonotonicClock)
+    rng: random.Random = field(default_factory=random.Random)
+    durable: dict[str, Position] = field(default_factory=dict)
     """Each sink's checkpoint as last durably written (the committer keeps it current)."""
-    ready: dict[str, asyncio.Event] = field(default_factory=dict)
-    """Actors the reader waits for before it opens the source (the SparkTransformer
-    sets its event once the processors are checked, clears it when it stops)."""
 
-    def durable_min(self) -> dict[str, Any] | None:
+    def durable_min(self) -> Position | None:
         """The checkpoint every sink holds durably, or None while any sink has none."""
         if len(self.durable) < len(self.sinks):
             return None
-        return min(self.durable.values(), key=self.source.order_of)
+        return min(self.durable.values(), key=lambda p: p.order)
+
+    async def load_checkpoints(self) -> dict[str, Position]:
+        """Each sink's stored checkpoint (sinks without one are left out), as positions."""
+        keys = {self.key(sid): sid for sid in self.sinks}
+        found = await self.store.get_many(list(keys))
+        return {keys[k]: self.source.load_position(doc) for k, doc in found.items()}
 
     def __post_init__(self) -> None:
         for sid in self.sinks:
@@ -102,6 +115,3 @@ class PipelineContext:
 
     def key(self, sink_id: str) -> str:
         return sink_key(self.config.source.id, sink_id)
-
-    def ref(self, name: str) -> ActorRef:
-        return self.refs[name]

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from actors import Actor, ActorStopped
+from actors import Actor, ActorRef, ActorStopped
 from deltaforge.config import CommitPolicy
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import (
@@ -18,9 +15,14 @@ from deltaforge.pipeline.messages import (
     BatchDelivered,
     CommitCheckpoint,
     DeliverBatch,
+    DeliverTo,
     DeliveryFailed,
 )
 from supervision import Backoff, Fatal
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.committer import CheckpointCommitter
+    from deltaforge.pipeline.delivery import DeliveryWorker
 
 ASK_TIMEOUT = 120.0
 
@@ -50,15 +52,22 @@ class DeliveryCoordinator(Actor):
     gap) and catches up from its own checkpoint at the next start.
     """
 
-    def __init__(self, ctx: PipelineContext) -> None:
+    def __init__(
+        self,
+        ctx: PipelineContext,
+        workers: dict[str, ActorRef[DeliveryWorker]],
+        committer: ActorRef[CheckpointCommitter],
+    ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.workers = workers
+        self.committer = committer
         self.policy = ctx.config.commit_policy
         self.required = {s.id: s.required for s in ctx.config.sinks}
         sup = ctx.config.supervision
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
         self.lagging: set[str] = {s for s, st in ctx.stats.sinks.items() if st.lagging}
-        self.rng = random.Random()
+        self.rng = ctx.rng
 
     @classmethod
     def mailbox_for(cls, max_inflight: int) -> int:
@@ -99,14 +108,14 @@ class DeliveryCoordinator(Actor):
                 retry_in_s=round(delay, 3),
                 attempt=attempt,
             )
-            await anyio.sleep(delay)
+            await self.ctx.clock.sleep(delay)
         for sink_id, reason in failed.items():
             self.lagging.add(sink_id)
             self.ctx.stats.sinks[sink_id].lagging = True
             self.log.warning("sink_lagging", sink=sink_id, batch=batch.id, reason=reason)
         checkpoints = {self.ctx.key(s): r.checkpoint for s, r in acked.items()}
         if checkpoints:
-            await self.ctx.ref("committer").ask(CommitCheckpoint(batch.id, checkpoints))
+            await self.committer.ask(CommitCheckpoint(batch.id, checkpoints))
         stats = self.ctx.stats
         stats.batches_committed += 1
         stats.events_committed += len(batch.events)
@@ -122,12 +131,10 @@ class DeliveryCoordinator(Actor):
 
     async def _ask(self, sink_id: str, batch: Batch) -> BatchDelivered | DeliveryFailed:
         try:
-            reply = await self.ctx.ref(f"sink:{sink_id}").ask(DeliverBatch(batch), timeout=ASK_TIMEOUT)
+            return await self.workers[sink_id].ask(DeliverTo(batch), timeout=ASK_TIMEOUT)
         except Fatal:
             raise
         except ActorStopped as exc:
             return DeliveryFailed(sink_id, batch.id, str(exc), True)
         except Exception as exc:  # noqa: BLE001 - the worker crashed; its supervisor restarts it
             return DeliveryFailed(sink_id, batch.id, f"{type(exc).__name__}: {exc}", True)
-        assert isinstance(reply, BatchDelivered | DeliveryFailed)
-        return reply

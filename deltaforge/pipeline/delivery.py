@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import anyio
-
 from actors import Actor
+from deltaforge.events import Event
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverBatch, DeliveryFailed
+from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverTo, DeliveryFailed
+from deltaforge.position import Position
 from deltaforge.sinks.base import Sink, SinkError
 from supervision import Backoff, Fatal
 
@@ -34,32 +33,41 @@ class DeliveryWorker(Actor):
         super().__init__()
         self.ctx = ctx
         self.sink_id = sink_id
-        self.sink: Sink = ctx.sinks[sink_id]
+        self.sink: Sink[Any] = ctx.sinks[sink_id]
         self.stats = ctx.stats.sinks[sink_id]
-        self.position: dict[str, Any] | None = None
-        self.rng = random.Random()
+        self.position: Position | None = None
 
     async def on_start(self) -> None:
-        self.position = await self.ctx.store.get(self.ctx.key(self.sink_id))
-        await self.sink.open()
+        doc = await self.ctx.store.get(self.ctx.key(self.sink_id))
+        self.position = self.ctx.source.load_position(doc) if doc is not None else None
+        self.opened = False
+        # The sink connects on the first batch, not here: a worker is "up" once it can take
+        # batches, so a sink that is down does not hold back the start of the pipeline (its
+        # first batch fails instead, and the coordinator retries it).
+
+    async def _open(self) -> None:
+        if not self.opened:
+            await self.sink.open()
+            self.opened = True
 
     async def on_stop(self) -> None:
         await self.sink.close()
 
-    def _pending(self, batch: Batch) -> list[Any]:
+    def _pending(self, batch: Batch) -> list[Event]:
         events = batch.events
         if any(e.op == "h" for e in events):  # heartbeats move checkpoints, sinks never see them
             events = [e for e in events if e.op != "h"]
         if self.position is None or not events:
             return events
-        done = self.ctx.source.order_of(self.position)
+        done = self.position.order
         if events[0].order > done:
             return events
         return [e for e in events if e.order > done]
 
     async def receive(self, message: Any) -> Any:
-        if not isinstance(message, DeliverBatch):
+        if not isinstance(message, DeliverTo):
             return await super().receive(message)
+        await self._open()
         batch = message.batch
         events = self._pending(batch)
         self.stats.skipped += len(batch.events) - len(events)
@@ -83,10 +91,8 @@ class DeliveryWorker(Actor):
                         )
                         return DeliveryFailed(self.sink_id, batch.id, str(exc), exc.retryable)
                     self.stats.retries += 1
-                    await anyio.sleep(RETRY.delay(attempt, self.rng))
-        if self.position is None or self.ctx.source.order_of(batch.checkpoint) > self.ctx.source.order_of(
-            self.position
-        ):
+                    await self.ctx.clock.sleep(RETRY.delay(attempt, self.ctx.rng))
+        if self.position is None or batch.checkpoint.order > self.position.order:
             self.position = batch.checkpoint
         self.stats.events += len(events)
         self.stats.bytes += sum(e.size for e in events)

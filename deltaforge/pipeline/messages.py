@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from actors import message
+from actors import Ask, message
 from deltaforge.events import Event
+from deltaforge.position import Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class Batch:
         return self.last if self.last is not None else self.events[-1]
 
     @property
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> Position:
         """Where a sink stands once it has this batch."""
         return self.end.checkpoint
 
@@ -44,7 +44,7 @@ class ReadNext:
 
 
 @message
-class StopReading:
+class StopReading(Ask[bool]):
     """Stop reading (graceful drain); replies once no more chunks will be sent."""
 
 
@@ -61,13 +61,13 @@ class FlushDue:
 
 
 @message
-class FlushNow:
+class FlushNow(Ask[bool]):
     """Flush whatever complete transactions are buffered (graceful drain)."""
 
 
 @message
 class DeliverBatch:
-    """Deliver this batch (accumulator to coordinator, coordinator to workers)."""
+    """Deliver this batch (accumulator to transformer or coordinator, transformer to coordinator)."""
 
     batch: Batch
 
@@ -78,7 +78,7 @@ class BatchDelivered:
 
     sink_id: str
     batch_id: int
-    checkpoint: dict[str, Any]
+    checkpoint: Position
     events: int
 
 
@@ -93,11 +93,19 @@ class DeliveryFailed:
 
 
 @message
-class CommitCheckpoint:
-    """Store these per-sink checkpoints atomically (coordinator to committer)."""
+class DeliverTo(Ask[BatchDelivered | DeliveryFailed]):
+    """Deliver this batch to your sink (coordinator to a worker); the reply says how it went."""
+
+    batch: Batch
+
+
+@message
+class CommitCheckpoint(Ask[int]):
+    """Store these per-sink checkpoints atomically (coordinator to committer); replies with
+    the batch id once they are durable."""
 
     batch_id: int
-    checkpoints: dict[str, dict[str, Any]]
+    checkpoints: dict[str, Position]
 
 
 @message
@@ -106,5 +114,5 @@ class JobDone:
 
 
 @message
-class Barrier:
+class Barrier(Ask[bool]):
     """Replies once every batch enqueued before it is done (graceful drain)."""

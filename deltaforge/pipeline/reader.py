@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from actors import Actor
+from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import EventsRead, ReadNext, StopReading
+from deltaforge.position import Position
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.accumulator import Accumulator
 
 
 class SourceReader(Actor):
@@ -19,28 +23,29 @@ class SourceReader(Actor):
     sink with no checkpoint yet means: from the beginning. The tell into the
     Accumulator waits while its mailbox is full — that is where a slow sink
     finally slows the database reads.
+
+    It starts last: every actor downstream (and the SparkTransformer, which checks
+    the processors) is up before the first read.
     """
 
     mailbox_size = 2
 
-    def __init__(self, ctx: PipelineContext) -> None:
+    def __init__(self, ctx: PipelineContext, accumulator: ActorRef[Accumulator]) -> None:
         super().__init__()
         self.ctx = ctx
+        self.accumulator = accumulator
         self.reading = True
+        self.confirmed: Position | None = None
 
     async def on_start(self) -> None:
         ctx = self.ctx
-        keys = [ctx.key(sid) for sid in ctx.sinks]
-        found = await ctx.store.get_many(keys)
-        resume: dict[str, Any] | None = None
+        found = await ctx.load_checkpoints()
         ctx.durable.clear()
-        ctx.durable.update({sid: found[ctx.key(sid)] for sid in ctx.sinks if ctx.key(sid) in found})
-        self.confirmed: dict[str, Any] | None = None
-        if len(found) == len(keys):
-            resume = min(found.values(), key=ctx.source.order_of)
-        for gate in ctx.ready.values():
-            await gate.wait()  # nothing is read before every processor has been checked
-        self.log.info("source_opening", source=ctx.source.id, resume_after=resume)
+        ctx.durable.update(found)
+        resume = ctx.durable_min()
+        self.log.info(
+            "source_opening", source=ctx.source.id, resume_after=resume.to_doc() if resume else None
+        )
         await ctx.source.open(resume)
         await self.ref.tell(ReadNext())
 
@@ -55,15 +60,18 @@ class SourceReader(Actor):
                 self.confirmed = durable
             events = await source.read()
             for table, columns, position in source.take_schema_changes():
-                await self.ctx.store.record_schema(source.id, table, columns, position)
+                await self.ctx.store.record_schema(source.id, table, columns, position.to_doc())
                 self.log.info(
-                    "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position
+                    "schema_recorded",
+                    table=table,
+                    columns=[c["name"] for c in columns],
+                    position=position.to_doc(),
                 )
             if events:
                 self.ctx.stats.events_read += len(events)
-                await self.ctx.ref("accumulator").tell(EventsRead(events))
+                await self.accumulator.tell(EventsRead(events))
             else:
-                await anyio.sleep(self.ctx.source.idle_wait)
+                await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time
             if self.reading:
                 await self.ref.tell(ReadNext())
             return None

@@ -15,7 +15,7 @@ from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
-from deltaforge.sources.workload import DemoWorkload
+from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
 from supervision import Fatal, FunctionChild, SupervisorFailed
 
@@ -32,7 +32,7 @@ class PipelineRunner:
         self,
         config: PipelineConfig,
         store: CheckpointStore | None = None,
-        sinks: dict[str, Sink] | None = None,
+        sinks: dict[str, Sink[Any]] | None = None,
         workload: DemoWorkload | None = None,
         source: Source | None = None,
     ) -> None:
@@ -48,6 +48,7 @@ class PipelineRunner:
         self.ctx = PipelineContext(config, self.store, self.source, self.sinks)
         extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
         self.tree = build_tree(self.ctx, extra)
+        self.supervisor = self.tree.supervisor
         self.state = "starting"
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
@@ -60,7 +61,7 @@ class PipelineRunner:
         self.state = "running"
         self.log.info("pipeline_started", source=self.config.source.id, sinks=list(self.sinks))
         try:
-            await self.tree.run()
+            await self.supervisor.run()
             self.state = "stopped"
         except Fatal as exc:
             self._failed(exc.reason)
@@ -79,21 +80,22 @@ class PipelineRunner:
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop reading, deliver and checkpoint what is buffered, then stop the tree."""
         if self.state != "running":
-            self.tree.request_stop()
+            self.supervisor.request_stop()
             return
         self.state = "draining"
-        refs = self.ctx.refs
+        tree = self.tree
         try:
             async with asyncio.timeout(timeout):
-                await refs["reader"].ask(StopReading(), timeout=timeout)
-                await refs["accumulator"].ask(FlushNow(), timeout=timeout)
-                if "transformer" in refs:
-                    await refs["transformer"].ask(Barrier(), timeout=timeout)
-                await refs["coordinator"].ask(Barrier(), timeout=timeout)
-            self.log.info("pipeline_drained", checkpoint=self.ctx.stats.last_checkpoint)
+                await tree.reader.ask(StopReading(), timeout=timeout)
+                await tree.accumulator.ask(FlushNow(), timeout=timeout)
+                if tree.transformer is not None:
+                    await tree.transformer.ask(Barrier(), timeout=timeout)
+                await tree.coordinator.ask(Barrier(), timeout=timeout)
+            last = self.ctx.stats.last_checkpoint
+            self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)
         except (TimeoutError, ActorStopped) as exc:
             self.log.warning("pipeline_drain_incomplete", reason=str(exc))
-        self.tree.request_stop()
+        self.supervisor.request_stop()
 
     async def _run_workload(self) -> None:
         assert self.workload is not None
@@ -108,7 +110,7 @@ class PipelineRunner:
             await asyncio.to_thread(wl.stop)
 
     def snapshot(self) -> NodeSnapshot:
-        return self.tree.snapshot()
+        return self.supervisor.snapshot()
 
     def status(self) -> dict[str, Any]:
         return {

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actors import Actor
+from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, Batch, DeliverBatch, JobDone
 from deltaforge.transform.plan import Plan, ProcessorError, Transformed
 from deltaforge.transform.session import SparkRuntime, SparkUnavailable, runtime_for
 from deltaforge.transform.types import table_schema
 from supervision import Fatal
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.coordinator import DeliveryCoordinator
 
 MAX_WAITING_BATCHES = 64  # bounds memory when batches are tiny
 
@@ -43,9 +46,10 @@ class SparkTransformer(Actor):
 
     mailbox_size = 4
 
-    def __init__(self, ctx: PipelineContext) -> None:
+    def __init__(self, ctx: PipelineContext, coordinator: ActorRef[DeliveryCoordinator]) -> None:
         super().__init__()
         self.ctx = ctx
+        self.coordinator = coordinator
         self.inflight = max(1, ctx.config.batch.max_inflight)
         self.job_events = ctx.config.spark.max_job_events
         self.waiting: collections.deque[Batch] = collections.deque()
@@ -89,10 +93,8 @@ class SparkTransformer(Actor):
             tables=[f"{s.db}.{s.table}" for s in schemas],
         )
         self.plan = plan
-        self.ctx.ready["transformer"].set()
 
     async def on_stop(self) -> None:
-        self.ctx.ready["transformer"].clear()
         for _, job in self.running:
             job.cancel()
         if self.runtime is not None:
@@ -187,4 +189,4 @@ class SparkTransformer(Actor):
             stats.transform_events_in += len(batch.events)
             stats.transform_events_out += len(events)
             out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end)
-            await self.ctx.ref("coordinator").tell(DeliverBatch(out))
+            await self.coordinator.tell(DeliverBatch(out))

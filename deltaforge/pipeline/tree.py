@@ -10,6 +10,10 @@
      ├─ DemoWorkload                  transient   only for the built-in default pipeline
      └─ SourceReader                  permanent   reads from the minimum sink checkpoint
 
+Children start in this order, each only after the one before it is up (OTP's
+start_link): the reader opens the source only once every actor downstream of it,
+the SparkTransformer with its checked processors included, is ready.
+
 Why the pipeline supervisor is one_for_all or rest_for_one, never one_for_one:
 events in flight between reader, accumulator and coordinator live only in
 mailboxes. If the accumulator restarted alone, the reader would carry on past
@@ -27,9 +31,10 @@ the pipeline has processors, so a pipeline without them never starts a JVM.
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from actors import ActorCell
+from actors import ActorCell, ActorRef
 from deltaforge.pipeline.accumulator import Accumulator
 from deltaforge.pipeline.committer import CheckpointCommitter
 from deltaforge.pipeline.context import PipelineContext
@@ -38,50 +43,82 @@ from deltaforge.pipeline.delivery import DeliveryWorker
 from deltaforge.pipeline.reader import SourceReader
 from supervision import Backoff, ChildSpec, FunctionChild, Intensity, Restart, Strategy, Supervisor
 
+if TYPE_CHECKING:
+    from deltaforge.pipeline.transformer import SparkTransformer
 
-def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Supervisor:
-    """The whole supervisor tree of one pipeline, wired through ``ctx.refs``.
 
-    ``extra`` children (the demo workload) start after the data path is up and
-    before the reader.
+SPARK_EXTRA = "processors need the spark extra: pip install 'deltaforge[spark]' (and a Java 17 runtime)"
+
+
+class MissingExtra(RuntimeError):
+    """The pipeline needs an optional dependency that is not installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTree:
+    """The running tree and the refs the runner talks to (to drain it)."""
+
+    supervisor: Supervisor
+    reader: ActorRef[SourceReader]
+    accumulator: ActorRef[Accumulator]
+    transformer: ActorRef[SparkTransformer] | None
+    coordinator: ActorRef[DeliveryCoordinator]
+
+
+def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> PipelineTree:
+    """The whole supervisor tree of one pipeline.
+
+    Actors are built downstream first, so each gets the refs it talks to as typed
+    constructor arguments. ``extra`` children (the demo workload) start after the
+    data path is up and before the reader. Children start in the order listed,
+    each after the one before it is up (its ``on_start`` returned).
     """
     cfg = ctx.config
     sup = cfg.supervision
     intensity = Intensity(sup.max_restarts, sup.within_seconds)
     backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
 
-    def cell(name: str, actor: ActorCell) -> ActorCell:
-        ctx.refs[name] = actor.ref
-        return actor
-
-    committer = cell("committer", ActorCell("CheckpointCommitter", lambda: CheckpointCommitter(ctx)))
-    workers = [
-        ChildSpec(cell(f"sink:{sid}", ActorCell(f"DeliveryWorker[{sid}]", _WorkerFactory(ctx, sid))))
-        for sid in ctx.sinks
-    ]
-    delivery = Supervisor(
-        "DeliverySupervisor", workers, strategy=Strategy.ONE_FOR_ONE, intensity=intensity, backoff=backoff
+    committer: ActorCell[CheckpointCommitter] = ActorCell(
+        "CheckpointCommitter", lambda: CheckpointCommitter(ctx)
     )
-    coordinator = cell(
-        "coordinator",
-        ActorCell(
-            "DeliveryCoordinator",
-            lambda: DeliveryCoordinator(ctx),
-            mailbox_size=DeliveryCoordinator.mailbox_for(cfg.batch.max_inflight),
-        ),
+    worker_cells: dict[str, ActorCell[DeliveryWorker]] = {
+        sid: ActorCell(f"DeliveryWorker[{sid}]", _WorkerFactory(ctx, sid)) for sid in ctx.sinks
+    }
+    delivery = Supervisor(
+        "DeliverySupervisor",
+        [ChildSpec(cell) for cell in worker_cells.values()],
+        strategy=Strategy.ONE_FOR_ONE,
+        intensity=intensity,
+        backoff=backoff,
+        clock=ctx.clock,
+        rng=ctx.rng,
+    )
+    workers = {sid: cell.ref for sid, cell in worker_cells.items()}
+    coordinator: ActorCell[DeliveryCoordinator] = ActorCell(
+        "DeliveryCoordinator",
+        lambda: DeliveryCoordinator(ctx, workers, committer.ref),
+        mailbox_size=DeliveryCoordinator.mailbox_for(cfg.batch.max_inflight),
     )
     transform: list[ChildSpec] = []
-    ctx.refs["batches"] = coordinator.ref
+    transformer_ref: ActorRef[SparkTransformer] | None = None
+    batches: ActorRef[DeliveryCoordinator] | ActorRef[SparkTransformer] = coordinator.ref
     if cfg.processors:
-        from deltaforge.pipeline.transformer import SparkTransformer
+        try:
+            import pyarrow  # noqa: F401 - both come with the spark extra; pyspark is
+            import pyspark  # noqa: F401 - otherwise imported only when the session starts
 
-        transformer = cell("transformer", ActorCell("SparkTransformer", lambda: SparkTransformer(ctx)))
-        ctx.refs["batches"] = transformer.ref
-        ctx.ready["transformer"] = asyncio.Event()
+            from deltaforge.pipeline.transformer import SparkTransformer
+        except ImportError as exc:
+            raise MissingExtra(f"pipeline {cfg.name!r}: {SPARK_EXTRA} ({exc})") from None
+
+        transformer: ActorCell[SparkTransformer] = ActorCell(
+            "SparkTransformer", lambda: SparkTransformer(ctx, coordinator.ref)
+        )
+        transformer_ref = batches = transformer.ref
         # A job is allowed to finish when the pipeline stops; Spark cannot cancel it from here.
         transform.append(ChildSpec(transformer, shutdown_timeout=30.0))
-    accumulator = cell("accumulator", ActorCell("Accumulator", lambda: Accumulator(ctx)))
-    reader = cell("reader", ActorCell("SourceReader", lambda: SourceReader(ctx)))
+    accumulator: ActorCell[Accumulator] = ActorCell("Accumulator", lambda: Accumulator(ctx, batches))
+    reader: ActorCell[SourceReader] = ActorCell("SourceReader", lambda: SourceReader(ctx, accumulator.ref))
     children = [
         ChildSpec(committer),
         ChildSpec(delivery, shutdown_timeout=30.0),
@@ -91,17 +128,16 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Su
         *(extra or []),
         ChildSpec(reader),
     ]
-    return Supervisor(
+    supervisor = Supervisor(
         f"PipelineSupervisor[{cfg.name}]",
         children,
         strategy=Strategy(sup.strategy),
         intensity=intensity,
         backoff=backoff,
+        clock=ctx.clock,
+        rng=ctx.rng,
     )
-
-
-def _worker(ctx: PipelineContext, sink_id: str) -> type[DeliveryWorker] | _WorkerFactory:
-    return _WorkerFactory(ctx, sink_id)
+    return PipelineTree(supervisor, reader.ref, accumulator.ref, transformer_ref, coordinator.ref)
 
 
 class _WorkerFactory:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.events import Event
+
+K = TypeVar("K", bound=SinkSettings)
 
 
 class SinkError(Exception):
@@ -24,8 +27,10 @@ class NonRetryableSinkError(SinkError):
     retryable = False
 
 
-class Sink(ABC):
+class Sink(ABC, Generic[K]):
     """Delivers batches; ``deliver`` returns only when the batch is durable there.
+
+    ``K`` is the sink's config model; ``self.settings`` is its validated instance.
 
     A batch is the unit of delivery: it succeeds or fails as a whole, and a
     retried batch holds the same events in the same order. Raise
@@ -33,17 +38,18 @@ class Sink(ABC):
     failure, and :class:`supervision.Fatal` when the pipeline must stop.
     """
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[K]) -> None:
         self.config = config
+        self.settings: K = config.config
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
 
-    async def open(self) -> None:  # noqa: B027 - optional hook
+    async def open(self) -> None:
         """Connect."""
 
     @abstractmethod
     async def deliver(self, events: list[Event]) -> None:
         """Deliver ``events`` durably, in order."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Flush and disconnect."""

@@ -7,20 +7,28 @@ from pathlib import Path
 from typing import IO
 
 import anyio.to_thread
+from pydantic import Field
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import Bool, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
 from deltaforge.sinks.base import RetryableSinkError, Sink
 
 
-class FileSink(Sink):
+class FileSinkConfig(SinkSettings):
+    """JSON lines appended to a file."""
+
+    path: Text = Field(description="The file (its folder is created).")
+    fsync: Bool = Field(True, description="fsync after each batch (the batch is durable only then).")
+
+
+class FileSink(Sink[FileSinkConfig]):
     """Appends one envelope per line to ``path``; the batch is durable after fsync."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[FileSinkConfig]) -> None:
         super().__init__(config)
-        self.path = Path(config.config["path"])
-        self.fsync = bool(config.config.get("fsync", True))
+        self.path = Path(self.settings.path)
+        self.fsync = self.settings.fsync
         self._file: IO[bytes] | None = None
 
     async def open(self) -> None:

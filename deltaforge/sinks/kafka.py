@@ -21,13 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from pydantic import Field
 
 from actors import BlockingRunner
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
-from deltaforge.sinks.templates import compile_template
+from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
 _NON_RETRYABLE = {
@@ -42,18 +43,36 @@ _NON_RETRYABLE = {
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
-class KafkaSink(Sink):
+ProducerValue = str | int | float | bool
+
+
+class KafkaSinkConfig(SinkSettings):
+    """Kafka (or a Kafka-protocol broker): one record per event, idempotent producer."""
+
+    brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
+    topic: Template = Field(description="Topic per event, e.g. cdc.${source.table}.")
+    key: Template | None = Field(None, description="Record key per event (default: the row's first column).")
+    exactly_once: Bool = Field(
+        False, description="One Kafka transaction per batch (read_committed sees it whole)."
+    )
+    timeout_s: PositiveNumber = Field(30.0, description="How long a batch may take to be acknowledged.")
+    producer: dict[str, ProducerValue] = Field(
+        default_factory=dict, description="More librdkafka producer settings, passed as given."
+    )
+
+
+class KafkaSink(Sink[KafkaSinkConfig]):
     """Produces each event to a topic named by a template (``cdc.${source.table}``)."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[KafkaSinkConfig]) -> None:
         super().__init__(config)
-        cfg = config.config
-        self.brokers = str(cfg["brokers"])
-        self.topic_of = compile_template(str(cfg["topic"]))
-        self.key_of = compile_template(str(cfg["key"])) if cfg.get("key") else None
-        self.exactly_once = bool(cfg.get("exactly_once", False))
-        self.timeout = float(cfg.get("timeout_s", 30))
-        self.extra = {str(k): v for k, v in dict(cfg.get("producer", {})).items()}
+        cfg = self.settings
+        self.brokers = cfg.brokers
+        self.topic_of = compile_template(cfg.topic)
+        self.key_of = compile_template(cfg.key) if cfg.key else None
+        self.exactly_once = cfg.exactly_once
+        self.timeout = cfg.timeout_s
+        self.extra: dict[str, ProducerValue] = dict(cfg.producer)
         self.envelope = shape(config.envelope)
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)

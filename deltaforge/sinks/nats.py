@@ -9,31 +9,50 @@ with ``publish_async`` and is delivered only when every PubAck came back.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import nats
 from nats import errors as nerr
 from nats.js import errors as jserr
+from pydantic import Field
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
-from deltaforge.sinks.templates import compile_template
+from deltaforge.sinks.templates import Template, compile_template
+
+NatsUrl = Annotated[Text, matching(r"^(nats|tls)://", "expected nats://host:port")]
 
 
-class NatsSink(Sink):
+class NatsSinkConfig(SinkSettings):
+    """NATS JetStream: one message per event, deduplicated by ``Nats-Msg-Id``."""
+
+    url: NatsUrl = Field(description="nats://host:port")
+    subject: Template = Field(description="Subject per event, e.g. cdc.${source.table}.")
+    stream: Text | None = Field(None, description="The JetStream stream that holds the subjects.")
+    stream_subjects: Text | None = Field(
+        None, description="Subjects the created stream binds (default: subject)."
+    )
+    create_stream: Bool | None = Field(
+        None, description="Create the stream when missing (default: when stream is set)."
+    )
+    duplicate_window_s: PositiveNumber = Field(120.0, description="The created stream's dedup window.")
+    ack_timeout_s: PositiveNumber = Field(10.0, description="How long to wait for a batch's acks.")
+
+
+class NatsSink(Sink[NatsSinkConfig]):
     """Publishes each event to a JetStream subject named by a template (``cdc.${source.table}``)."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[NatsSinkConfig]) -> None:
         super().__init__(config)
-        cfg = config.config
-        self.url = str(cfg["url"])
-        self.subject_of = compile_template(str(cfg["subject"]))
-        self.stream = cfg.get("stream")
-        self.create_stream = bool(cfg.get("create_stream", bool(self.stream)))
-        self.duplicate_window = float(cfg.get("duplicate_window_s", 120))
-        self.ack_timeout = float(cfg.get("ack_timeout_s", 10))
+        cfg = self.settings
+        self.url = cfg.url
+        self.subject_of = compile_template(cfg.subject)
+        self.stream = cfg.stream
+        self.create_stream = cfg.create_stream if cfg.create_stream is not None else bool(cfg.stream)
+        self.duplicate_window = cfg.duplicate_window_s
+        self.ack_timeout = cfg.ack_timeout_s
         self.envelope = shape(config.envelope)
         self._nc: Any = None
         self._js: Any = None
@@ -60,7 +79,7 @@ class NatsSink(Sink):
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
         self._js = self._nc.jetstream(timeout=self.ack_timeout)
         if self.create_stream and self.stream:
-            subjects = [str(self.config.config.get("stream_subjects", self.config.config["subject"]))]
+            subjects = [self.settings.stream_subjects or self.settings.subject]
             subjects = [s.split("${", 1)[0] + ">" if "${" in s else s for s in subjects]
             try:
                 await self._js.add_stream(

@@ -14,16 +14,17 @@ Target tables must exist with the source's columns plus, for ``if_newer``, a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import orjson
+from pydantic import BeforeValidator, Field
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.events import Event
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.redis import position_text
-from deltaforge.sinks.templates import compile_template
+from deltaforge.sinks.templates import Template, compile_template
 
 _PERMANENT = (
     asyncpg.UndefinedTableError,
@@ -52,17 +53,40 @@ def _value(v: Any) -> Any:
     return v
 
 
-class PostgresSink(Sink):
+def _key_columns(value: object) -> list[str]:
+    if not (isinstance(value, list) and value and all(isinstance(k, str) and k for k in value)):
+        fail("expected a non-empty list of the target's primary-key columns")
+    return list(value)
+
+
+KeyColumns = Annotated[
+    list[str], BeforeValidator(_key_columns), Hint("a non-empty list of the target's primary-key columns")
+]
+
+
+class PostgresSinkConfig(SinkSettings):
+    """PostgreSQL tables kept equal to the source: upsert by key, delete by key."""
+
+    dsn: PostgresDsn = Field(description="postgresql://user:password@host:port/db (${VAR} for the password).")
+    table: Template = Field("${source.table}", description="Target table per event.")
+    key_columns: KeyColumns = Field(description="The target's primary-key columns.")
+    upsert_strategy: Literal["always", "if_newer"] = Field(
+        "always", description="if_newer: apply a change only when it is newer than the row's position."
+    )
+    position_column: Text = Field("_df_position", description="Where if_newer keeps each row's position.")
+
+
+class PostgresSink(Sink[PostgresSinkConfig]):
     """Applies changes to PostgreSQL tables by primary key."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[PostgresSinkConfig]) -> None:
         super().__init__(config)
-        cfg = config.config
-        self.dsn = str(cfg["dsn"])
-        self.table_of = compile_template(str(cfg.get("table", "${source.table}")))
-        self.keys = [str(k) for k in cfg["key_columns"]]
-        self.if_newer = cfg.get("upsert_strategy", "always") == "if_newer"
-        self.position_column = str(cfg.get("position_column", "_df_position"))
+        cfg = self.settings
+        self.dsn = cfg.dsn
+        self.table_of = compile_template(cfg.table)
+        self.keys = list(cfg.key_columns)
+        self.if_newer = cfg.upsert_strategy == "if_newer"
+        self.position_column = cfg.position_column
         self._conn: asyncpg.Connection | None = None
         self._sql: dict[tuple[Any, ...], str] = {}
 

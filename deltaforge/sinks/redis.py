@@ -12,16 +12,17 @@ A replay after a crash is then a no-op on the server: one entry per source chang
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
+from pydantic import Field
 from redis import exceptions as rex
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
-from deltaforge.sinks.templates import compile_template
+from deltaforge.sinks.templates import Template, compile_template
 
 _EXACTLY_ONCE = """
 local wm = redis.call('GET', KEYS[2]) or ''
@@ -50,16 +51,30 @@ def position_text(order: tuple[int, ...]) -> str:
     return ".".join(f"{p:016x}" for p in order)
 
 
-class RedisSink(Sink):
+RedisUri = Annotated[Text, matching(r"^rediss?://", "expected redis://[user:password@]host:port[/db]")]
+
+
+class RedisSinkConfig(SinkSettings):
+    """Redis Streams: one XADD per event."""
+
+    uri: RedisUri = Field(description="redis://[user:password@]host:port[/db]")
+    stream: Template = Field(description="Stream per event, e.g. cdc.${source.table}.")
+    maxlen: NonNegativeInt = Field(0, description="Trim each stream to about this many entries (0: never).")
+    exactly_once: Bool = Field(
+        False, description="Skip what a stream already holds (a watermark per stream)."
+    )
+
+
+class RedisSink(Sink[RedisSinkConfig]):
     """Appends events to Redis Streams named by a template (``cdc.${source.table}``)."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[RedisSinkConfig]) -> None:
         super().__init__(config)
-        cfg = config.config
-        self.uri = str(cfg["uri"])
-        self.stream_of = compile_template(str(cfg["stream"]))
-        self.maxlen = int(cfg.get("maxlen", 0))
-        self.exactly_once = bool(cfg.get("exactly_once", False))
+        cfg = self.settings
+        self.uri = cfg.uri
+        self.stream_of = compile_template(cfg.stream)
+        self.maxlen = cfg.maxlen
+        self.exactly_once = cfg.exactly_once
         self.envelope = shape(config.envelope)
         self._client: aioredis.Redis | None = None
         self._script: Any = None

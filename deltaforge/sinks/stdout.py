@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import anyio.to_thread
+from pydantic import Field
 
-from deltaforge.config import SinkConfig
+from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
 from deltaforge.sinks.base import Sink
@@ -27,12 +29,18 @@ def pretty_line(ev: Event) -> str:
     return f"{head} {body}"
 
 
-class StdoutSink(Sink):
+class StdoutSinkConfig(SinkSettings):
+    """Each event on standard output."""
+
+    format: Literal["pretty", "json"] = Field("json", description="json lines, or pretty lines for a person.")
+
+
+class StdoutSink(Sink[StdoutSinkConfig]):
     """Writes each batch to standard output (``format: json`` or ``pretty``)."""
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig[StdoutSinkConfig]) -> None:
         super().__init__(config)
-        self.pretty = config.config.get("format", "json") == "pretty"
+        self.pretty = self.settings.format == "pretty"
 
     async def deliver(self, events: list[Event]) -> None:
         if self.pretty:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator
+
+from deltaforge.configmodel import Text, fail
 from deltaforge.events import Event
 
 _PART = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\}")
@@ -46,3 +49,14 @@ def check_template(text: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _check(text: str) -> str:
+    problem = check_template(text)
+    if problem:
+        fail(problem)
+    return text
+
+
+Template = Annotated[Text, AfterValidator(_check)]
+"""A config field holding a per-event name template (checked when the config is)."""

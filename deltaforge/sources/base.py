@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deltaforge.events import Event
+from deltaforge.position import Position, PositionDoc
 from supervision import Fatal
+
+SchemaChange = tuple[str, list[dict[str, Any]], Position]
+"""A table's columns as first seen: ``(table, [{name, type}, ...], position)``."""
 
 
 class SourceError(Exception):
     """A source failed in a way a restart may fix (connection lost, timeout)."""
+
+
+P = TypeVar("P")
+
+
+def own_position(position: Position | None, kind: type[P]) -> P | None:
+    """``position`` as a source's own type: the pipeline hands a source only positions that
+    source made or loaded, so anything else is a wiring bug, not a user error."""
+    if position is None or isinstance(position, kind):
+        return position
+    raise TypeError(f"expected a {kind.__name__}, got {type(position).__name__}")
+
+
+class SourceMisconfigured(Fatal):
+    """The server is not set up for CDC; a restart cannot fix it."""
 
 
 class PositionLost(Fatal):
@@ -43,7 +62,7 @@ class Source(ABC):
     connector: str
 
     @abstractmethod
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
+    async def open(self, resume_after: Position | None) -> None:
         """Connect and position after ``resume_after`` (None: from the beginning)."""
 
     @abstractmethod
@@ -53,10 +72,10 @@ class Source(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
 
-    async def confirm(self, checkpoint: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    async def confirm(self, checkpoint: Position) -> None:  # noqa: B027 - optional hook
         """Every sink holds ``checkpoint`` durably; a source may release what lies before it."""
 
-    def take_schema_changes(self) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+    def take_schema_changes(self) -> list[SchemaChange]:
         """Schemas first seen since the last call: ``(table, columns, position)``."""
         return []
 
@@ -71,8 +90,8 @@ class Source(ABC):
 
     @staticmethod
     @abstractmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        """A checkpoint's position as a tuple that sorts in source order."""
+    def load_position(doc: PositionDoc) -> Position:
+        """A stored checkpoint as this source's position type."""
 
     @property
     def idle_wait(self) -> float:

@@ -1,5 +1,9 @@
 """Checkpoint stores: SQLite (default, versioned), JSON file, memory.
 
+A store keeps positions in their stored form (:data:`~deltaforge.position.PositionDoc`,
+a small JSON mapping): it serves every source and the CLI alike, so it does not know
+position types; the pipeline turns them into its source's type on load.
+
 All three keep a version history per key so an operator can list versions and
 roll back. Writes of several keys (one per sink) are atomic in every store: a
 crash leaves either all of a batch's checkpoints or none of them.
@@ -19,6 +23,8 @@ import aiosqlite
 import anyio
 import orjson
 
+from deltaforge.position import PositionDoc
+
 HISTORY = 200  # versions kept per key
 
 
@@ -34,7 +40,7 @@ class VersionInfo:
     version: int
     created_at: float
     size_bytes: int
-    value: dict[str, Any]
+    value: PositionDoc
 
 
 class CheckpointStore(ABC):
@@ -47,15 +53,15 @@ class CheckpointStore(ABC):
         """Release them."""
 
     @abstractmethod
-    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+    async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         """Current values of the keys that exist."""
 
     @abstractmethod
-    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
         """Store a new version of each key, all or nothing."""
 
     @abstractmethod
-    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+    async def list_all(self) -> dict[str, tuple[int, float, PositionDoc]]:
         """Every key with (version, updated_at, value)."""
 
     @abstractmethod
@@ -68,7 +74,7 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     async def record_schema(
-        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
     ) -> None:
         """Remember the schema a source used for ``table`` from ``position`` on."""
 
@@ -76,10 +82,10 @@ class CheckpointStore(ABC):
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         """Schemas recorded for ``table``, oldest first: ``{columns, position, recorded_at}``."""
 
-    async def get(self, key: str) -> dict[str, Any] | None:
+    async def get(self, key: str) -> PositionDoc | None:
         return (await self.get_many([key])).get(key)
 
-    async def put(self, key: str, value: dict[str, Any]) -> None:
+    async def put(self, key: str, value: PositionDoc) -> None:
         await self.put_many({key: value})
 
 
@@ -91,7 +97,7 @@ class MemoryCheckpointStore(CheckpointStore):
         self._schemas: dict[str, list[dict[str, Any]]] = {}
 
     async def record_schema(
-        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
     ) -> None:
         hist = self._schemas.setdefault(f"{source_id}::{table}", [])
         hist.append({"columns": columns, "position": position, "recorded_at": time.time()})
@@ -100,10 +106,10 @@ class MemoryCheckpointStore(CheckpointStore):
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         return list(self._schemas.get(f"{source_id}::{table}", []))
 
-    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+    async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         return {k: self._data[k][-1].value for k in keys if k in self._data}
 
-    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
         now = time.time()
         for key, value in values.items():
             hist = self._data.setdefault(key, [])
@@ -115,7 +121,7 @@ class MemoryCheckpointStore(CheckpointStore):
     async def _persist(self) -> None:
         """Hook for stores that keep this structure on disk."""
 
-    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+    async def list_all(self) -> dict[str, tuple[int, float, PositionDoc]]:
         return {k: (h[-1].version, h[-1].created_at, h[-1].value) for k, h in self._data.items() if h}
 
     async def versions(self, key: str) -> list[VersionInfo]:
@@ -198,7 +204,7 @@ class _SqliteSchemas:
         raise NotImplementedError
 
     async def record_schema(
-        self, source_id: str, table: str, columns: list[dict[str, Any]], position: dict[str, Any]
+        self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
     ) -> None:
         await self.db.execute(
             "INSERT INTO schemas(source_id, tbl, columns, position, recorded_at) VALUES (?, ?, ?, ?, ?)",
@@ -245,14 +251,14 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
             raise RuntimeError(f"checkpoint store {self.path} is not open")
         return self._db
 
-    async def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+    async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         if not keys:
             return {}
         marks = ",".join("?" * len(keys))
         async with self.db.execute(f"SELECT key, value FROM checkpoints WHERE key IN ({marks})", keys) as cur:
             return {k: orjson.loads(v) for k, v in await cur.fetchall()}
 
-    async def put_many(self, values: dict[str, dict[str, Any]]) -> None:
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
         now = time.time()
         db = self.db
         try:
@@ -281,7 +287,7 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
             await db.rollback()
             raise
 
-    async def list_all(self) -> dict[str, tuple[int, float, dict[str, Any]]]:
+    async def list_all(self) -> dict[str, tuple[int, float, PositionDoc]]:
         async with self.db.execute(
             "SELECT key, version, updated_at, value FROM checkpoints ORDER BY key"
         ) as cur:

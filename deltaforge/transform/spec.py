@@ -17,9 +17,11 @@ the pipeline starts (``deltaforge/transform/plan.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from deltaforge.configcheck import Checker
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from deltaforge.configmodel import Hint, PluginConfig, PositiveInt, Text, fail
 
 PROCESSOR_TYPES = ("filter", "mask", "sql")
 MASK_ACTIONS = ("hash", "redact", "drop")
@@ -28,7 +30,7 @@ REDACTED = "***"
 
 @dataclass(frozen=True, slots=True)
 class ProcessorSpec:
-    """One processor; ``path`` (``spec.processors[1]``) names it in every error."""
+    """One processor as the planner sees it; ``path`` (``spec.processors[1]``) names it in every error."""
 
     type: str
     path: str
@@ -42,85 +44,102 @@ class ProcessorSpec:
         return self.tables is None or table in self.tables or f"{db}.{table}" in self.tables
 
 
-@dataclass(frozen=True, slots=True)
-class SparkConfig:
-    """``spec.spark``: where jobs run and how many run at once."""
-
-    master: str = "local[*]"
-    conf: tuple[tuple[str, str], ...] = ()
-    threads: int = 2
-    app_name: str = "deltaforge"
-    max_job_events: int = 10_000
-    """Batches queued behind busy jobs are sent together, up to this many events per job."""
+def _scope(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, str) and t for t in value):
+        fail(f"expected a non-empty list of table names, got {value!r}")
+    return list(value)
 
 
-def parse_processors(c: Checker, raw: Any) -> tuple[ProcessorSpec, ...]:
-    """``spec.processors``: a list of ``{type: filter|mask|sql, ...}`` mappings."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        c.err("spec.processors", f"expected a list of processors, got {type(raw).__name__}")
-        return ()
-    return tuple(p for i, item in enumerate(raw) if (p := _processor(c, item, f"spec.processors[{i}]")))
+def _action(value: Any) -> str:
+    if value not in MASK_ACTIONS:
+        fail(f"expected one of {', '.join(MASK_ACTIONS)}, got {value!r}")
+    return str(value)
 
 
-def _processor(c: Checker, raw: Any, path: str) -> ProcessorSpec | None:
-    m = c.mapping(raw, path)
-    if not m:
-        return None
-    typ = m.get("type")
-    if typ not in PROCESSOR_TYPES:
-        c.err(f"{path}.type", f"expected one of {', '.join(PROCESSOR_TYPES)}, got {typ!r}")
-        return None
-    tables = _tables(c, m.get("tables"), f"{path}.tables")
-    if typ == "filter":
-        c.unknown(m, path, {"type", "expr", "tables"})
-        return ProcessorSpec("filter", path, tables, expr=c.string(m, "expr", path))
-    if typ == "sql":
-        c.unknown(m, path, {"type", "query", "tables"})
-        return ProcessorSpec("sql", path, tables, query=c.string(m, "query", path))
-    c.unknown(m, path, {"type", "columns", "tables"})
-    cols = m.get("columns")
-    if not isinstance(cols, dict) or not cols:
-        c.err(f"{path}.columns", "required (a mapping of column: hash|redact|drop)")
-        return None
-    for col, action in cols.items():
-        if action not in MASK_ACTIONS:
-            c.err(f"{path}.columns.{col}", f"expected one of {', '.join(MASK_ACTIONS)}, got {action!r}")
-    return ProcessorSpec("mask", path, tables, columns=tuple((str(k), str(v)) for k, v in cols.items()))
+def _columns(value: Any) -> Any:
+    if not isinstance(value, dict) or not value:
+        fail("required (a mapping of column: hash|redact|drop)")
+    return value
 
 
-def _tables(c: Checker, raw: Any, path: str) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t for t in raw):
-        c.err(path, f"expected a non-empty list of table names, got {raw!r}")
-        return None
-    return tuple(raw)
+Scope = Annotated[list[str], BeforeValidator(_scope), Hint("a non-empty list of table names")]
+MaskAction = Annotated[Literal["hash", "redact", "drop"], BeforeValidator(_action)]
+MaskColumns = Annotated[
+    dict[str, MaskAction], BeforeValidator(_columns), Hint("a mapping of column: hash|redact|drop")
+]
 
 
-def parse_spark(c: Checker, raw: Any) -> SparkConfig:
-    """``spec.spark``: ``master`` (``local[*]`` or ``spark://host:port``), ``conf``, ``threads``,
-    ``max_job_events``."""
-    m = c.mapping(raw, "spec.spark", required=False)
-    c.unknown(m, "spec.spark", {"master", "conf", "threads", "app_name", "max_job_events"})
-    master = c.string(m, "master", "spec.spark", default="local[*]")
-    if master and not (master.startswith("local") or master.startswith("spark://")):
-        c.err("spec.spark.master", f"expected local, local[N], local[*] or spark://host:port, got {master!r}")
-    conf = c.mapping(m.get("conf"), "spec.spark.conf", required=False)
-    for key, value in conf.items():
-        if not isinstance(value, str | int | float | bool):
-            c.err(f"spec.spark.conf.{key}", f"expected a string or number, got {value!r}")
-    return SparkConfig(
-        master=master,
-        conf=tuple((str(k), _conf_text(v)) for k, v in conf.items()),
-        threads=c.integer(m, "threads", "spec.spark", 2, 1),
-        app_name=c.string(m, "app_name", "spec.spark", default="deltaforge"),
-        max_job_events=c.integer(m, "max_job_events", "spec.spark", 10_000, 1),
+class FilterProcessor(PluginConfig):
+    """Keeps the events for which a Spark SQL boolean expression is true."""
+
+    type: Literal["filter"]
+    expr: Text = Field(
+        description="Spark SQL over op, db, table, before.* and after.*, e.g. after.amount > 100."
     )
+    tables: Scope | None = Field(None, description="Only these tables (table or db.table); default: all.")
+
+
+class MaskProcessor(PluginConfig):
+    """Rewrites columns of the row images."""
+
+    type: Literal["mask"]
+    columns: MaskColumns = Field(description="column: hash (SHA-256 hex), redact (***) or drop.")
+    tables: Scope | None = Field(None, description="Only these tables (table or db.table); default: all.")
+
+
+class SqlProcessor(PluginConfig):
+    """A Spark SQL query over the view ``batch`` that returns event rows (with ``_seq``)."""
+
+    type: Literal["sql"]
+    query: Text = Field(description="SELECT ... FROM batch; must return _seq.")
+    tables: Scope | None = Field(None, description="Only these tables (table or db.table); default: all.")
+
+
+ProcessorModel = FilterProcessor | MaskProcessor | SqlProcessor
+PROCESSORS: dict[str, type[ProcessorModel]] = {
+    "filter": FilterProcessor,
+    "mask": MaskProcessor,
+    "sql": SqlProcessor,
+}
+
+
+def processor_spec(model: ProcessorModel, path: str) -> ProcessorSpec:
+    """The planner's view of a validated processor."""
+    tables = tuple(model.tables) if model.tables is not None else None
+    if isinstance(model, FilterProcessor):
+        return ProcessorSpec("filter", path, tables, expr=model.expr)
+    if isinstance(model, SqlProcessor):
+        return ProcessorSpec("sql", path, tables, query=model.query)
+    return ProcessorSpec("mask", path, tables, columns=tuple(model.columns.items()))
+
+
+def _master(value: str) -> str:
+    if not (value.startswith("local") or value.startswith("spark://")):
+        fail(f"expected local, local[N], local[*] or spark://host:port, got {value!r}")
+    return value
 
 
 def _conf_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if not isinstance(value, str | int | float):
+        fail(f"expected a string or number, got {value!r}")
     return str(value)
+
+
+ConfText = Annotated[str, BeforeValidator(_conf_text)]
+
+
+class SparkConfig(PluginConfig):
+    """``spec.spark``: where jobs run and how many run at once."""
+
+    master: Annotated[Text, AfterValidator(_master)] = Field(
+        "local[*]", description="local, local[N], local[*] or spark://host:port."
+    )
+    conf: dict[str, ConfText] = Field(default_factory=dict, description="Spark settings, passed as given.")
+    threads: PositiveInt = Field(2, description="Jobs that may run at once in this process.")
+    app_name: Text = Field("deltaforge", description="The Spark application name.")
+    max_job_events: PositiveInt = Field(
+        10_000,
+        description="Batches queued behind busy jobs are sent together, up to this many events per job.",
+    )

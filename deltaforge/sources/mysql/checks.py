@@ -5,7 +5,6 @@ Everything here runs in a worker thread (pymysql is blocking).
 
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +12,8 @@ from urllib.parse import unquote, urlsplit
 
 import pymysql
 
-from deltaforge.sources.base import PositionLost, SourceError
-from supervision import Fatal
-
-
-class SourceMisconfigured(Fatal):
-    """The server is not set up for CDC; a restart cannot fix it."""
+from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured
+from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +126,9 @@ def check_preconditions(conn: Any, where: str) -> ServerInfo:
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""))
 
 
-def binlog_index(name: str) -> int:
-    m = re.search(r"\.(\d+)$", name)
-    return int(m.group(1)) if m else 0
-
-
-def check_position(conn: Any, checkpoint: dict[str, Any], info: ServerInfo) -> None:
+def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> None:
     """Raise :class:`PositionLost` when the checkpointed position is no longer on the server."""
-    file, pos = str(checkpoint.get("file", "")), int(checkpoint.get("pos", 0))
+    file, pos = checkpoint.file, checkpoint.pos
     with conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
         logs = {str(r[0]): int(r[1]) for r in cur.fetchall()}
@@ -149,7 +139,7 @@ def check_position(conn: Any, checkpoint: dict[str, Any], info: ServerInfo) -> N
         )
     if file and pos > logs[file] and binlog_index(file) == max(map(binlog_index, logs)):
         raise PositionLost(f"binlog position {file}:{pos} is beyond the end of the binlog (RESET MASTER?)")
-    gtid = str(checkpoint.get("gtid") or "")
+    gtid = checkpoint.gtid
     if info.is_mariadb and gtid:
         domain, _, seq = gtid.split("-")
         current = {
@@ -164,7 +154,7 @@ def check_position(conn: Any, checkpoint: dict[str, Any], info: ServerInfo) -> N
             )
 
 
-def earliest_position(conn: Any, info: ServerInfo) -> dict[str, Any]:
+def earliest_position(conn: Any, info: ServerInfo) -> BinlogPosition:
     """The start of the oldest binlog still on the server, as a resume position."""
     with conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
@@ -176,4 +166,4 @@ def earliest_position(conn: Any, info: ServerInfo) -> dict[str, Any]:
         if info.is_mariadb:
             cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest,))
             gtid = str(cur.fetchone()[0] or "")
-    return {"file": oldest, "pos": 4, "row": 0, "gtid": gtid}
+    return BinlogPosition(oldest, 4, 0, gtid)

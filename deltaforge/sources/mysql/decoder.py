@@ -13,6 +13,7 @@ import time
 from typing import IO, Any
 
 from deltaforge.sources.childproc import child_setup, write_frame
+from deltaforge.sources.mysql.position import BinlogPosition
 
 HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
 FLUSH_S = 0.01  # under steady load, hand over at least this often
@@ -46,12 +47,12 @@ def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
             wanted_cache[(schema, table)] = hit
         return hit
 
-    resume = cfg["resume"]
+    resume = BinlogPosition.from_doc(cfg["resume"])
     kw: dict[str, Any] = {}
     if cfg["is_mariadb"]:
-        kw["auto_position"] = str(resume.get("gtid") or "") if resume else ""
-    elif resume:
-        kw.update(resume_stream=True, log_file=resume["file"], log_pos=int(resume["pos"]))
+        kw["auto_position"] = resume.gtid
+    else:
+        kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.pos)
     reader = BinLogStreamReader(
         connection_settings=cfg["connection"],
         server_id=cfg["server_id"],
@@ -70,8 +71,8 @@ def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
         slave_heartbeat=HEARTBEAT_S,
         **kw,
     )
-    file = str(resume.get("file", "")) if resume else ""
-    tx_gtid = str(resume.get("gtid", "")) if resume else ""
+    file = resume.file
+    tx_gtid = resume.gtid
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
     tx: list[tuple[Any, ...]] = []
     standalone = False
@@ -102,7 +103,7 @@ def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
             if schemas.get(table) != columns:
                 schemas[table] = columns
                 cols = [{"name": n, "type": t} for n, t in columns]
-                write_frame(out, ("schema", table, cols, {"file": file, "pos": pos, "gtid": tx_gtid}))
+                write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             op = op_of[type(ev)]
             ts = int(ev.timestamp)
             for i, row in enumerate(ev.rows):

@@ -1,6 +1,6 @@
 """MySQL/MariaDB source: row events from the binlog via python-mysql-replication.
 
-The binlog is decoded in a child process (``binlog_process.py``, see
+The binlog is decoded in a child process (``decoder.py``, see
 ``childproc.py``) so that the library's pure-Python decoding runs beside the
 event loop instead of sharing its GIL; here whole transactions become events.
 
@@ -18,19 +18,28 @@ from typing import Any
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
+from deltaforge.position import Position, PositionDoc
+from deltaforge.sources.base import (
+    DeclaredTable,
+    PositionLost,
+    SchemaChange,
+    Source,
+    SourceError,
+    own_position,
+)
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.mysql_checks import (
+from deltaforge.sources.mysql.checks import (
     MySQLSettings,
     ServerInfo,
-    binlog_index,
     check_position,
     check_preconditions,
     default_server_id,
     earliest_position,
 )
+from deltaforge.sources.mysql.config import MySQLSourceConfig
+from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
-SchemaChange = tuple[str, list[dict[str, Any]], dict[str, Any]]
+new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 
 
 class MySQLSource(Source):
@@ -38,12 +47,12 @@ class MySQLSource(Source):
 
     connector = "mysql"
 
-    def __init__(self, config: dict[str, Any], tenant: str = "default") -> None:
-        self.id: str = config["id"]
-        self.settings = MySQLSettings.from_dsn(str(config["dsn"]))
-        self.patterns = [tuple(t.split(".", 1)) for t in config.get("tables", [])]
-        self.server_id = int(config.get("server_id") or default_server_id(self.id))
-        self.chunk = int(config.get("read_chunk", 2000))
+    def __init__(self, config: MySQLSourceConfig, tenant: str = "default") -> None:
+        self.id = config.id
+        self.settings = MySQLSettings.from_dsn(config.dsn)
+        self.patterns = [tuple(t.split(".", 1)) for t in config.tables]
+        self.server_id = config.server_id or default_server_id(self.id)
+        self.chunk = config.read_chunk
         self.tenant = tenant
         self.info: ServerInfo | None = None
         self._decoder: ChildDecoder | None = None
@@ -53,36 +62,33 @@ class MySQLSource(Source):
         self._threads = BlockingRunner(1)
 
     @staticmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        return (
-            binlog_index(str(checkpoint.get("file", ""))),
-            int(checkpoint.get("pos", 0)),
-            int(checkpoint.get("row", 0)),
-        )
+    def load_position(doc: PositionDoc) -> BinlogPosition:
+        return BinlogPosition.from_doc(doc)
 
     @property
     def idle_wait(self) -> float:
         return 0.0  # read() itself waits on the queue
 
     # -- lifecycle ---------------------------------------------------------------
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
-        info, start = await self._threads.run(self._prepare, resume_after)
+    async def open(self, resume_after: Position | None) -> None:
+        resume = own_position(resume_after, BinlogPosition)
+        info, start = await self._threads.run(self._prepare, resume)
         self.info = info
-        if resume_after is None:
+        if resume is None:
             # No checkpoint: the earliest change still on the server (there is no snapshot yet).
-            resume_after = start
-        self._committed = str(resume_after.get("gtid", ""))
+            resume = start
+        self._committed = resume.gtid
         cfg = {
             "connection": self.settings.replication(),
             "server_id": self.server_id,
             "is_mariadb": info.is_mariadb,
-            "resume": resume_after,
+            "resume": resume.to_doc(),
             "patterns": self.patterns,
             "schemas": sorted({p[0] for p in self.patterns if not any(ch in p[0] for ch in "*?[")}),
             "chunk": self.chunk,
         }
         self._decoder = ChildDecoder(
-            f"mysql source {self.id!r}", "deltaforge.sources.binlog_process", cfg, self._handle
+            f"mysql source {self.id!r}", "deltaforge.sources.mysql.decoder", cfg, self._handle
         )
         self._decoder.start()
 
@@ -109,7 +115,7 @@ class MySQLSource(Source):
                 tables.setdefault((schema, table), []).append((column, str(typ)))
         return [DeclaredTable(db, t, tuple(cols)) for (db, t), cols in tables.items()]
 
-    def _prepare(self, resume_after: dict[str, Any] | None) -> tuple[ServerInfo, dict[str, Any]]:
+    def _prepare(self, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
         conn = self.settings.connect()
         try:
             info = check_preconditions(conn, self.settings.where)
@@ -145,7 +151,7 @@ class MySQLSource(Source):
             return events
         if kind == "schema":
             with self._lock:
-                self._schema_changes.append((frame[1], frame[2], frame[3]))
+                self._schema_changes.append((frame[1], frame[2], BinlogPosition.from_doc(frame[3])))
             return None
         if frame[1] == "position_lost":
             raise PositionLost(f"the server cannot serve the binlog from the checkpoint ({frame[2]})")
@@ -159,7 +165,7 @@ class MySQLSource(Source):
             last = len(rows) - 1
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
-                position = {"file": file, "pos": pos, "row": i, "gtid": committed}
+                position = new_position(BinlogPosition, (file, pos, i, committed))
                 end = n == last
                 out.append(
                     Event(
@@ -171,7 +177,7 @@ class MySQLSource(Source):
                         end,
                         f"{fidx}:{pos}:{i}",
                         (fidx, pos, i),
-                        {"file": file, "pos": end_pos, "row": 0, "gtid": gtid} if end else position,
+                        new_position(BinlogPosition, (file, end_pos, 0, gtid)) if end else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )

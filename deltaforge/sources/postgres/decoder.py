@@ -20,7 +20,7 @@ import time
 from typing import IO, Any
 
 from deltaforge.sources.childproc import child_setup, write_frame
-from deltaforge.sources.pgoutput import (
+from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     Change,
@@ -30,7 +30,7 @@ from deltaforge.sources.pgoutput import (
     Truncate,
     decode,
 )
-from deltaforge.sources.pgtypes import converter
+from deltaforge.sources.postgres.types import converter
 
 PEEK = (
     "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, "

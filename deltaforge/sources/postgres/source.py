@@ -2,7 +2,7 @@
 
 asyncpg cannot speak START_REPLICATION, so changes are read with
 ``pg_logical_slot_peek_binary_changes`` — in a child process that also decodes
-pgoutput (``pg_process.py``, see ``childproc.py``) — and the slot is moved with
+pgoutput (``decoder.py``, see ``childproc.py``) — and the slot is moved with
 ``pg_replication_slot_advance`` — and only ever to a position every sink has
 durably checkpointed (``confirm``), so WAL is released and nothing
 unacknowledged is lost.
@@ -23,12 +23,21 @@ import asyncpg
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
+from deltaforge.position import Position, PositionDoc
+from deltaforge.sources.base import (
+    DeclaredTable,
+    PositionLost,
+    Source,
+    SourceError,
+    SourceMisconfigured,
+    own_position,
+)
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.mysql_checks import SourceMisconfigured
-from deltaforge.sources.pgoutput import format_lsn
+from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.pgoutput import format_lsn
+from deltaforge.sources.postgres.position import END, PgPosition
 
-END = 1 << 31  # the "seq" of a transaction's end: after every event in it
+new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
 
 
@@ -37,16 +46,16 @@ class PostgresSource(Source):
 
     connector = "postgres"
 
-    def __init__(self, config: dict[str, Any], tenant: str = "default") -> None:
-        self.id: str = config["id"]
-        self.dsn = str(config["dsn"])
-        self.slot = str(config.get("slot", "deltaforge"))
-        self.publication = str(config.get("publication", "deltaforge"))
-        self.tables = [str(t) for t in config.get("tables", [])]
-        self.create = bool(config.get("create", True))
-        self.chunk = int(config.get("read_chunk", 5000))
-        self.heartbeat_s = int(config.get("heartbeat_ms", 10_000)) / 1000
-        self._idle = int(config.get("poll_interval_ms", 100)) / 1000
+    def __init__(self, config: PostgresSourceConfig, tenant: str = "default") -> None:
+        self.id = config.id
+        self.dsn = config.dsn
+        self.slot = config.slot
+        self.publication = config.publication
+        self.tables = list(config.tables)
+        self.create = config.create
+        self.chunk = config.read_chunk
+        self.heartbeat_s = config.heartbeat_ms / 1000
+        self._idle = config.poll_interval_ms / 1000
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.db = ""
@@ -56,14 +65,15 @@ class PostgresSource(Source):
         self._threads = BlockingRunner(1)
 
     @staticmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        return (int(checkpoint.get("commit_lsn", 0)), int(checkpoint.get("seq", END)))
+    def load_position(doc: PositionDoc) -> PgPosition:
+        return PgPosition.from_doc(doc)
 
     @property
     def idle_wait(self) -> float:
         return self._idle
 
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
+    async def open(self, resume_after: Position | None) -> None:
+        resume = own_position(resume_after, PgPosition)
         try:
             conn = await asyncpg.connect(self.dsn, timeout=10)
         except (OSError, asyncpg.PostgresError) as exc:
@@ -85,7 +95,7 @@ class PostgresSource(Source):
                 "slot names are cluster-wide: give this source its own slot"
             )
         if slot is None:
-            if resume_after is not None:
+            if resume is not None:
                 raise PositionLost(f"replication slot {self.slot!r} does not exist (dropped?)")
             if not self.create:
                 raise SourceMisconfigured(
@@ -99,15 +109,15 @@ class PostgresSource(Source):
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
-        if resume_after is not None:
-            safe = int(resume_after["lsn"])
+        if resume is not None:
+            safe = resume.lsn
             if self._confirmed > safe:
                 raise PositionLost(
                     f"slot {self.slot!r} is at {format_lsn(self._confirmed)}, past the checkpoint "
                     f"{format_lsn(safe)}; the changes in between were consumed elsewhere"
                 )
             await self._advance(safe)
-            self._last_commit = int(resume_after.get("commit_lsn", 0))
+            self._last_commit = resume.commit_lsn
         cfg = {
             "dsn": self.dsn,
             "slot": self.slot,
@@ -118,7 +128,7 @@ class PostgresSource(Source):
             "last_commit": self._last_commit,
         }
         self._decoder = ChildDecoder(
-            f"postgres source {self.id!r}", "deltaforge.sources.pg_process", cfg, self._handle
+            f"postgres source {self.id!r}", "deltaforge.sources.postgres.decoder", cfg, self._handle
         )
         self._decoder.start()
 
@@ -167,9 +177,11 @@ class PostgresSource(Source):
             conn, self._conn = self._conn, None
             await conn.close(timeout=5)
 
-    async def confirm(self, checkpoint: dict[str, Any]) -> None:
+    async def confirm(self, checkpoint: Position) -> None:
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
-        await self._advance(int(checkpoint["lsn"]))
+        confirmed = own_position(checkpoint, PgPosition)
+        assert confirmed is not None
+        await self._advance(confirmed.lsn)
 
     async def _advance(self, lsn: int) -> None:
         if lsn <= self._confirmed or self._conn is None:
@@ -208,7 +220,7 @@ class PostgresSource(Source):
 
     def _heartbeat(self, lsn: int) -> Event:
         """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there."""
-        cp = {"lsn": lsn, "commit_lsn": lsn - 1, "seq": END}
+        cp = PgPosition(lsn, lsn - 1, END)
         return Event(
             op="h",
             before=None,
@@ -232,7 +244,7 @@ class PostgresSource(Source):
             tx_id = str(xid)
             last = len(changes) - 1
             for seq, (op, schema, table, before, after) in enumerate(changes):
-                position = {"lsn": safe, "commit_lsn": commit_lsn, "seq": seq}
+                position = new_position(PgPosition, (safe, commit_lsn, seq))
                 end = seq == last
                 out.append(
                     Event(
@@ -244,7 +256,7 @@ class PostgresSource(Source):
                         end,
                         f"{prefix}:{seq}",
                         (commit_lsn, seq),
-                        {"lsn": end_lsn, "commit_lsn": commit_lsn, "seq": END} if end else position,
+                        new_position(PgPosition, (end_lsn, commit_lsn, END)) if end else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )

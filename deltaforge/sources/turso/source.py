@@ -19,10 +19,14 @@ from typing import Any
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
-from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError
-from deltaforge.sources.sqlite_record import decode_record
+from deltaforge.position import Position, PositionDoc
+from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError, own_position
+from deltaforge.sources.turso.config import TursoSourceConfig
+from deltaforge.sources.turso.position import TursoPosition
+from deltaforge.sources.turso.record import decode_record
 
 _OPS = {1: "c", 0: "u", -1: "d"}
+new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 _COMMIT = 2
 _SCHEMA_TABLE = "sqlite_schema"
 
@@ -32,13 +36,13 @@ class TursoSource(Source):
 
     connector = "turso"
 
-    def __init__(self, config: dict[str, Any], tenant: str = "default") -> None:
-        self.id: str = config["id"]
-        self.path = str(config["path"])
+    def __init__(self, config: TursoSourceConfig, tenant: str = "default") -> None:
+        self.id = config.id
+        self.path = config.path
         self.db_name = Path(self.path).stem
-        self.tables: set[str] | None = set(config["tables"]) if config.get("tables") else None
-        self.chunk = int(config.get("read_chunk", 2000))
-        self._idle = int(config.get("poll_interval_ms", 50)) / 1000
+        self.tables: set[str] | None = set(config.tables) if config.tables else None
+        self.chunk = config.read_chunk
+        self._idle = config.poll_interval_ms / 1000
         self.tenant = tenant
         self._conn: Any = None
         self._after = 0
@@ -48,15 +52,16 @@ class TursoSource(Source):
         self._has_cdc_table = False
 
     @staticmethod
-    def order_of(checkpoint: dict[str, Any]) -> tuple[int, ...]:
-        return (int(checkpoint.get("change_id", 0)),)
+    def load_position(doc: PositionDoc) -> TursoPosition:
+        return TursoPosition.from_doc(doc)
 
     @property
     def idle_wait(self) -> float:
         return self._idle
 
-    async def open(self, resume_after: dict[str, Any] | None) -> None:
-        self._after = int(resume_after["change_id"]) if resume_after else 0
+    async def open(self, resume_after: Position | None) -> None:
+        resume = own_position(resume_after, TursoPosition)
+        self._after = resume.change_id if resume else 0
         self._pending = []
         self._columns = {}
         self._has_cdc_table = False
@@ -166,7 +171,7 @@ class TursoSource(Source):
             changes
         ):
             end = i == last
-            position = {"change_id": change_id}
+            position = new_position(TursoPosition, (change_id,))
             events.append(
                 Event(
                     op=_OPS[change_type],
@@ -183,7 +188,7 @@ class TursoSource(Source):
                     tx_end=end,
                     event_id=str(change_id),
                     order=(change_id,),
-                    checkpoint={"change_id": marker[0]} if end else position,
+                    checkpoint=new_position(TursoPosition, (marker[0],)) if end else position,
                     tenant=self.tenant,
                     size=96 + len(before or b"") + len(after or b""),
                 )

@@ -1,0 +1,34 @@
+"""``spec.source.config`` of a MySQL/MariaDB source."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+
+from deltaforge.configmodel import Hint, PositiveInt, SourceSettings, Text, fail, matching
+
+
+def _db_tables(value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(t, str) and "." in t for t in value):
+        fail("expected a list of db.table names (db.* allowed)")
+    return list(value)
+
+
+MySQLDsn = Annotated[
+    Text, matching(r"^(mysql|mariadb)://[^/]+", "expected mysql://user:password@host:port/db")
+]
+DbTables = Annotated[list[str], BeforeValidator(_db_tables), Hint("a list of db.table names")]
+
+
+class MySQLSourceConfig(SourceSettings):
+    """A MySQL 8 or MariaDB server's binlog, read as a replica."""
+
+    dsn: MySQLDsn = Field(description="mysql://user:password@host:port/db (${VAR} for the password).")
+    tables: DbTables = Field(
+        default_factory=list, description="db.table names to capture, db.* allowed (default: all)."
+    )
+    server_id: PositiveInt | None = Field(
+        None, description="Replica server id (default: derived from the source id)."
+    )
+    read_chunk: PositiveInt = Field(2000, description="Rows handed over per read.")

@@ -1,0 +1,38 @@
+"""Where a MySQL/MariaDB reader stands in the binlog."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from deltaforge.position import PositionDoc, as_int, as_str
+
+_INDEX = re.compile(r"\.(\d+)$")
+
+
+def binlog_index(name: str) -> int:
+    """``mysql-bin.000042`` -> 42 (0 for a name without a number)."""
+    m = _INDEX.search(name)
+    return int(m.group(1)) if m else 0
+
+
+class BinlogPosition(NamedTuple):
+    """``file``/``pos``: the end of a row event (or, at a transaction's end, of its XID
+    event); ``row``: the row's index in that event; ``gtid``: the last committed
+    transaction's GTID (MariaDB resumes from it)."""
+
+    file: str
+    pos: int
+    row: int = 0
+    gtid: str = ""
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return (binlog_index(self.file), self.pos, self.row)
+
+    def to_doc(self) -> PositionDoc:
+        return {"file": self.file, "pos": self.pos, "row": self.row, "gtid": self.gtid}
+
+    @classmethod
+    def from_doc(cls, doc: PositionDoc) -> BinlogPosition:
+        return cls(as_str(doc, "file"), as_int(doc, "pos"), as_int(doc, "row"), as_str(doc, "gtid"))

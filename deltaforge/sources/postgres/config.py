@@ -1,0 +1,24 @@
+"""``spec.source.config`` of a PostgreSQL source."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from deltaforge.configmodel import Bool, Identifier, PositiveInt, PostgresDsn, SourceSettings, TableNames
+
+
+class PostgresSourceConfig(SourceSettings):
+    """A logical replication slot (pgoutput) on a server with ``wal_level=logical``."""
+
+    dsn: PostgresDsn = Field(description="postgresql://user:password@host:port/db (${VAR} for the password).")
+    slot: Identifier = Field("deltaforge", description="The replication slot (created when missing).")
+    publication: Identifier = Field("deltaforge", description="The publication (created when missing).")
+    tables: TableNames = Field(
+        default_factory=list, description="schema.table names to publish (default: all)."
+    )
+    create: Bool = Field(True, description="Create the slot and publication when missing.")
+    read_chunk: PositiveInt = Field(5000, description="Changes peeked per read.")
+    heartbeat_ms: PositiveInt = Field(
+        10_000, description="While idle, move checkpoints and the slot this often."
+    )
+    poll_interval_ms: PositiveInt = Field(100, description="Wait after a read that found nothing new.")
