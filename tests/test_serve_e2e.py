@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,56 @@ def test_logs_reads_stdin_and_filters_by_level() -> None:
     assert not any("source_opening" in x for x in out)  # below the level
     assert not any(" other" in x for x in out)  # another pipeline
     assert "not json at all" in r.stdout  # shown as is, not dropped
+
+
+def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
+    """A sink that cannot open (its path is a folder) crashes its worker: every restart and
+    the escalation carry the exception's traceback in the JSON log."""
+    (tmp_path / "out.jsonl").mkdir()
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: crashy}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}}}}}\n"
+        f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'out.jsonl'}}}}}]\n"
+        "  supervision: {max_restarts: 2, within_seconds: 60, backoff: {base_ms: 1, max_ms: 5}}\n"
+        f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
+    )
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log), "--quiet") as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/health").status_code == 503, what="the pipeline to fail")
+        assert serve.terminate() == 0
+    records = lines(log)
+    restarts = [r for r in records if r["event"] == "child_restarted" and r["actor"] == "DeliveryWorker[f]"]
+    assert restarts, records
+    for r in restarts:
+        assert r["exception"].startswith("Traceback (most recent call last):")
+        assert "IsADirectoryError" in r["exception"] and "_open" in r["exception"]
+    escalations = [r for r in records if r["event"] == "supervisor_escalated"]
+    assert escalations and escalations[0]["supervisor"] == "DeliverySupervisor"
+    for r in escalations:  # the pipeline supervisor's carries the chained cause too
+        assert "IsADirectoryError" in r["exception"], r
+
+
+def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "pyspark"  # pyspark as it is on a machine without the extra
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'pyspark'\")\n")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: sparkless}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}}}}}\n"
+        "  processors: [{type: filter, expr: \"op = 'c'\"}]\n"
+        f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'out.jsonl'}}}}}]\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "serve", "--config", str(cfg), "--api-addr", "off", "--quiet"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "shadow")},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert (
+        "pipeline 'sparkless': processors need the spark extra: pip install 'deltaforge[spark]' "
+        "(and a Java 17 runtime)" in r.stderr
+    )
+    assert "Traceback" not in r.stderr
