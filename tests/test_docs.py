@@ -7,7 +7,13 @@ import importlib
 
 import pytest
 
-MODULES = ["actors.actor", "actors.message", "supervision.supervisor", "deltaforge.configmodel", "deltaforge.position"]
+MODULES = [
+    "actors.actor",
+    "actors.message",
+    "supervision.supervisor",
+    "deltaforge.configmodel",
+    "deltaforge.position",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

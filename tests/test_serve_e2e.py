@@ -159,13 +159,13 @@ def test_logs_reads_stdin_and_filters_by_level() -> None:
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
-    """A sink that cannot open (its path is a folder) crashes its worker: every restart and
-    the escalation carry the exception's traceback in the JSON log."""
+    """A sink that cannot open (its path is a folder) crashes its worker at the first batch:
+    every restart and the escalation carry the exception's traceback in the JSON log."""
     (tmp_path / "out.jsonl").mkdir()
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
         "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: crashy}\nspec:\n"
-        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}}}}}\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}, workload: {{rows_per_second: 50}}}}}}\n"
         f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'out.jsonl'}}}}}]\n"
         "  supervision: {max_restarts: 2, within_seconds: 60, backoff: {base_ms: 1, max_ms: 5}}\n"
         f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 
@@ -13,11 +13,21 @@ from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, FlushNow, StopReading
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
+from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
 from supervision import Fatal, FunctionChild, SupervisorFailed
+
+
+class StoredCheckpoint(TypedDict):
+    """One sink's checkpoint as the API shows it."""
+
+    key: str
+    version: int
+    updated_at: float
+    position: PositionDoc
 
 
 class PipelineRunner:
@@ -126,7 +136,7 @@ class PipelineRunner:
             "counters": self.ctx.stats.to_dict(),
         }
 
-    async def checkpoints(self) -> dict[str, Any]:
+    async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""
         store = self.store
         keys = {self.ctx.key(sid): sid for sid in self.sinks}

@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from deltaforge.events import Event
@@ -45,8 +45,10 @@ def read_frame(inp: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-def child_setup() -> tuple[dict[str, Any], IO[bytes]]:
-    """In the child: die with the parent, tune the GC, read the settings; returns (cfg, out)."""
+def child_setup() -> tuple[Any, IO[bytes]]:
+    """In the child: die with the parent, tune the GC, read the settings; returns (cfg, out).
+
+    ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it)."""
     from deltaforge import gctune
 
     if sys.platform.startswith("linux"):
@@ -69,7 +71,7 @@ class ChildDecoder:
     """
 
     def __init__(
-        self, name: str, module: str, cfg: dict[str, Any], handle: Handler, queue_size: int = 8
+        self, name: str, module: str, cfg: Mapping[str, object], handle: Handler, queue_size: int = 8
     ) -> None:
         self.name = name
         self.module = module

@@ -43,7 +43,7 @@ class MySQLSettings:
     def where(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
 
-    def replication(self) -> dict[str, Any]:
+    def replication(self) -> dict[str, str | int]:
         return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
 
     def connect(self) -> pymysql.connections.Connection[Any]:

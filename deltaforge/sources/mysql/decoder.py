@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
+from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
+
+
+class DecoderSettings(TypedDict):
+    """What the reader hands this process (pickled on its stdin)."""
+
+    connection: dict[str, str | int]
+    server_id: int
+    is_mariadb: bool
+    resume: PositionDoc
+    patterns: list[tuple[str, ...]]
+    schemas: list[str]
+    chunk: int
+
 
 HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
 FLUSH_S = 0.01  # under steady load, hand over at least this often
@@ -21,7 +35,7 @@ _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
 
 
-def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
+def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.event import (
         GtidEvent,

@@ -37,6 +37,7 @@ from deltaforge.sources.mysql.checks import (
     earliest_position,
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
+from deltaforge.sources.mysql.decoder import DecoderSettings
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
@@ -78,7 +79,7 @@ class MySQLSource(Source):
             # No checkpoint: the earliest change still on the server (there is no snapshot yet).
             resume = start
         self._committed = resume.gtid
-        cfg = {
+        cfg: DecoderSettings = {
             "connection": self.settings.replication(),
             "server_id": self.server_id,
             "is_mariadb": info.is_mariadb,

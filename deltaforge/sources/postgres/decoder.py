@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from deltaforge.sources.childproc import child_setup, write_frame
 from deltaforge.sources.postgres.pgoutput import (
@@ -109,7 +109,19 @@ class TxDecoder:
         return hit
 
 
-async def stream(cfg: dict[str, Any], out: IO[bytes]) -> None:
+class DecoderSettings(TypedDict):
+    """What the reader hands this process (pickled on its stdin)."""
+
+    dsn: str
+    slot: str
+    publication: str
+    chunk: int
+    heartbeat_s: float
+    idle_s: float
+    last_commit: int
+
+
+async def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     import asyncpg
 
     conn = await asyncpg.connect(cfg["dsn"], timeout=10)

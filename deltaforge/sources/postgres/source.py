@@ -34,6 +34,7 @@ from deltaforge.sources.base import (
 )
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.decoder import DecoderSettings
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 
@@ -118,7 +119,7 @@ class PostgresSource(Source):
                 )
             await self._advance(safe)
             self._last_commit = resume.commit_lsn
-        cfg = {
+        cfg: DecoderSettings = {
             "dsn": self.dsn,
             "slot": self.slot,
             "publication": self.publication,
