@@ -18,7 +18,7 @@ one partition, in order.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from pydantic import Field
@@ -56,6 +56,9 @@ class KafkaSinkConfig(SinkSettings):
         False, description="One Kafka transaction per batch (read_committed sees it whole)."
     )
     timeout_s: PositiveNumber = Field(30.0, description="How long a batch may take to be acknowledged.")
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none", description="Record batch compression (compression.type)."
+    )
     producer: dict[str, ProducerValue] = Field(
         default_factory=dict, description="More librdkafka producer settings, passed as given."
     )
@@ -97,6 +100,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # Success reports would cost a Python callback (and a Message object) per record:
             # only failures are reported; flush()/commit_transaction() confirm the rest.
             "delivery.report.only.error": True,
+            "compression.type": self.settings.compression,
             **self.extra,
         }
         if self.exactly_once:
