@@ -192,3 +192,25 @@ def test_sigkill_loses_nothing_at_least_once(tansu: Tansu, tmp_path: Path) -> No
     rows = crash_and_recover(tmp_path, sink, {"KAFKA": tansu.bootstrap}, seed=9)
     got = {int(d["source"]["change_id"]) for _, _, d, _ in consume(tansu.bootstrap, "cdc.orders", len(rows))}
     assert {int(r[0]) for r in rows} <= got  # at-least-once: nothing lost
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+async def test_compressed_batches_arrive_whole(tansu: Tansu, compression: str) -> None:
+    n = 5_000
+    topic = f"cdc.{compression}"
+    tansu.create_topic(topic)
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, topic=topic, compression=compression), env={})
+    assert cfg.sinks[0].config.compression == compression
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n, chunk=1000))
+    await run_to(runner, n)
+    ids = sorted(int(doc["event_id"]) for _, _, doc, _ in consume(tansu.bootstrap, topic, n))
+    assert ids == list(range(1, n + 1))
+
+
+def test_an_unknown_compression_is_refused_with_the_choices() -> None:
+    from deltaforge.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"compression: expected one of none, gzip, snappy, lz4, zstd, got 'brotli'"
+    ):
+        parse_pipeline(kafka_doc("127.0.0.1:9092", compression="brotli"), env={})
