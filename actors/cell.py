@@ -10,7 +10,7 @@ from anyio.abc import TaskStatus
 
 from actors.actor import Actor
 from actors.errors import ActorStopped
-from actors.mailbox import Envelope, Mailbox
+from actors.mailboxes import Envelope, Mailbox
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import anyio
 
 from actors.errors import ActorStopped, AskTimeout
-from actors.mailbox import Envelope
+from actors.mailboxes import Envelope
 from actors.message import Ask
 
 if TYPE_CHECKING:

@@ -32,9 +32,9 @@ from deltaforge.pipeline.context import PipelineStats
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sources.base import DeclaredTable, Source, own_position
 from deltaforge.transform.plan import Plan
+from deltaforge.transform.rowtypes import table_schema
 from deltaforge.transform.session import runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
-from deltaforge.transform.types import table_schema
 from tests.kit import SeqPosition
 
 COLUMNS = (("id", "INTEGER"), ("customer", "TEXT"), ("email", "TEXT"), ("amount", "REAL"), ("status", "TEXT"))

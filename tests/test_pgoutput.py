@@ -20,7 +20,7 @@ from deltaforge.sources.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from deltaforge.sources.postgres.types import converter, parse_array
+from deltaforge.sources.postgres.values import converter, parse_array
 
 
 def tup(*vals: object) -> bytes:

@@ -16,6 +16,7 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
+from supervision import FakeClock
 from tests.helpers import first_occurrences, wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 
@@ -293,3 +294,33 @@ async def test_backpressure_blocks_the_reader_and_memory_stays_flat() -> None:
     assert baseline is not None
     assert peak - baseline < 40 * 1024 * 1024, f"RSS grew {(peak - baseline) / 1e6:.1f} MB"
     assert len(a.received) == total
+
+
+async def test_retry_and_backoff_delays_run_on_the_injected_clock() -> None:
+    """Delivery retries and the coordinator's backoff wait on the pipeline's clock: with a fake
+    one the test takes no real time for them, and the delays are the configured ones."""
+    failing = {1, 2, 3, 4}  # calls 1-3: the worker's three attempts; 4: the coordinator's retry
+
+    def script(call: int, events: list[Event]) -> None:
+        if call in failing:
+            raise RetryableSinkError(f"down (call {call})")
+
+    clock = FakeClock()
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=script)
+    cfg = config(sinks=[sink_doc("a")], supervision={"backoff": {"base_ms": 500, "max_ms": 4000}})
+    runner = PipelineRunner(
+        cfg, store=store, sinks={"a": a}, source=SyntheticSource(10), clock=clock, rng=random.Random(7)
+    )
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 10, what="all committed")
+    await stop(runner, task)
+    assert a.received == list(range(1, 11))
+    # Calls 1-3 fail: the worker retries twice (0.1 s, then 0.2 s, each with equal jitter) and
+    # reports the batch failed; the coordinator backs off (0.5 s, jittered) and asks again;
+    # call 4 fails and the worker retries once more (0.1 s); call 5 delivers.
+    assert len(clock.sleeps) == 4, clock.sleeps
+    first, second, coordinator, again = clock.sleeps
+    assert 0.05 <= first <= 0.1 and 0.1 <= second <= 0.2 and 0.05 <= again <= 0.1
+    assert 0.25 <= coordinator <= 0.5
+    assert clock.now() == pytest.approx(sum(clock.sleeps))

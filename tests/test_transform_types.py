@@ -37,9 +37,9 @@ from deltaforge.transform.arrow import (
 )
 from deltaforge.transform.changes import Changes
 from deltaforge.transform.plan import Plan, ProcessorError, Transformed
+from deltaforge.transform.rowtypes import mysql_type, postgres_type, sqlite_type, table_schema
 from deltaforge.transform.session import SparkRuntime, runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
-from deltaforge.transform.types import mysql_type, postgres_type, sqlite_type, table_schema
 from tests import test_mysql_source as my
 from tests import test_postgres_source as pg
 from tests.helpers import first_occurrences

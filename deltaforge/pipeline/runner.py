@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any, TypedDict
 
 import structlog
@@ -18,7 +19,7 @@ from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
-from supervision import Fatal, FunctionChild, SupervisorFailed
+from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed
 
 
 class StoredCheckpoint(TypedDict):
@@ -45,7 +46,10 @@ class PipelineRunner:
         sinks: dict[str, Sink[Any]] | None = None,
         workload: DemoWorkload | None = None,
         source: Source | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        """``clock`` and ``rng`` drive every backoff and retry delay (tests pass a FakeClock)."""
         self.config = config
         self.name = config.name
         self._own_store = store is None
@@ -55,7 +59,14 @@ class PipelineRunner:
             sink.pipeline = config.name
         self.source = source or build_source(config.source, config.tenant)
         self.workload = workload
-        self.ctx = PipelineContext(config, self.store, self.source, self.sinks)
+        self.ctx = PipelineContext(
+            config,
+            self.store,
+            self.source,
+            self.sinks,
+            clock=clock or MonotonicClock(),
+            rng=rng or random.Random(),
+        )
         extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
         self.tree = build_tree(self.ctx, extra)
         self.supervisor = self.tree.supervisor

@@ -11,8 +11,8 @@ from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, Batch, DeliverBatch, JobDone
 from deltaforge.transform.plan import Plan, ProcessorError, Transformed
+from deltaforge.transform.rowtypes import table_schema
 from deltaforge.transform.session import SparkRuntime, SparkUnavailable, runtime_for
-from deltaforge.transform.types import table_schema
 from supervision import Fatal
 
 if TYPE_CHECKING:

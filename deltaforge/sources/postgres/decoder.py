@@ -30,7 +30,7 @@ from deltaforge.sources.postgres.pgoutput import (
     Truncate,
     decode,
 )
-from deltaforge.sources.postgres.types import converter
+from deltaforge.sources.postgres.values import converter
 
 PEEK = (
     "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, "

@@ -1,6 +1,6 @@
 """Messages per second through a chain of three actors, chunked vs single.
 
-    python benchmarks/mailbox.py [--events 300000] [--chunk 500]
+    python benchmarks/mailboxes.py [--events 300000] [--chunk 500]
 
 Prints one line per mode. Chunked mode moves lists of ``--chunk`` items per
 message; per-item throughput is what a pipeline gets from each shape.
