@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field
 
+from deltaforge import plugins
 from deltaforge.configmodel import (
     Bool,
     Invalid,
@@ -32,7 +33,7 @@ from deltaforge.configmodel import (
     Text,
     validate,
 )
-from deltaforge.transform.spec import PROCESSORS, ProcessorSpec, SparkConfig, processor_spec
+from deltaforge.transform.spec import ProcessorSpec, SparkConfig, processor_spec
 
 SPEC_FIELDS = ("source", "processors", "spark", "sinks", "batch", "commit_policy", "supervision", "storage")
 
@@ -200,15 +201,13 @@ def _entry(raw: Any, path: str, allowed: tuple[str, ...], errors: list[str]) -> 
 
 
 def _source(raw: Any, errors: list[str]) -> SourceConfig[Any] | None:
-    from deltaforge.plugins import SOURCES
-
     path = "spec.source"
     typ, cfg = _entry(raw, path, ("type", "config"), errors)
-    plugin = SOURCES.get(typ)
+    plugin = plugins.SOURCES.get(typ)
     if plugin is None:
         if typ:
             errors.append(
-                f"{path}.type: unknown source type {typ!r}; expected one of {', '.join(sorted(SOURCES))}"
+                f"{path}.type: unknown source type {typ!r}; expected one of {', '.join(sorted(plugins.SOURCES))}"
             )
         return None
     settings = _section(plugin.config, cfg, f"{path}.config", errors)
@@ -216,8 +215,6 @@ def _source(raw: Any, errors: list[str]) -> SourceConfig[Any] | None:
 
 
 def _sinks(raw: Any, errors: list[str]) -> list[SinkConfig[Any]]:
-    from deltaforge.plugins import SINKS
-
     if not isinstance(raw, list) or not raw:
         errors.append("spec.sinks: required (a non-empty list of sinks)")
         return []
@@ -227,11 +224,11 @@ def _sinks(raw: Any, errors: list[str]) -> list[SinkConfig[Any]]:
         typ, cfg = _entry(item, path, ("type", "config", "required"), errors)
         if isinstance(item, Mapping) and "required" in item and "required" not in cfg:
             cfg["required"] = item["required"]  # the entry-level spelling of config.required
-        plugin = SINKS.get(typ)
+        plugin = plugins.SINKS.get(typ)
         if plugin is None:
             if typ:
                 errors.append(
-                    f"{path}.type: unknown sink type {typ!r}; expected one of {', '.join(sorted(SINKS))}"
+                    f"{path}.type: unknown sink type {typ!r}; expected one of {', '.join(sorted(plugins.SINKS))}"
                 )
             continue
         settings = _section(plugin.config, cfg, f"{path}.config", errors)
@@ -257,9 +254,9 @@ def _processors(raw: Any, errors: list[str]) -> tuple[ProcessorSpec, ...]:
     for i, item in enumerate(raw):
         path = f"spec.processors[{i}]"
         typ = item.get("type") if isinstance(item, Mapping) else None
-        model = PROCESSORS.get(typ) if isinstance(typ, str) else None
+        model = plugins.PROCESSORS.get(typ) if isinstance(typ, str) else None
         if isinstance(item, Mapping) and model is None:
-            errors.append(f"{path}.type: expected one of {', '.join(PROCESSORS)}, got {typ!r}")
+            errors.append(f"{path}.type: expected one of {', '.join(plugins.PROCESSORS)}, got {typ!r}")
             continue
         if model is None:
             errors.append(f"{path}: expected a mapping, got {type(item).__name__}")
