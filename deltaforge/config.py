@@ -99,6 +99,9 @@ class SupervisionConfig(PluginConfig):
         60.0, description="... within this many seconds fail the pipeline."
     )
     backoff: BackoffConfig = Field(default_factory=BackoffConfig, description="Wait before a restart.")
+    max_unavailable_s: PositiveNumber | None = Field(
+        None, description="Fail the pipeline once its source has been down this long (default: wait forever)."
+    )
 
     @property
     def backoff_base_ms(self) -> int:

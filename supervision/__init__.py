@@ -16,7 +16,7 @@ restarted at any level: it stops the whole tree and keeps its reason.
 from supervision.backoff import Backoff
 from supervision.child import Child, FunctionChild
 from supervision.clock import Clock, FakeClock, MonotonicClock
-from supervision.errors import Fatal, SupervisorFailed
+from supervision.errors import Fatal, SupervisorFailed, Unavailable
 from supervision.intensity import Intensity, RestartIntensity
 from supervision.spec import ChildSpec, Restart, Strategy
 from supervision.supervisor import Supervisor
@@ -36,4 +36,5 @@ __all__ = [
     "Strategy",
     "Supervisor",
     "SupervisorFailed",
+    "Unavailable",
 ]

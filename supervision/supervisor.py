@@ -15,7 +15,7 @@ from anyio.abc import TaskStatus
 from actors.snapshot import NodeSnapshot
 from supervision.backoff import Backoff
 from supervision.clock import Clock, MonotonicClock
-from supervision.errors import Fatal, SupervisorFailed
+from supervision.errors import Fatal, SupervisorFailed, Unavailable
 from supervision.intensity import Intensity, RestartIntensity
 from supervision.spec import ChildSpec, Restart, Strategy
 
@@ -30,6 +30,10 @@ class _Running:
     stopping: bool = False
     state: str = "new"
     restarts: int = 0
+    started_at: float = 0.0
+    outage_since: float | None = None
+    """When the child's current run of :class:`Unavailable` exits began."""
+    outage_attempts: int = 0
     done: bool = False
     """Ended and, by its restart type, not to be started again."""
     last_error: str | None = None
@@ -76,6 +80,11 @@ class Supervisor:
     Every crash, restart, escalation and fatal stop is logged with the
     exception's traceback (``exc_info``).
 
+    A child that exits with :class:`Unavailable` is not counted as a crash: it is
+    restarted with its own capped backoff for as long as it takes, or until it has
+    been unavailable for ``max_unavailable`` seconds (then the supervisor fails). A
+    child that ran for ``healthy_after`` seconds starts that backoff afresh.
+
     Children run as their own asyncio tasks rather than in a task group: a child
     that ignores cancellation past its ``shutdown_timeout`` can then be reported
     and abandoned, and shutdown still completes (a task group would wait forever).
@@ -107,6 +116,8 @@ class Supervisor:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        max_unavailable: float | None = None,
+        healthy_after: float = 30.0,
     ) -> None:
         names = [c.name for c in children]
         if len(set(names)) != len(names):
@@ -118,6 +129,8 @@ class Supervisor:
         self.backoff = backoff or Backoff()
         self.clock: Clock = clock or MonotonicClock()
         self.rng = rng or random.Random()
+        self.max_unavailable = max_unavailable
+        self.healthy_after = healthy_after
         self.state = "new"
         self.last_error: str | None = None
         self._children = [_Running(spec) for spec in self.specs]
@@ -208,6 +221,7 @@ class Supervisor:
         child.generation += 1
         child.stopping = False
         child.state = "starting"
+        child.started_at = self.clock.now()
         status = _Started()
         task = asyncio.create_task(
             self._watch(child, child.generation, status), name=f"{self.name}/{child.spec.name}"
@@ -256,24 +270,17 @@ class Supervisor:
                 "child_exited", actor=name, reason=reason or "normal", restarted=False, exc_info=error
             )
             return
-        if not tracker.record(self.clock.now()):
-            child.state = "failed"
-            self.log.error(
-                "supervisor_escalated",
-                actor=name,
-                reason=reason or "normal exit",
-                max_restarts=self.intensity.max_restarts,
-                within_seconds=self.intensity.within_seconds,
-                exc_info=error,
-            )
-            raise SupervisorFailed(self.name, name, error) from error
+        if isinstance(error, Unavailable):
+            delay = self._outage(child, error)
+        else:
+            delay = self._crash(child, error, tracker)
         group = self._restart_group(child)
         for other in reversed(group):
             if other is not child:
                 await self._stop_child(other)
-        delay = self.backoff.delay(tracker.recent, self.rng)
         for member in group:
             member.state = "restarting"
+        child.state = "unavailable" if isinstance(error, Unavailable) else "restarting"
         await self.clock.sleep(delay)
         for member in group:
             if member is not child and member.spec.restart is Restart.TEMPORARY:
@@ -288,9 +295,58 @@ class Supervisor:
                 failed=name,
                 restarts=member.restarts,
                 delay_s=round(delay, 4),
-                exc_info=error if member is child else None,
+                exc_info=error if member is child and not isinstance(error, Unavailable) else None,
             )
         # run() starts the group again, in order, each after the one before it is up.
+
+    def _crash(self, child: _Running, error: BaseException | None, tracker: RestartIntensity) -> float:
+        """A crash (or a normal exit of a permanent child): counted; the delay before the restart."""
+        name = child.spec.name
+        reason = _describe(error)
+        child.outage_since = None
+        if not tracker.record(self.clock.now()):
+            child.state = "failed"
+            self.log.error(
+                "supervisor_escalated",
+                actor=name,
+                reason=reason or "normal exit",
+                max_restarts=self.intensity.max_restarts,
+                within_seconds=self.intensity.within_seconds,
+                exc_info=error,
+            )
+            raise SupervisorFailed(self.name, name, error) from error
+        return self.backoff.delay(tracker.recent, self.rng)
+
+    def _outage(self, child: _Running, error: Unavailable) -> float:
+        """What the child needs is down: not counted; the delay before the next attempt."""
+        now = self.clock.now()
+        if child.outage_since is None or now - child.started_at >= self.healthy_after:
+            child.outage_since, child.outage_attempts = now, 0  # a new outage: backoff afresh
+        child.outage_attempts += 1
+        down_for = now - child.outage_since
+        if self.max_unavailable is not None and down_for > self.max_unavailable:
+            child.state = "failed"
+            self.log.error(
+                "supervisor_gave_up_waiting",
+                actor=child.spec.name,
+                reason=_describe(error),
+                unavailable_s=round(down_for, 3),
+                max_unavailable_s=self.max_unavailable,
+            )
+            gave_up = (
+                f"gave up after {down_for:.0f}s unavailable (max_unavailable_s {self.max_unavailable:g})"
+            )
+            raise SupervisorFailed(self.name, child.spec.name, error, gave_up) from error
+        delay = self.backoff.delay(child.outage_attempts, self.rng)
+        self.log.warning(
+            "child_unavailable",
+            actor=child.spec.name,
+            reason=_describe(error),
+            attempts=child.outage_attempts,
+            unavailable_s=round(down_for, 3),
+            retry_in_s=round(delay, 3),
+        )
+        return delay
 
     def _restart_group(self, failed: _Running) -> list[_Running]:
         if self.strategy is Strategy.ONE_FOR_ONE:

@@ -23,6 +23,7 @@ from supervision import (
     Strategy,
     Supervisor,
     SupervisorFailed,
+    Unavailable,
 )
 from tests.helpers import wait_until
 
@@ -502,3 +503,89 @@ async def test_escalation_chains_the_failure_that_caused_it() -> None:
     with pytest.raises(SupervisorFailed) as info:
         await task
     assert isinstance(info.value.__cause__, RuntimeError) and str(info.value.__cause__) == "a failed"
+
+
+class Unreachable:
+    """Exits with Unavailable ``outages`` times (its server is down), then stays up."""
+
+    name = "reader"
+
+    def __init__(self, outages: int) -> None:
+        self.outages = outages
+        self.attempts = 0
+        self.up = asyncio.Event()
+
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.attempts += 1
+        if self.attempts <= self.outages:
+            raise Unavailable(f"connection refused (attempt {self.attempts})")
+        task_status.started()
+        self.up.set()
+        await anyio.sleep_forever()
+
+    def snapshot(self) -> NodeSnapshot:
+        return NodeSnapshot(name=self.name, kind="task", state="x")
+
+
+async def test_unavailable_is_waited_for_with_capped_backoff_and_never_counts_as_a_crash() -> None:
+    clock = FakeClock()
+    child = Unreachable(outages=40)
+    sup = Supervisor(
+        "s", [ChildSpec(child)], intensity=Intensity(2, 60), backoff=Backoff(0.1, 5.0), clock=clock,
+        rng=random.Random(1),
+    )  # fmt: skip
+    with capture_logs() as logs:
+        task = asyncio.create_task(sup.run())
+        await asyncio.wait_for(child.up.wait(), 10)
+    assert child.attempts == 41  # 40 refusals with intensity 2: none of them counted
+    assert len(clock.sleeps) == 40
+    assert clock.sleeps[0] <= 0.1 and max(clock.sleeps) <= 5.0  # exponential, capped at backoff max
+    assert all(2.5 <= d <= 5.0 for d in clock.sleeps[8:])
+    unavailable = [e for e in logs if e["event"] == "child_unavailable"]
+    assert len(unavailable) == 40 and unavailable[-1]["attempts"] == 40
+    assert not [e for e in logs if e["event"] == "supervisor_escalated"]
+    sup.request_stop()
+    await task
+
+
+async def test_max_unavailable_turns_a_long_outage_into_a_failure_naming_it() -> None:
+    clock = FakeClock()
+    child = Unreachable(outages=1000)
+    sup = Supervisor(
+        "s", [ChildSpec(child)], backoff=Backoff(1.0, 10.0), clock=clock, rng=random.Random(2),
+        max_unavailable=120,
+    )  # fmt: skip
+    with pytest.raises(SupervisorFailed) as info:
+        await asyncio.wait_for(sup.run(), 10)
+    assert "gave up after" in str(info.value) and "unavailable (max_unavailable_s 120)" in str(info.value)
+    assert isinstance(info.value.__cause__, Unavailable)
+    assert 120 < clock.now() <= 131
+
+
+async def test_an_outage_after_a_healthy_run_starts_its_backoff_afresh() -> None:
+    clock = FakeClock()
+
+    class Flapping(Unreachable):
+        """Attempts 1-5 and 7-8 are refused; 6 runs for an hour, then loses its server; 9 stays up."""
+
+        async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            self.attempts += 1
+            if self.attempts == 6:
+                task_status.started()
+                clock.advance(3600)
+                raise Unavailable("connection reset")
+            if self.attempts <= 8:
+                raise Unavailable("connection refused")
+            task_status.started()
+            self.up.set()
+            await anyio.sleep_forever()
+
+    child = Flapping(outages=0)
+    sup = Supervisor("s", [ChildSpec(child)], backoff=Backoff(0.1, 100.0), clock=clock, rng=random.Random(3))
+    task = asyncio.create_task(sup.run())
+    await asyncio.wait_for(child.up.wait(), 10)
+    # 5 growing delays, then the outage after the healthy run starts again at the base delay
+    first, second = clock.sleeps[:5], clock.sleeps[5:]
+    assert first[-1] > 0.5 and second[0] <= 0.1
+    sup.request_stop()
+    await task

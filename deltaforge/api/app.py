@@ -22,12 +22,26 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
             return JSONResponse({"error": f"no pipeline named {name!r}"}, status_code=404)
         return runner
 
+    def states(request: Request) -> dict[str, str]:
+        return {n: "degraded" if r.degraded else r.state for n, r in pipelines.items()}
+
     async def health(request: Request) -> Response:
+        """Alive? 503 only for what retrying cannot fix; 200 ``degraded`` while waiting for a server."""
         failed = {n: r.failure for n, r in pipelines.items() if r.state == "failed"}
         if failed:
             reasons = [f"{n}: {why}" for n, why in failed.items()]
             return JSONResponse({"status": "failed", "reasons": reasons}, status_code=503)
-        return JSONResponse({"status": "ok", "pipelines": {n: r.state for n, r in pipelines.items()}})
+        degraded = {n: r.ctx.availability.view() for n, r in pipelines.items() if r.degraded}
+        if degraded:
+            body = {"status": "degraded", "pipelines": states(request), "unavailable": degraded}
+            return JSONResponse(body)
+        return JSONResponse({"status": "ok", "pipelines": states(request)})
+
+    async def ready(request: Request) -> Response:
+        """Doing its job? 200 only while every pipeline runs with its source and sinks reachable."""
+        current = states(request)
+        ok = all(state == "running" for state in current.values())
+        return JSONResponse({"ready": ok, "pipelines": current}, status_code=200 if ok else 503)
 
     async def list_pipelines(request: Request) -> Response:
         return JSONResponse([r.status() for r in pipelines.values()])
@@ -52,6 +66,7 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
     return Starlette(
         routes=[
             Route("/health", health),
+            Route("/ready", ready),
             Route("/pipelines", list_pipelines),
             Route("/pipelines/{name}", pipeline),
             Route("/pipelines/{name}/actors", actors),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltaforge.config import PipelineConfig
+from deltaforge.pipeline.availability import Availability
 from deltaforge.position import Position
 from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
@@ -94,6 +95,8 @@ class PipelineContext:
     stats: PipelineStats = field(default_factory=PipelineStats)
     clock: Clock = field(default_factory=MonotonicClock)
     rng: random.Random = field(default_factory=random.Random)
+    availability: Availability = field(default_factory=Availability)
+    """The source or sinks that are down right now (``/health`` says ``degraded``)."""
     durable: dict[str, Position] = field(default_factory=dict)
     """Each sink's checkpoint as last durably written (the committer keeps it current)."""
 

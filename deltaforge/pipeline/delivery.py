@@ -22,9 +22,12 @@ class DeliveryWorker(Actor):
     On start it loads the sink's own checkpoint; events at or before it are
     skipped (this is how a sink ahead of the source's resume point avoids
     duplicates). Retryable errors are retried ``ATTEMPTS`` times with
-    exponential backoff and jitter, then reported as :class:`DeliveryFailed`;
-    non-retryable errors are reported at once; :class:`Fatal` and unexpected
-    errors crash the worker, for its supervisor to judge.
+    exponential backoff and jitter, then reported as :class:`DeliveryFailed`
+    (the coordinator retries the batch with backoff for as long as it takes) and
+    the connection is dropped so the next attempt opens a fresh one; meanwhile
+    the sink is listed as unavailable (``/health``: degraded). Non-retryable
+    errors are reported at once; :class:`Fatal` and unexpected errors crash the
+    worker, for its supervisor to judge. A sink that is down is not a crash.
     """
 
     mailbox_size = 1
@@ -50,6 +53,15 @@ class DeliveryWorker(Actor):
             await self.sink.open()
             self.opened = True
 
+    async def _reconnect(self) -> None:
+        """Drop the connection after a failed batch: the next attempt opens a fresh one."""
+        if self.opened:
+            self.opened = False
+            try:
+                await self.sink.close()
+            except Exception as exc:  # noqa: BLE001 - the connection is broken; closing is best effort
+                self.log.info("sink_close_failed", sink=self.sink_id, reason=f"{type(exc).__name__}: {exc}")
+
     async def on_stop(self) -> None:
         await self.sink.close()
 
@@ -67,13 +79,13 @@ class DeliveryWorker(Actor):
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, DeliverTo):
             return await super().receive(message)
-        await self._open()
         batch = message.batch
         events = self._pending(batch)
         self.stats.skipped += len(batch.events) - len(events)
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
+                    await self._open()
                     await self.sink.deliver(events)
                     break
                 except Fatal:
@@ -81,7 +93,10 @@ class DeliveryWorker(Actor):
                 except SinkError as exc:
                     self.stats.errors += 1
                     self.stats.last_error = str(exc)
+                    if exc.retryable:
+                        self.ctx.availability.down(f"sink:{self.sink_id}", exc)
                     if not exc.retryable or attempt == ATTEMPTS:
+                        await self._reconnect()
                         self.log.warning(
                             "delivery_failed",
                             sink=self.sink_id,
@@ -92,6 +107,7 @@ class DeliveryWorker(Actor):
                         return DeliveryFailed(self.sink_id, batch.id, str(exc), exc.retryable)
                     self.stats.retries += 1
                     await self.ctx.clock.sleep(RETRY.delay(attempt, self.ctx.rng))
+        self.ctx.availability.up(f"sink:{self.sink_id}")
         if self.position is None or batch.checkpoint.order > self.position.order:
             self.position = batch.checkpoint
         self.stats.events += len(events)

@@ -10,6 +10,7 @@ from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import EventsRead, ReadNext, StopReading
 from deltaforge.position import Position
+from supervision import Unavailable
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.accumulator import Accumulator
@@ -46,7 +47,11 @@ class SourceReader(Actor):
         self.log.info(
             "source_opening", source=ctx.source.id, resume_after=resume.to_doc() if resume else None
         )
-        await ctx.source.open(resume)
+        try:
+            await ctx.source.open(resume)
+        except Unavailable as exc:
+            ctx.availability.down("source", exc)  # the supervisor retries with backoff
+            raise
         await self.ref.tell(ReadNext())
 
     async def receive(self, message: Any) -> Any:
@@ -54,11 +59,16 @@ class SourceReader(Actor):
             if not self.reading:
                 return None
             source = self.ctx.source
-            durable = self.ctx.durable_min()
-            if durable is not None and durable is not self.confirmed:
-                await source.confirm(durable)
-                self.confirmed = durable
-            events = await source.read()
+            try:
+                durable = self.ctx.durable_min()
+                if durable is not None and durable is not self.confirmed:
+                    await source.confirm(durable)
+                    self.confirmed = durable
+                events = await source.read()
+            except Unavailable as exc:
+                self.ctx.availability.down("source", exc)
+                raise
+            self.ctx.availability.up("source")
             for table, columns, position in source.take_schema_changes():
                 await self.ctx.store.record_schema(source.id, table, columns, position.to_doc())
                 self.log.info(

@@ -10,6 +10,7 @@ import structlog
 
 from actors import ActorStopped, NodeSnapshot
 from deltaforge.config import PipelineConfig
+from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, FlushNow, StopReading
 from deltaforge.pipeline.tree import build_tree, workload_child
@@ -66,6 +67,7 @@ class PipelineRunner:
             self.sinks,
             clock=clock or MonotonicClock(),
             rng=rng or random.Random(),
+            availability=Availability(config.name),
         )
         extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
         self.tree = build_tree(self.ctx, extra)
@@ -133,10 +135,17 @@ class PipelineRunner:
     def snapshot(self) -> NodeSnapshot:
         return self.supervisor.snapshot()
 
+    @property
+    def degraded(self) -> bool:
+        """Running, but waiting for a source or sink that is down."""
+        return self.state == "running" and self.ctx.availability.degraded
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "state": self.state,
+            "degraded": self.degraded,
+            "unavailable": self.ctx.availability.view(),
             "failure": self.failure,
             "source": {"type": self.config.source.type, "id": self.config.source.id},
             "sinks": [{"type": s.type, "id": s.id, "required": s.required} for s in self.config.sinks],

@@ -136,6 +136,7 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
         backoff=backoff,
         clock=ctx.clock,
         rng=ctx.rng,
+        max_unavailable=sup.max_unavailable_s,
     )
     return PipelineTree(supervisor, reader.ref, accumulator.ref, transformer_ref, coordinator.ref)
 

@@ -8,14 +8,14 @@ from typing import Any, TypeVar
 
 from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
-from supervision import Fatal
+from supervision import Fatal, Unavailable
 
 SchemaChange = tuple[str, list[dict[str, Any]], Position]
 """A table's columns as first seen: ``(table, [{name, type}, ...], position)``."""
 
 
 class SourceError(Exception):
-    """A source failed in a way a restart may fix (connection lost, timeout)."""
+    """A source failed in a way a restart may fix (see SourceUnavailable for a server that is down)."""
 
 
 P = TypeVar("P")
@@ -31,6 +31,11 @@ def own_position(position: Position | None, kind: type[P]) -> P | None:
 
 class SourceMisconfigured(Fatal):
     """The server is not set up for CDC; a restart cannot fix it."""
+
+
+class SourceUnavailable(SourceError, Unavailable):
+    """The source's server cannot be reached right now (refused, reset, shutting down,
+    timed out): wait for it, with backoff, for as long as it takes."""
 
 
 class PositionLost(Fatal):

@@ -83,6 +83,14 @@ class MariaDB(ServerProcess):
             cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{CDC_USER}'@'%'")
         return self
 
+    def halt(self) -> None:
+        """Shut the server down (SIGTERM), keeping its data: an outage."""
+        self.kill(timeout=30)
+
+    def resume(self) -> None:
+        """Start it again after :meth:`halt`, on the same port and data."""
+        ServerProcess.start(self)
+
     def root(self, db: str | None = None, **kw: Any) -> pymysql.connections.Connection[Any]:
         return pymysql.connect(
             host="127.0.0.1", port=self.port, user="root", password="", database=db, autocommit=True, **kw

@@ -42,6 +42,14 @@ class Postgres(ServerProcess):
         self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
         return self
 
+    def halt(self) -> None:
+        """Stop the server (fast shutdown), keeping its data: an outage."""
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start it again after :meth:`halt`, on the same port."""
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+
     def dsn(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 

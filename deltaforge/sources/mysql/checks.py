@@ -12,8 +12,20 @@ from urllib.parse import unquote, urlsplit
 
 import pymysql
 
-from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured
+from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
+
+# Client and server error codes that mean "the server is down right now": can't connect
+# (2002, 2003), gone away or lost mid-query (2006, 2013, 2055), shutting down (1053, 1077).
+UNAVAILABLE_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1077})
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (from pymysql, in this process or the decoder's) means the server is down."""
+    if isinstance(exc, pymysql.err.OperationalError | pymysql.err.InterfaceError):
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        return code in UNAVAILABLE_CODES or isinstance(exc, pymysql.err.InterfaceError)
+    return isinstance(exc, OSError | TimeoutError | EOFError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +70,8 @@ class MySQLSettings:
                 raise SourceMisconfigured(
                     f"mysql {self.where}: access denied (check user and password)"
                 ) from None
+            if code in UNAVAILABLE_CODES:
+                raise SourceUnavailable(f"mysql {self.where}: cannot connect: {exc.args[-1]}") from None
             raise SourceError(f"mysql {self.where}: cannot connect: {exc.args[-1]}") from None
 
 

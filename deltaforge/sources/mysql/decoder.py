@@ -154,8 +154,10 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
         import pymysql
 
+        from deltaforge.sources.mysql.checks import is_unavailable
+
         code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
-        kind = "position_lost" if code in _LOST_CODES else "source"
+        kind = "position_lost" if code in _LOST_CODES else "unavailable" if is_unavailable(exc) else "source"
         detail = exc.args[-1] if code in _LOST_CODES else f"{type(exc).__name__}: {exc}"
         try:
             write_frame(out, ("error", kind, str(detail)))

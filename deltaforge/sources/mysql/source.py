@@ -25,6 +25,7 @@ from deltaforge.sources.base import (
     SchemaChange,
     Source,
     SourceError,
+    SourceUnavailable,
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
@@ -35,6 +36,7 @@ from deltaforge.sources.mysql.checks import (
     check_preconditions,
     default_server_id,
     earliest_position,
+    is_unavailable,
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.decoder import DecoderSettings
@@ -119,12 +121,19 @@ class MySQLSource(Source):
     def _prepare(self, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
         conn = self.settings.connect()
         try:
-            info = check_preconditions(conn, self.settings.where)
-            if resume_after:
-                check_position(conn, resume_after, info)
-            return info, earliest_position(conn, info)
+            return self._check(conn, resume_after)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"mysql {self.settings.where}: {type(exc).__name__}: {exc}") from None
+            raise
         finally:
             conn.close()
+
+    def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
+        info = check_preconditions(conn, self.settings.where)
+        if resume_after:
+            check_position(conn, resume_after, info)
+        return info, earliest_position(conn, info)
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
@@ -156,6 +165,8 @@ class MySQLSource(Source):
             return None
         if frame[1] == "position_lost":
             raise PositionLost(f"the server cannot serve the binlog from the checkpoint ({frame[2]})")
+        if frame[1] == "unavailable":
+            raise SourceUnavailable(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
 
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:

@@ -20,6 +20,7 @@ import time
 from typing import IO, Any, TypedDict
 
 from deltaforge.sources.childproc import child_setup, write_frame
+from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -167,6 +168,8 @@ def main() -> None:
             frame = ("error", "position_lost", f"replication slot {cfg['slot']!r} is gone ({exc})")
         elif isinstance(exc, DecodeError):
             frame = ("error", "decode", str(exc))
+        elif is_unavailable(exc):
+            frame = ("error", "unavailable", describe(exc))
         else:
             frame = ("error", "source", f"{type(exc).__name__}: {exc}")
         try:

@@ -30,11 +30,13 @@ from deltaforge.sources.base import (
     Source,
     SourceError,
     SourceMisconfigured,
+    SourceUnavailable,
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.decoder import DecoderSettings
+from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 
@@ -74,10 +76,19 @@ class PostgresSource(Source):
         return self._idle
 
     async def open(self, resume_after: Position | None) -> None:
-        resume = own_position(resume_after, PgPosition)
+        try:
+            await self._open(own_position(resume_after, PgPosition))
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
+            raise
+
+    async def _open(self, resume: PgPosition | None) -> None:
         try:
             conn = await asyncpg.connect(self.dsn, timeout=10)
-        except (OSError, asyncpg.PostgresError) as exc:
+        except asyncpg.PostgresError as exc:
+            if is_unavailable(exc):
+                raise
             raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
         self._conn = conn
         self.db = str(await conn.fetchval("SELECT current_database()"))
@@ -182,7 +193,12 @@ class PostgresSource(Source):
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
         confirmed = own_position(checkpoint, PgPosition)
         assert confirmed is not None
-        await self._advance(confirmed.lsn)
+        try:
+            await self._advance(confirmed.lsn)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
+            raise
 
     async def _advance(self, lsn: int) -> None:
         if lsn <= self._confirmed or self._conn is None:
@@ -217,6 +233,8 @@ class PostgresSource(Source):
             raise PositionLost(str(frame[2]))
         if frame[1] == "decode":
             raise DecodeFailed(f"postgres source {self.id!r}: {frame[2]}")
+        if frame[1] == "unavailable":
+            raise SourceUnavailable(f"postgres source {self.id!r}: {frame[2]}")
         raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
 
     def _heartbeat(self, lsn: int) -> Event:

@@ -1,0 +1,24 @@
+"""Which PostgreSQL failures mean "the server is down right now" (wait for it) rather than
+a problem that retrying cannot fix. Used by the reader and by its decoder process."""
+
+from __future__ import annotations
+
+import asyncpg
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Refused, reset, timed out, shutting down, starting up or recovering, connection lost."""
+    return isinstance(
+        exc,
+        OSError
+        | TimeoutError
+        | asyncpg.PostgresConnectionError  # SQLSTATE class 08
+        | asyncpg.CannotConnectNowError  # starting up, shutting down, in recovery
+        | asyncpg.AdminShutdownError
+        | asyncpg.CrashShutdownError
+        | asyncpg.ConnectionDoesNotExistError,
+    )
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
