@@ -1,4 +1,6 @@
-"""The SIGKILL scenario every sink test shares: a Turso workload, `serve` killed at random points.
+"""The scenarios every sink test shares: SIGKILLs of ``serve``, and its sink's server stopped.
+
+The SIGKILL scenario: a Turso workload, `serve` killed at random points.
 
 Runs ``serve`` with the built-in workload writing to an embedded Turso database
 and the given sink, kills it ``kills`` times (each time after the sink's
@@ -10,8 +12,10 @@ what the sink holds.
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +25,11 @@ from tests.helpers import stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 from tests.test_crash import read_cdc
 
+OUTAGE_S = float(os.environ.get("DF_OUTAGE_S", "60"))
 
-def crash_and_recover(
-    tmp_path: Path, sink: dict[str, Any], env: dict[str, str], kills: int = 5, seed: int = 1
-) -> list[list[int]]:
+
+def _pipeline_files(tmp_path: Path, sink: dict[str, Any]) -> tuple[Path, Path]:
+    """The shared Turso-with-workload pipeline, with and without the workload running."""
     doc: dict[str, Any] = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
@@ -48,6 +53,70 @@ def crash_and_recover(
     doc["spec"]["source"]["config"]["workload"]["enabled"] = False
     without = tmp_path / "without.yaml"
     without.write_text(yaml.safe_dump(doc))
+    return with_workload, without
+
+
+def _catch_up(tmp_path: Path, without: Path, key: str, env: dict[str, str]) -> list[list[int]]:
+    """Run without the workload until the sink's checkpoint holds the last change; the changes."""
+    changes, last = read_cdc(tmp_path / "app.db")
+    cp_db = tmp_path / "cp.db"
+    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
+
+        def caught_up() -> bool:
+            cp = stored_checkpoint(cp_db, key)
+            return cp is not None and int(cp["change_id"]) >= last
+
+        wait_until_sync(caught_up, timeout=120, what="caught up")
+        assert serve.terminate() == 0
+    return changes
+
+
+def outage_and_recover(
+    tmp_path: Path,
+    sink: dict[str, Any],
+    env: dict[str, str],
+    halt: Callable[[], None],
+    resume: Callable[[], None],
+) -> list[list[int]]:
+    """The sink's server stops for OUTAGE_S while ``serve`` runs with the workload (and the
+    default restart policy): ``/health`` must say degraded naming the sink, the pipeline must
+    keep running and recover by itself once the server is back. Returns the changes the
+    database recorded, for the test to compare with what the sink holds."""
+    with_workload, without = _pipeline_files(tmp_path, sink)
+    sid = sink["config"]["id"]
+    key = f"db::sink::{sid}"
+    cp_db = tmp_path / "cp.db"
+    with Serve(
+        tmp_path, "--config", str(with_workload), "--log-file", str(tmp_path / "log.jsonl"), env=env
+    ) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: stored_checkpoint(cp_db, key) is not None, timeout=30, what="a checkpoint")
+        halt()
+        down_at = time.monotonic()
+
+        def degraded() -> bool:
+            body = serve.get("/health").json()
+            return body["status"] == "degraded" and f"sink:{sid}" in body["unavailable"].get("crash", {})
+
+        wait_until_sync(degraded, timeout=60, what="/health degraded")
+        assert serve.get("/ready").status_code == 503
+        # The outage itself: the server stays down this long, whatever the pipeline does.
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+        assert serve.get("/pipelines/crash").json()["state"] == "running"
+        held = stored_checkpoint(cp_db, key)
+        resume()
+        wait_until_sync(
+            lambda: stored_checkpoint(cp_db, key) != held, timeout=120, what="progress after the outage"
+        )
+        wait_until_sync(lambda: serve.get("/health").json()["status"] == "ok", timeout=60, what="/health ok")
+        assert serve.terminate() == 0
+    return _catch_up(tmp_path, without, key, env)
+
+
+def crash_and_recover(
+    tmp_path: Path, sink: dict[str, Any], env: dict[str, str], kills: int = 5, seed: int = 1
+) -> list[list[int]]:
+    with_workload, without = _pipeline_files(tmp_path, sink)
     key = f"db::sink::{sink['config']['id']}"
     cp_db = tmp_path / "cp.db"
     rng = random.Random(seed)
@@ -61,13 +130,4 @@ def crash_and_recover(
             )
             time.sleep(rng.uniform(0, 0.4))
             serve.kill()
-    changes, last = read_cdc(tmp_path / "app.db")
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
-
-        def caught_up() -> bool:
-            cp = stored_checkpoint(cp_db, key)
-            return cp is not None and int(cp["change_id"]) >= last
-
-        wait_until_sync(caught_up, timeout=60, what="caught up")
-        assert serve.terminate() == 0
-    return changes
+    return _catch_up(tmp_path, without, key, env)

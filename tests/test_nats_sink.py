@@ -19,7 +19,7 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.nats import Nats
-from tests.sink_crash import crash_and_recover
+from tests.sink_crash import crash_and_recover, outage_and_recover
 
 
 def nats_doc(url: str, **sink: Any) -> dict[str, Any]:
@@ -114,3 +114,22 @@ def test_sigkill_leaves_no_duplicates_within_the_window(nats_server: Nats, tmp_p
     got = [int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "cdc.orders"))]
     assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
     assert got == [int(r[0]) for r in rows]
+
+
+@pytest.mark.slow
+def test_server_stopped_for_a_minute_is_waited_for_and_nothing_is_lost(
+    nats_server: Nats, tmp_path: Path
+) -> None:
+    sink = {
+        "type": "nats",
+        "config": {"id": "n", "url": "${NATS}", "subject": "out.${source.table}", "stream": "OUTAGE",
+                   "stream_subjects": "out.>", "ack_timeout_s": 2},
+    }  # fmt: skip
+    rows = outage_and_recover(
+        tmp_path, sink, {"NATS": nats_server.url()}, nats_server.kill, nats_server.start
+    )
+    got = [
+        int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "out.orders", "OUTAGE"))
+    ]
+    assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
+    assert got == [int(r[0]) for r in rows]  # every change, in order, none lost

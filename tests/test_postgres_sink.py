@@ -19,7 +19,7 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.postgres import Postgres
-from tests.sink_crash import crash_and_recover
+from tests.sink_crash import crash_and_recover, outage_and_recover
 from tests.test_postgres_source import fresh_db
 
 
@@ -145,3 +145,24 @@ def test_sigkill_ends_with_exactly_one_effect_per_change(postgres: Postgres, tmp
     )
     assert len(source_rows) > 20
     assert got == source_rows  # the target equals the source: every change applied once, none lost
+
+
+@pytest.mark.slow
+def test_target_stopped_for_a_minute_is_waited_for_and_ends_equal_to_the_source(tmp_path: Path) -> None:
+    with Postgres() as pg:
+        db = asyncio.run(target(pg, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
+                                    "status text, version int, note bytea, _df_position text)"))  # fmt: skip
+        sink = {
+            "type": "postgres",
+            "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer"},
+        }
+        outage_and_recover(tmp_path, sink, {"PG": pg.dsn(db)}, pg.halt, pg.resume)
+        out = subprocess.run(
+            [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
+        )
+        source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
+        got = asyncio.run(
+            rows(pg.dsn(db), "SELECT id, customer, amount, status, version FROM orders ORDER BY id")
+        )
+    assert len(source_rows) > 20
+    assert got == source_rows  # the target equals the source after the outage

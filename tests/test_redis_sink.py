@@ -17,7 +17,7 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.servers.redis import Redis, restart
-from tests.sink_crash import crash_and_recover
+from tests.sink_crash import crash_and_recover, outage_and_recover
 
 
 def redis_doc(uri: str, exactly_once: bool = False, **batch: Any) -> dict[str, Any]:
@@ -108,4 +108,19 @@ def test_exactly_once_survives_sigkill_with_one_entry_per_change(redis_server: R
     rows = crash_and_recover(tmp_path, sink, {"REDIS": redis_server.uri()}, kills=6, seed=6)
     got = [int(d["source"]["change_id"]) for d in entries(redis_server, "cdc.orders")]
     assert got == sorted(got) and len(got) == len(set(got)), "a change was written twice"
+    assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
+
+
+@pytest.mark.slow
+def test_server_stopped_for_a_minute_is_waited_for_with_one_entry_per_change(
+    redis_server: Redis, tmp_path: Path
+) -> None:
+    sink = {
+        "type": "redis",
+        "config": {"id": "r", "uri": "${REDIS}", "stream": "out.${source.table}", "exactly_once": True},
+    }
+    rows = outage_and_recover(
+        tmp_path, sink, {"REDIS": redis_server.uri()}, redis_server.kill, redis_server.start
+    )
+    got = [int(d["source"]["change_id"]) for d in entries(redis_server, "out.orders")]
     assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
