@@ -17,8 +17,10 @@ from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.serve_proc import free_port
+from tests.servers.proxy import TcpProxy
 from tests.servers.tansu import Tansu
-from tests.sink_crash import crash_and_recover
+from tests.sink_crash import crash_and_recover, outage_and_recover
 
 
 def kafka_doc(brokers: str, **sink: Any) -> dict[str, Any]:
@@ -214,3 +216,18 @@ def test_an_unknown_compression_is_refused_with_the_choices() -> None:
         ConfigError, match=r"compression: expected one of none, gzip, snappy, lz4, zstd, got 'brotli'"
     ):
         parse_pipeline(kafka_doc("127.0.0.1:9092", compression="brotli"), env={})
+
+
+@pytest.mark.slow
+def test_broker_unreachable_for_a_minute_is_waited_for_and_nothing_is_lost(tmp_path: Path) -> None:
+    """Tansu keeps its data in memory, so the outage is staged by a proxy the broker advertises:
+    for DF_OUTAGE_S every connection is reset and new ones are refused."""
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.orders")
+        sink = {"type": "kafka", "config": {"id": "k", "brokers": "${KAFKA}", "topic": "cdc.${source.table}",
+                                            "exactly_once": True, "timeout_s": 5}}  # fmt: skip
+        bootstrap = f"127.0.0.1:{proxy_port}"
+        rows = outage_and_recover(tmp_path, sink, {"KAFKA": bootstrap}, proxy.down, proxy.up)
+        got = [int(d["source"]["change_id"]) for _, _, d, _ in consume(bootstrap, "cdc.orders", len(rows))]
+    assert {int(r[0]) for r in rows} <= set(got)  # nothing lost

@@ -16,7 +16,13 @@ def tansu_binary() -> str:
 
 
 class Tansu(ServerProcess):
+    """``advertise``: the port clients are told to use (a proxy's), when not the broker's own."""
+
     name = "tansu"
+
+    def __init__(self, port: int | None = None, advertise: int | None = None) -> None:
+        super().__init__(port)
+        self.advertise = advertise or self.port
 
     @property
     def bootstrap(self) -> str:
@@ -24,7 +30,8 @@ class Tansu(ServerProcess):
 
     def command(self) -> list[str]:
         url = f"tcp://127.0.0.1:{self.port}"
-        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://127.0.0.1:{self.advertise}"
+        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                 "--storage-engine", "memory://tansu/"]  # fmt: skip
 
     def create_topic(self, name: str, partitions: int = 3) -> None:

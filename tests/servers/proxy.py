@@ -1,0 +1,81 @@
+"""A TCP proxy in front of a test server that can be taken down and brought back, to stage an
+outage of a server that cannot be restarted without losing its data (Tansu keeps its data in
+memory). Down means: listening socket closed, every open connection reset."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+
+from tests.serve_proc import free_port
+
+
+class TcpProxy:
+    def __init__(self, upstream_port: int, port: int | None = None) -> None:
+        self.upstream_port = upstream_port
+        self.port = port or free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def _call(self, coro: object) -> None:
+        fut: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        fut.result(10)
+
+    def start(self) -> TcpProxy:
+        self._thread.start()
+        self.up()
+        return self
+
+    def up(self) -> None:
+        self._call(self._listen())
+
+    def down(self) -> None:
+        self._call(self._close())
+
+    def stop(self) -> None:
+        self.down()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(
+            self._pipe_client, "127.0.0.1", self.port, reuse_address=True
+        )
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()  # a reset, as when the server's host goes away
+        self._writers.clear()
+
+    async def _pipe_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+
+    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
