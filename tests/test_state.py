@@ -160,3 +160,18 @@ def test_positions_order_across_binlog_files_numerically() -> None:
     assert BinlogPosition.from_doc({"file": "mysql-bin.000002", "pos": 7}) == BinlogPosition(
         "mysql-bin.000002", 7, 0, ""
     )
+
+
+async def test_sqlite_store_writes_are_durable_before_they_count(tmp_path: Path) -> None:
+    """What a source releases irreversibly (a slot advanced) is only what the store holds with
+    synchronous=FULL: WAL with NORMAL survives SIGKILL but may lose the last commits on power loss."""
+    store = SqliteCheckpointStore(tmp_path / "cp.db")
+    await store.open()
+    try:
+        async with store.db.execute("PRAGMA synchronous") as cur:
+            (level,) = await cur.fetchone()  # type: ignore[misc]
+        async with store.db.execute("PRAGMA journal_mode") as cur:
+            (mode,) = await cur.fetchone()  # type: ignore[misc]
+    finally:
+        await store.close()
+    assert (level, mode) == (2, "wal")  # 2 = FULL

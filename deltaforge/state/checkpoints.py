@@ -224,7 +224,13 @@ class _SqliteSchemas:
 
 
 class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
-    """SQLite in WAL mode with synchronous=NORMAL: a committed write survives SIGKILL."""
+    """SQLite in WAL mode with synchronous=FULL: a committed write survives SIGKILL and power loss.
+
+    FULL, not NORMAL: a source may release what lies before a checkpoint for good (the
+    PostgreSQL slot is advanced, binlogs may expire), so a checkpoint must be on disk
+    before anyone acts on it. NORMAL in WAL mode can lose the last commits on power loss.
+    It costs one fsync of the WAL per batch.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -234,7 +240,7 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = await aiosqlite.connect(self.path)
         await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA synchronous=FULL")
         await db.execute("PRAGMA busy_timeout=5000")
         await db.executescript(_SCHEMA)
         await db.commit()
