@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import turso
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import PositionLost
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.record import decode_record
 from deltaforge.sources.turso.source import TursoSource
@@ -201,3 +203,72 @@ async def test_describe_tables_lists_the_user_tables_not_turso_internals(tmp_pat
     )
     only = await source(tmp_path / "d.db", tables=["nope"]).describe_tables()
     assert only == []
+
+
+async def _checkpoint_after_three_transactions(db: Path) -> Any:
+    w = writer(db)
+    w.execute("CREATE TABLE a (id INTEGER PRIMARY KEY, v INTEGER)")
+    w.commit()
+    for i in range(6):
+        w.execute("INSERT INTO a (v) VALUES (?)", (i,))
+        w.commit()
+    w.close()
+    src = source(db)
+    await src.open(None)
+    events = await read_all(src)
+    await src.close()
+    return events[2].checkpoint  # the third insert's transaction end
+
+
+async def test_a_pruned_cdc_table_is_position_lost_not_a_silent_gap(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    cp = await _checkpoint_after_three_transactions(db)
+    w = writer(db)
+    w.execute("DELETE FROM turso_cdc WHERE change_id <= ?", (cp.change_id + 2,))
+    w.commit()
+    w.close()
+    src = source(db)
+    with pytest.raises(PositionLost) as info:
+        await src.open(cp)
+    await src.close()
+    assert str(info.value).startswith(
+        f"position lost: checkpoint change_id {cp.change_id} of source 't' is no longer in"
+    )
+    assert "pruned" in str(info.value) and str(info.value).endswith("Re-snapshot required.")
+
+
+def _replace_database(db: Path) -> None:
+    """Another database at the same path: more changes, in other transactions."""
+    for f in db.parent.glob(f"{db.name}*"):
+        f.unlink()
+    w = writer(db)
+    w.execute("CREATE TABLE a (id INTEGER PRIMARY KEY, v INTEGER)")
+    w.execute("CREATE TABLE b (id INTEGER PRIMARY KEY, v INTEGER)")
+    w.commit()
+    for i in range(20):
+        w.execute("INSERT INTO b (v) VALUES (?)", (i,))
+    w.commit()
+    w.close()
+
+
+async def test_a_replaced_database_file_is_position_lost_even_when_it_has_more_changes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "p.db"
+    cp = await _checkpoint_after_three_transactions(db)
+    _replace_database(db)
+    src = source(db)
+    with pytest.raises(PositionLost, match="the database file was replaced"):
+        await src.open(cp)
+    await src.close()
+
+
+async def test_a_checkpoint_stored_without_its_transaction_still_resumes(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    cp = await _checkpoint_after_three_transactions(db)
+    old = TursoSource.load_position({"change_id": cp.change_id})  # as stored before txn/at existed
+    src = source(db)
+    await src.open(old)
+    rest = await read_all(src)
+    await src.close()
+    assert [e.after["v"] for e in rest if e.after] == [3, 4, 5]

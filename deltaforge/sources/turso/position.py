@@ -8,17 +8,31 @@ from deltaforge.position import PositionDoc, as_int
 
 
 class TursoPosition(NamedTuple):
-    """``change_id``: the last ``turso_cdc`` row read (a transaction's end marker at its end)."""
+    """``change_id``: the last ``turso_cdc`` row read (a transaction's end marker at its end).
+
+    ``txn`` and ``at`` are that row's ``change_txn_id`` and ``change_time``: on resume they
+    must still match, or the database was replaced under the checkpoint (positions stored
+    before they were recorded have neither, and resume on ``change_id`` alone).
+    """
 
     change_id: int
+    txn: int | None = None
+    at: int | None = None
 
     @property
     def order(self) -> tuple[int, ...]:
         return (self.change_id,)
 
     def to_doc(self) -> PositionDoc:
-        return {"change_id": self.change_id}
+        doc: PositionDoc = {"change_id": self.change_id}
+        if self.txn is not None:
+            doc["txn"] = self.txn
+        if self.at is not None:
+            doc["at"] = self.at
+        return doc
 
     @classmethod
     def from_doc(cls, doc: PositionDoc) -> TursoPosition:
-        return cls(as_int(doc, "change_id"))
+        txn = as_int(doc, "txn") if doc.get("txn") is not None else None
+        at = as_int(doc, "at") if doc.get("at") is not None else None
+        return cls(as_int(doc, "change_id"), txn, at)

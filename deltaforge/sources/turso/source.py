@@ -46,6 +46,7 @@ class TursoSource(Source):
         self.tenant = tenant
         self._conn: Any = None
         self._after = 0
+        self._resume: TursoPosition | None = None
         self._columns: dict[str, tuple[list[str], int | None]] = {}
         self._pending: list[tuple[Any, ...]] = []
         self._threads = BlockingRunner(1)
@@ -62,12 +63,13 @@ class TursoSource(Source):
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, TursoPosition)
         self._after = resume.change_id if resume else 0
+        self._resume = resume
         self._pending = []
         self._columns = {}
         self._has_cdc_table = False
         self._conn = await self._threads.run(self._connect)
-        if self._after:
-            await self._threads.run(self._check_position)
+        if self._resume is not None and self._after:
+            await self._threads.run(self._check_position, self._resume)
 
     async def describe_tables(self) -> list[DeclaredTable]:
         return await self._threads.run(self._describe_sync)
@@ -93,18 +95,35 @@ class TursoSource(Source):
         finally:
             conn.close()
 
-    def _check_position(self) -> None:
-        """Halt rather than skip when the checkpoint is beyond what the database holds."""
-        has_table = self._conn.execute(
+    def _check_position(self, resume: TursoPosition) -> None:
+        """Halt rather than skip: the checkpointed change must still be in ``turso_cdc``, and be
+        the same change (a pruned table or a replaced file would otherwise jump a gap)."""
+        conn = self._conn
+        has_table = conn.execute(
             "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'turso_cdc'"
         ).fetchall()
-        last = self._conn.execute("SELECT max(change_id) FROM turso_cdc").fetchone()[0] if has_table else None
-        self._conn.commit()
-        if last is None or int(last) < self._after:
+        first = last = row = None
+        if has_table:
+            first, last = conn.execute("SELECT min(change_id), max(change_id) FROM turso_cdc").fetchone()
+            row = conn.execute(
+                "SELECT change_txn_id, change_time FROM turso_cdc WHERE change_id = ?", (resume.change_id,)
+            ).fetchone()
+        conn.commit()
+        where = f"checkpoint change_id {resume.change_id} of source {self.id!r}"
+        if last is None or int(last) < resume.change_id:
             held = "no turso_cdc table" if not has_table else f"turso_cdc ends at change_id {last}"
             raise PositionLost(
-                f"checkpoint change_id {self._after} of source {self.id!r} is not in {self.path} ({held}; "
-                "the database was replaced or its CDC table truncated)"
+                f"{where} is not in {self.path} ({held}; the database was replaced or its CDC table truncated)"
+            )
+        if row is None:
+            raise PositionLost(
+                f"{where} is no longer in {self.path} (turso_cdc holds change_id {first}..{last}: the changes "
+                "after the checkpoint were pruned)"
+            )
+        if resume.txn is not None and (int(row[0]), int(row[1])) != (resume.txn, resume.at):
+            raise PositionLost(
+                f"{where} is another change in {self.path} than the one checkpointed (transaction {row[0]} at "
+                f"{row[1]}, not {resume.txn} at {resume.at}): the database file was replaced"
             )
 
     def _connect(self) -> Any:
@@ -171,7 +190,7 @@ class TursoSource(Source):
             changes
         ):
             end = i == last
-            position = new_position(TursoPosition, (change_id,))
+            position = new_position(TursoPosition, (change_id, txn_id, change_time))
             events.append(
                 Event(
                     op=_OPS[change_type],
@@ -188,7 +207,9 @@ class TursoSource(Source):
                     tx_end=end,
                     event_id=str(change_id),
                     order=(change_id,),
-                    checkpoint=new_position(TursoPosition, (marker[0],)) if end else position,
+                    checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1]))
+                    if end
+                    else position,
                     tenant=self.tenant,
                     size=96 + len(before or b"") + len(after or b""),
                 )
