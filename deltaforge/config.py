@@ -317,6 +317,13 @@ def parse_pipeline(
         errors.append(
             f"spec.commit_policy.quorum: expected 1..{n_sinks} with mode quorum, got {policy.quorum}"
         )
+    if policy is not None and policy.mode == "required" and sinks and len(sinks) == n_sinks:  # noqa: SIM102
+        if not any(s.required for s in sinks):
+            errors.append(
+                "spec.commit_policy.mode: 'required' needs at least one sink with required: true (every sink "
+                "here is optional, so nothing would ever be checkpointed); mark one required, or use mode "
+                "all or quorum"
+            )
     supervision = _section(SupervisionConfig, spec.get("supervision"), "spec.supervision", errors)
     storage = _section(StorageConfig, spec.get("storage"), "spec.storage", errors)
     if errors:

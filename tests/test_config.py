@@ -182,3 +182,16 @@ def test_a_password_in_a_bad_dsn_is_never_echoed() -> None:
     errs = errors_of(d)
     assert errs == ["spec.source.config.dsn: expected mysql://user:password@host:port/db"]
     assert not any("hunter2" in e for e in errs)
+
+
+def test_a_commit_policy_no_sink_can_satisfy_is_refused() -> None:
+    """Every sink optional under 'required' would commit with zero acks: nothing ever checkpointed."""
+    d = doc(sinks=[{"type": "stdout", "config": {"id": "a", "required": False}},
+                   {"type": "stdout", "config": {"id": "b"}, "required": False}])  # fmt: skip
+    errs = errors_of(d)
+    assert any(
+        e.startswith("spec.commit_policy.mode: 'required' needs at least one sink with required: true")
+        for e in errs
+    )
+    d["spec"]["commit_policy"] = {"mode": "all"}
+    parse_pipeline(d, env={})  # all (or quorum) waits for optional sinks too: fine

@@ -324,3 +324,26 @@ async def test_retry_and_backoff_delays_run_on_the_injected_clock() -> None:
     assert 0.05 <= first <= 0.1 and 0.1 <= second <= 0.2 and 0.05 <= again <= 0.1
     assert 0.25 <= coordinator <= 0.5
     assert clock.now() == pytest.approx(sum(clock.sleeps))
+
+
+async def test_quorum_gives_up_when_non_retryable_failures_leave_too_few_sinks() -> None:
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a")
+    b, c = (
+        ScriptedSink("b", script=fails(NonRetryableSinkError)),
+        ScriptedSink("c", script=fails(NonRetryableSinkError)),
+    )
+    cfg = config(
+        sinks=[sink_doc("a"), sink_doc("b"), sink_doc("c")],
+        commit_policy={"mode": "quorum", "quorum": 2},
+        supervision={"max_restarts": 1, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}},
+    )
+    runner, task = await start(cfg, [a, b, c], SyntheticSource(N), store)
+    await asyncio.wait_for(task, 20)
+    assert runner.state == "failed"
+    snap = runner.snapshot().find("DeliveryCoordinator")
+    assert snap is not None and snap.last_error is not None
+    assert "quorum 2 cannot be met: only 1 sinks can still take batch" in snap.last_error
+    assert "sink 'b': down" in snap.last_error and "sink 'c': down" in snap.last_error
+    assert b.calls <= 4 and c.calls <= 4  # not retried forever: once per coordinator incarnation
+    assert await checkpoint(store, "a") is None

@@ -84,9 +84,10 @@ class DeliveryCoordinator(Actor):
     async def _deliver(self, batch: Batch) -> None:
         acked: dict[str, BatchDelivered] = {}
         failed: dict[str, str] = {}
+        dead: dict[str, str] = {}  # failed in a way retrying cannot fix: not asked again
         attempt = 0
         while True:
-            todo = [s for s in self.required if s not in acked and s not in self.lagging]
+            todo = [s for s in self.required if s not in acked and s not in self.lagging and s not in dead]
             results = await asyncio.gather(*(self._ask(s, batch) for s in todo))
             failed = {}
             for sink_id, result in zip(todo, results, strict=True):
@@ -96,8 +97,18 @@ class DeliveryCoordinator(Actor):
                     failed[sink_id] = result.reason
                     if not result.retryable and self._needed(sink_id):
                         raise DeliveryAbandoned(f"sink {sink_id!r}: {result.reason}")
+                    if not result.retryable:
+                        dead[sink_id] = result.reason
             if policy_satisfied(self.policy, self.required, set(acked)):
                 break
+            if self.policy.mode == "quorum":
+                able = [s for s in self.required if s not in dead and s not in self.lagging]
+                if len(able) < self.policy.quorum:
+                    why = "; ".join(f"sink {s!r}: {r}" for s, r in dead.items())
+                    raise DeliveryAbandoned(
+                        f"quorum {self.policy.quorum} cannot be met: only {len(able)} sinks can still take "
+                        f"batch {batch.id} ({why})"
+                    )
             attempt += 1
             self.ctx.stats.commit_failures += 1
             delay = self.backoff.delay(min(attempt, 30), self.rng)
@@ -109,7 +120,7 @@ class DeliveryCoordinator(Actor):
                 attempt=attempt,
             )
             await self.ctx.clock.sleep(delay)
-        for sink_id, reason in failed.items():
+        for sink_id, reason in {**failed, **dead}.items():
             self.lagging.add(sink_id)
             self.ctx.stats.sinks[sink_id].lagging = True
             self.log.warning("sink_lagging", sink=sink_id, batch=batch.id, reason=reason)
