@@ -241,3 +241,41 @@ def test_statement_format_fails_at_start_saying_what_to_set() -> None:
             asyncio.run(src.open(None))
     msg = str(info.value)
     assert "binlog_format is STATEMENT; set binlog_format=ROW (--binlog-format=ROW)" in msg
+
+
+def test_compressed_binlog_is_refused_at_start_saying_what_to_set() -> None:
+    with MariaDB(extra_args=["--log-bin-compress=ON"], server_id=8) as server:
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn()))
+        with pytest.raises(SourceMisconfigured) as info:
+            asyncio.run(src.open(None))
+    assert "log_bin_compress is ON; set log_bin_compress=OFF" in str(info.value)
+
+
+def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
+    """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
+
+    async def scenario(server: MariaDB) -> str:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+        src = source(server, ["z.t"])
+        await src.open(None)
+        first = await read_n(src, 1)
+        assert first[0].after == {"id": 1, "note": "plain"}
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL log_bin_compress_min_len = 10")
+            cur.execute("SET GLOBAL log_bin_compress = ON")
+        with server.root() as c, c.cursor() as cur:  # a new session: the setting applies
+            cur.execute("INSERT INTO z.t VALUES (2, %s)", ("x" * 150,))
+        try:
+            with pytest.raises(SourceMisconfigured) as info:
+                await read_n(src, 1)
+            return str(info.value)
+        finally:
+            await src.close()
+
+    with MariaDB(server_id=9) as server:
+        msg = asyncio.run(scenario(server))
+    assert "a MariaDB compressed" in msg and "at mysql-bin.000001:" in msg
+    assert "set log_bin_compress=OFF" in msg

@@ -111,7 +111,8 @@ def check_preconditions(conn: Any, where: str) -> ServerInfo:
         cur.execute("SELECT VERSION(), @@server_id")
         version, server_id = cur.fetchone()
         mariadb = "mariadb" in str(version).lower()
-        values = _variables(cur, [name for name, _, _ in _REQUIRED] + ["gtid_binlog_pos"])
+        compression = ["log_bin_compress", "binlog_transaction_compression"]
+        values = _variables(cur, [name for name, _, _ in _REQUIRED] + ["gtid_binlog_pos", *compression])
         problems = []
         for name, want, how in _REQUIRED:
             got = values.get(name)
@@ -119,6 +120,12 @@ def check_preconditions(conn: Any, where: str) -> ServerInfo:
                 problems.append(f"{name} is not supported by server {version}; set {how}")
             elif got.upper() not in (want, "1" if want == "ON" else want):
                 problems.append(f"{name} is {got}; set {how}")
+        for name in compression:
+            if values.get(name, "OFF").upper() in ("ON", "1"):
+                problems.append(
+                    f"{name} is ON; set {name}=OFF (compressed binlog events cannot be decoded, so their rows "
+                    "would be lost)"
+                )
         cur.execute("SHOW GRANTS")
         grants = " ".join(str(r[0]).upper() for r in cur.fetchall())
     if "ALL PRIVILEGES ON *.*" not in grants:

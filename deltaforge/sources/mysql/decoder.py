@@ -33,6 +33,23 @@ HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the ser
 FLUSH_S = 0.01  # under steady load, hand over at least this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
+# Events python-mysql-replication cannot decode and that may carry rows: MariaDB's compressed
+# query and row events (log_bin_compress=ON) and MySQL's transaction payload
+# (binlog_transaction_compression=ON). Skipping them would skip rows: the reader halts instead.
+_UNDECODABLE = {
+    165: "a MariaDB compressed query event",
+    166: "a MariaDB compressed row event",
+    167: "a MariaDB compressed row event",
+    168: "a MariaDB compressed row event",
+    169: "a MariaDB compressed row event",
+    170: "a MariaDB compressed row event",
+    171: "a MariaDB compressed row event",
+    40: "a MySQL compressed transaction payload",
+}
+
+
+class Undecodable(Exception):
+    """The binlog holds an event whose rows cannot be decoded here; the message says where and why."""
 
 
 def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
@@ -41,6 +58,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         GtidEvent,
         HeartbeatLogEvent,
         MariadbGtidEvent,
+        NotImplementedEvent,
         QueryEvent,
         RotateEvent,
         XidEvent,
@@ -80,8 +98,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             MariadbGtidEvent,
             GtidEvent,
             HeartbeatLogEvent,
+            NotImplementedEvent,
         ],
         only_schemas=cfg["schemas"] or None,
+        filter_non_implemented_events=False,  # they are checked for undecodable rows below
         slave_heartbeat=HEARTBEAT_S,
         **kw,
     )
@@ -102,6 +122,15 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             continue
         if isinstance(ev, RotateEvent):
             file = ev.next_binlog
+            continue
+        if isinstance(ev, NotImplementedEvent):
+            what = _UNDECODABLE.get(ev.event_type)
+            if what is not None:
+                raise Undecodable(
+                    f"{what} (type {ev.event_type}) at {file}:{ev.packet.log_pos} cannot be decoded and may "
+                    "hold rows; set log_bin_compress=OFF (MariaDB) or binlog_transaction_compression=OFF "
+                    "(MySQL) and re-snapshot from a position after it"
+                )
             continue
         if isinstance(ev, MariadbGtidEvent | GtidEvent):
             tx_gtid = ev.gtid
@@ -157,7 +186,12 @@ def main() -> None:
         from deltaforge.sources.mysql.checks import is_unavailable
 
         code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
-        kind = "position_lost" if code in _LOST_CODES else "unavailable" if is_unavailable(exc) else "source"
+        if isinstance(exc, Undecodable):
+            kind = "misconfigured"
+        elif code in _LOST_CODES:
+            kind = "position_lost"
+        else:
+            kind = "unavailable" if is_unavailable(exc) else "source"
         detail = exc.args[-1] if code in _LOST_CODES else f"{type(exc).__name__}: {exc}"
         try:
             write_frame(out, ("error", kind, str(detail)))

@@ -25,6 +25,7 @@ from deltaforge.sources.base import (
     SchemaChange,
     Source,
     SourceError,
+    SourceMisconfigured,
     SourceUnavailable,
     own_position,
 )
@@ -165,6 +166,8 @@ class MySQLSource(Source):
             return None
         if frame[1] == "position_lost":
             raise PositionLost(f"the server cannot serve the binlog from the checkpoint ({frame[2]})")
+        if frame[1] == "misconfigured":
+            raise SourceMisconfigured(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
         if frame[1] == "unavailable":
             raise SourceUnavailable(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
