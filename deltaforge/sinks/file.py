@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from io import FileIO
 from pathlib import Path
-from typing import IO
 
 import anyio.to_thread
 from pydantic import Field
@@ -29,7 +29,7 @@ class FileSink(Sink[FileSinkConfig]):
         super().__init__(config)
         self.path = Path(self.settings.path)
         self.fsync = self.settings.fsync
-        self._file: IO[bytes] | None = None
+        self._file: FileIO | None = None
 
     async def open(self) -> None:
         await anyio.to_thread.run_sync(self._open)
@@ -37,7 +37,11 @@ class FileSink(Sink[FileSinkConfig]):
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _drop_torn_tail(self.path)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held open across batches
+        created = not self.path.exists()
+        # Unbuffered: a failed write leaves nothing behind in a Python buffer to be flushed later.
+        self._file = FileIO(self.path, "ab")
+        if created and self.fsync:
+            _fsync_dir(self.path.parent)  # the new file's name is durable only once its folder is
 
     async def deliver(self, events: list[Event]) -> None:
         data = encode_lines(events, self.config.envelope)
@@ -49,16 +53,37 @@ class FileSink(Sink[FileSinkConfig]):
     def _write(self, data: bytes) -> None:
         if self._file is None:
             self._open()
-        assert self._file is not None
-        self._file.write(data)
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        f = self._file
+        assert f is not None
+        start = os.fstat(f.fileno()).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view) or 0 :]
+            if self.fsync:
+                os.fsync(f.fileno())
+        except OSError:
+            # A batch is all or nothing: cut what this attempt wrote, so the retry (which
+            # writes the whole batch again) leaves neither duplicates nor a torn line.
+            try:
+                os.ftruncate(f.fileno(), start)
+            except OSError:
+                self._file = None  # reopened next time, and the torn tail dropped then
+                f.close()
+            raise
 
     async def close(self) -> None:
         if self._file is not None:
             f, self._file = self._file, None
             await anyio.to_thread.run_sync(f.close)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _drop_torn_tail(path: Path) -> None:

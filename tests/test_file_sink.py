@@ -1,0 +1,74 @@
+"""File sink: a batch is in the file whole or not at all, and a new file's name is made durable."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from deltaforge.config import parse_pipeline
+from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.sinks.file import FileSink
+from tests.kit import make_event, sink_pipeline
+
+
+def file_sink(path: Path) -> FileSink:
+    cfg = parse_pipeline(sink_pipeline("f", "file", {"id": "f", "path": str(path)}), env={})
+    return FileSink(cfg.sinks[0])
+
+
+@pytest.fixture
+def file_size_limit() -> Iterator[None]:
+    """RLIMIT_FSIZE makes writes past a size fail (EFBIG), as a full disk fails them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a signal that kills pytest
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+async def test_a_batch_that_fails_half_written_is_cut_back_so_the_retry_leaves_it_once(
+    tmp_path: Path, file_size_limit: None
+) -> None:
+    path = tmp_path / "out.jsonl"
+    sink = file_sink(path)
+    await sink.open()
+    first = [make_event(i, payload="p" * 100) for i in range(1, 11)]
+    await sink.deliver(first)
+    size = path.stat().st_size
+    second = [make_event(i, payload="p" * 100) for i in range(11, 51)]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 1500, resource.RLIM_INFINITY))  # room for a few lines
+    with pytest.raises(RetryableSinkError, match="cannot write"):
+        await sink.deliver(second)
+    assert path.stat().st_size == size  # nothing of the failed attempt is left
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    await sink.deliver(second)  # the retry: the same batch, whole
+    await sink.close()
+    lines = path.read_bytes().splitlines()
+    ids = [int(orjson.loads(line)["event_id"]) for line in lines]  # every line is whole JSON
+    assert ids == list(range(1, 51))  # once each: no duplicates from the failed attempt
+
+
+async def test_a_new_file_is_made_durable_with_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_mode)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    sink = file_sink(tmp_path / "new" / "out.jsonl")
+    await sink.open()
+    await sink.deliver([make_event(1)])
+    await sink.close()
+    assert any(stat.S_ISDIR(mode) for mode in synced)  # the folder that got the new name
+    assert any(stat.S_ISREG(mode) for mode in synced)  # the batch
