@@ -45,6 +45,11 @@ def _table(name: str) -> str:
     return f"{_q(schema)}.{_q(table)}" if schema else _q(table)
 
 
+def _unchanged_toast(v: Any) -> bool:
+    """The PostgreSQL source's marker for a TOASTed value that an update did not send."""
+    return type(v) is dict and len(v) == 1 and v.get("__unchanged_toast__") is True
+
+
 def _value(v: Any) -> Any:
     if isinstance(v, dict | list):
         return orjson.dumps(v).decode()  # json/jsonb parameters travel as text
@@ -138,19 +143,27 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             self._sql[key] = sql
         return sql
 
-    def _statement(self, e: Event) -> tuple[str, tuple[Any, ...]]:
+    def _statements(self, e: Event) -> list[tuple[str, tuple[Any, ...]]]:
         table = self.table_of(e)
         pos = position_text(e.order)
         if e.op == "t":
-            return f"TRUNCATE {_table(table)}", ()
+            return [(f"TRUNCATE {_table(table)}", ())]
         if e.op == "d":
-            row = e.before or {}
-            args = tuple(_value(row.get(k)) for k in self.keys)
-            return self._delete_sql(table), (*args, pos) if self.if_newer else args
+            return [self._delete(table, e.before or {}, pos)]
         row = e.after or {}
-        columns = tuple(row)
+        out = []
+        before = e.before
+        if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in self.keys):
+            out.append(self._delete(table, before, pos))  # the key changed: the old row goes
+        # A TOASTed value the update did not touch is not in the change: leave that column alone.
+        columns = tuple(c for c in row if not _unchanged_toast(row[c]))
         args = tuple(_value(row[c]) for c in columns)
-        return self._upsert_sql(table, columns), (*args, pos) if self.if_newer else args
+        out.append((self._upsert_sql(table, columns), (*args, pos) if self.if_newer else args))
+        return out
+
+    def _delete(self, table: str, row: dict[str, Any], pos: str) -> tuple[str, tuple[Any, ...]]:
+        args = tuple(_value(row.get(k)) for k in self.keys)
+        return self._delete_sql(table), (*args, pos) if self.if_newer else args
 
     async def deliver(self, events: list[Event]) -> None:
         if self._conn is None or self._conn.is_closed():
@@ -161,11 +174,11 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         # order is kept because runs are cut whenever the statement changes.
         runs: list[tuple[str, list[tuple[Any, ...]]]] = []
         for e in events:
-            sql, args = self._statement(e)
-            if runs and runs[-1][0] == sql and args:
-                runs[-1][1].append(args)
-            else:
-                runs.append((sql, [args]))
+            for sql, args in self._statements(e):
+                if runs and runs[-1][0] == sql and args:
+                    runs[-1][1].append(args)
+                else:
+                    runs.append((sql, [args]))
         try:
             async with conn.transaction():
                 for sql, rows in runs:
