@@ -137,7 +137,10 @@ async def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             write_frame(out, ("error", "position_lost", f"replication slot {slot!r} is gone (dropped?)"))
             return
         repeat = tx.confirmed(int(confirmed))
-        wal_now = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+        # The flush position, read before the peek: logical decoding reads only flushed WAL, so a
+        # heartbeat at the write position could pass a commit that is written but not yet flushed
+        # (asynchronous commit) and the slot would be advanced past it.
+        wal_now = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
         try:
             rows = await conn.fetch(PEEK, slot, repeat + chunk, publication)
         except asyncpg.ObjectInUseError:
