@@ -57,7 +57,9 @@ async def test_a_batch_that_fails_half_written_is_cut_back_so_the_retry_leaves_i
     assert ids == list(range(1, 51))  # once each: no duplicates from the failed attempt
 
 
-async def test_a_new_file_is_made_durable_with_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_new_file_is_made_durable_with_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     synced: list[int] = []
     real = os.fsync
 

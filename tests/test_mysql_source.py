@@ -91,7 +91,7 @@ async def test_mixed_workload_in_commit_order_with_typed_values(mariadb: MariaDB
     assert after["bl"] == b"\x00\xff\x10"
     assert after["d"] == dt.date(2024, 2, 29)
     assert after["dtm"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)
-    assert after["ts"] == dt.datetime(2024, 5, 6, 7, 8, 9, 500000)
+    assert after["ts"] == dt.datetime(2024, 5, 6, 7, 8, 9, 500000, tzinfo=dt.UTC)  # an instant: UTC, aware
     assert after["j"] == '{"k": [1, "two"]}'  # MariaDB's JSON is LONGTEXT
     assert after["e"] == "green" and after["s"] == {"a", "c"} and after["nul"] is None
     upd = events[1]
@@ -279,3 +279,26 @@ def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_s
         msg = asyncio.run(scenario(server))
     assert "a MariaDB compressed" in msg and "at mysql-bin.000001:" in msg
     assert "set log_bin_compress=OFF" in msg
+
+
+async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:
+    """TIMESTAMP is stored as UTC and comes out aware, whatever the writer's time zone; DATETIME
+    has no zone and stays naive, so the two are never confused."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, at TIMESTAMP(6) NULL, wall DATETIME(6))")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("SET time_zone = '+05:00'")
+        cur.execute("INSERT INTO t VALUES (1, '2024-05-06 12:08:09.5', '2024-05-06 12:08:09.5')")
+        cur.execute("UPDATE t SET at = '2024-05-06 13:00:00' WHERE id = 1")
+    created, updated = await read_n(src, 2)
+    await src.close()
+    assert created.after == {
+        "id": 1,
+        "at": dt.datetime(2024, 5, 6, 7, 8, 9, 500000, tzinfo=dt.UTC),
+        "wall": dt.datetime(2024, 5, 6, 12, 8, 9, 500000),
+    }
+    assert updated.before is not None and updated.before["at"] == created.after["at"]
+    assert updated.after is not None and updated.after["at"] == dt.datetime(2024, 5, 6, 8, 0, tzinfo=dt.UTC)

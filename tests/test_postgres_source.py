@@ -269,3 +269,30 @@ async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -
         SourceMisconfigured, match=rf"'shared_slot' belongs to database '{first}', not '{second}'"
     ):
         await b.open(None)
+
+
+async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: Postgres) -> None:
+    """A database whose default DateStyle is not ISO (SQL, DMY; another time zone) still gives
+    datetimes and dates, not text that merely looks like one."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(f"ALTER DATABASE {db} SET DateStyle = 'SQL, DMY'")
+    await conn.execute(f"ALTER DATABASE {db} SET TimeZone = 'America/New_York'")
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, far date)")
+    await conn.close()
+    src = source(postgres, db)
+    await src.open(None)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(
+        "INSERT INTO t VALUES (1, '2024-02-29', '2024-01-02 03:04:05.25', '2024-05-06 07:08:09+00', 'infinity')"
+    )
+    await conn.close()
+    [ev] = await read_n(src, 1)
+    await src.close()
+    assert ev.after == {
+        "id": 1,
+        "d": dt.date(2024, 2, 29),
+        "ts": dt.datetime(2024, 1, 2, 3, 4, 5, 250000),
+        "tz": dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC),
+        "far": "infinity",  # beyond Python's dates: PostgreSQL's own text, as documented
+    }

@@ -272,3 +272,13 @@ async def test_a_checkpoint_stored_without_its_transaction_still_resumes(tmp_pat
     rest = await read_all(src)
     await src.close()
     assert [e.after["v"] for e in rest if e.after] == [3, 4, 5]
+
+
+def test_text_that_is_not_utf8_is_kept_as_its_bytes_not_altered() -> None:
+    """SQLite does not check that TEXT is UTF-8, and a file it wrote may hold such a value (Turso
+    itself replaces invalid bytes with U+FFFD when writing, before anything reaches turso_cdc):
+    the record decoder keeps those bytes rather than replacing them."""
+    invalid = bytes([0x02, 2 * 2 + 13]) + b"\xffA"  # header: 2 bytes; one TEXT of 2 bytes
+    valid = bytes([0x02, 2 * 6 + 13]) + "héllo".encode()
+    assert decode_record(invalid) == [b"\xffA"]
+    assert decode_record(valid) == ["héllo"]

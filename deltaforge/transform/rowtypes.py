@@ -62,8 +62,10 @@ def mysql_type(declared: str) -> pa.DataType:
         return pa.binary()
     if base == "date":
         return pa.date32()
-    if base in ("datetime", "timestamp"):
-        return pa.timestamp("us")
+    if base == "datetime":
+        return pa.timestamp("us")  # a wall-clock time, no zone
+    if base == "timestamp":
+        return pa.timestamp("us", tz="UTC")  # an instant (the source reads it as aware UTC)
     return pa.string()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from datetime import UTC
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
@@ -46,6 +47,21 @@ _UNDECODABLE = {
     171: "a MariaDB compressed row event",
     40: "a MySQL compressed transaction payload",
 }
+
+
+_TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
+
+
+def _as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    """TIMESTAMP values as aware UTC datetimes. python-mysql-replication returns them naive (in
+    UTC), which would make them indistinguishable from DATETIME, a wall-clock time without a zone."""
+    for row in rows:
+        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
+            if image is not None:
+                for name in columns:
+                    value = image.get(name)
+                    if value is not None:
+                        image[name] = value.replace(tzinfo=UTC)
 
 
 class Undecodable(Exception):
@@ -108,6 +124,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     file = resume.file
     tx_gtid = resume.gtid
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
+    instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     tx: list[tuple[Any, ...]] = []
     standalone = False
     pending: list[tuple[Any, ...]] = []
@@ -145,11 +162,15 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             columns = tuple((c.name, c.type) for c in ev.columns)
             if schemas.get(table) != columns:
                 schemas[table] = columns
+                instants[table] = tuple(n for n, t in columns if t in _TIMESTAMP_TYPES)
                 cols = [{"name": n, "type": t} for n, t in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             op = op_of[type(ev)]
             ts = int(ev.timestamp)
-            for i, row in enumerate(ev.rows):
+            rows = ev.rows
+            if instants[table]:
+                _as_utc(rows, instants[table])
+            for i, row in enumerate(rows):
                 if op == "u":
                     tx.append(
                         (op, ev.schema, ev.table, pos, i, ts, row["before_values"], row["after_values"])

@@ -39,6 +39,17 @@ PEEK = (
 )
 
 
+# pgoutput sends values as their output functions print them, which depends on the decoding
+# session's settings: pin the ones values.py parses, whatever the server or database default.
+SESSION = {
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
+
+
 def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, conv, value in zip(names, convs, values, strict=False):
@@ -125,7 +136,7 @@ class DecoderSettings(TypedDict):
 async def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     import asyncpg
 
-    conn = await asyncpg.connect(cfg["dsn"], timeout=10)
+    conn = await asyncpg.connect(cfg["dsn"], timeout=10, server_settings=SESSION)
     slot, publication, chunk = cfg["slot"], cfg["publication"], int(cfg["chunk"])
     tx = TxDecoder(int(cfg["last_commit"]))
     last_heartbeat = time.monotonic()

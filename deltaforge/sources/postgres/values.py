@@ -20,11 +20,15 @@ def _bytea(s: str) -> bytes:
     return s.encode("latin-1")  # escape format; bytea_output=hex is the default
 
 
+def _beyond_python(s: str) -> bool:
+    """infinity, -infinity and BC dates: no Python value holds them, so PostgreSQL's own text stays."""
+    return s in ("infinity", "-infinity") or s.endswith(" BC")
+
+
 def _timestamp(s: str) -> dt.datetime | str:
-    try:
-        return dt.datetime.fromisoformat(s)
-    except ValueError:
-        return s  # infinity, BC dates: keep PostgreSQL's own text
+    # The decoding session runs with DateStyle ISO (decoder.py), so anything else is an error
+    # that halts the reader, never a value silently passed on as text.
+    return s if _beyond_python(s) else dt.datetime.fromisoformat(s)
 
 
 def _timestamptz(s: str) -> dt.datetime | str:
@@ -34,10 +38,7 @@ def _timestamptz(s: str) -> dt.datetime | str:
 
 
 def _date(s: str) -> dt.date | str:
-    try:
-        return dt.date.fromisoformat(s)
-    except ValueError:
-        return s
+    return s if _beyond_python(s) else dt.date.fromisoformat(s)
 
 
 def _float(s: str) -> float:

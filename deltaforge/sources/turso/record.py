@@ -63,10 +63,18 @@ def decode_record(buf: bytes) -> list[Any]:
             chunk = buf[data : data + n]
             if len(chunk) != n:
                 raise RecordError("truncated value")
-            out.append(chunk.decode("utf-8", "replace") if t & 1 else bytes(chunk))
+            out.append(_text(chunk) if t & 1 else bytes(chunk))
             data += n
         else:
             raise RecordError(f"reserved serial type {t}")
     if data > len(buf):
         raise RecordError("truncated record")
     return out
+
+
+def _text(chunk: bytes) -> str | bytes:
+    """A TEXT value; one that is not valid UTF-8 (SQLite does not check) stays bytes, unaltered."""
+    try:
+        return chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(chunk)
