@@ -32,6 +32,7 @@ class DecoderSettings(TypedDict):
 
 HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
 FLUSH_S = 0.01  # under steady load, hand over at least this often
+IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
 # Events python-mysql-replication cannot decode and that may carry rows: MariaDB's compressed
@@ -129,6 +130,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     standalone = False
     pending: list[tuple[Any, ...]] = []
     pending_rows = 0
+    last_mark = time.monotonic()
     since = time.monotonic()
     chunk = int(cfg["chunk"])
     for ev in reader:
@@ -183,10 +185,18 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         end = isinstance(ev, XidEvent) or (
             isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
         )
-        if not end or not tx:
+        if not end:
             continue
+        now = time.monotonic()
+        if not tx:
+            # Nothing captured in this transaction. Now and then its end is handed over anyway
+            # (no rows: a heartbeat), so checkpoints move while the captured tables are idle;
+            # otherwise they would stay in an old binlog until it expires.
+            if now - last_mark < IDLE_MARK_S:
+                continue
+        last_mark = now
         if not pending:
-            since = time.monotonic()
+            since = now
         pending.append((tx_gtid, file, int(ev.packet.log_pos), tx))
         pending_rows += len(tx)
         tx = []

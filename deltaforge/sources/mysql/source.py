@@ -172,11 +172,22 @@ class MySQLSource(Source):
             raise SourceUnavailable(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
 
+    def _heartbeat(self, file: str, fidx: int, end_pos: int, gtid: str) -> Event:
+        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid))
+        return Event(
+            "h", None, None, SourceInfo(self.connector, "", "", cp, 0), "heartbeat", True,
+            f"heartbeat:{fidx}:{end_pos}", (fidx, end_pos, 0), cp, self.tenant, 64,
+        )  # fmt: skip
+
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
         out: list[Event] = []
         connector, tenant = self.connector, self.tenant
         for gtid, file, end_pos, rows in txs:
             fidx = binlog_index(file)
+            if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
+                out.append(self._heartbeat(file, fidx, end_pos, gtid))
+                committed = gtid
+                continue
             last = len(rows) - 1
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
