@@ -216,7 +216,7 @@ def purge_before(server: MariaDB, keep: str) -> None:
         while True:
             cur.execute(f"PURGE BINARY LOGS TO '{keep}'")
             cur.execute("SHOW BINARY LOGS")
-            if [r[0] for r in cur.fetchall()][0] == keep:
+            if next(r[0] for r in cur.fetchall()) == keep:
                 return
             assert time.monotonic() < deadline, f"binlogs before {keep} were not purged"
             time.sleep(0.1)

@@ -188,12 +188,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if not end:
             continue
         now = time.monotonic()
-        if not tx:
-            # Nothing captured in this transaction. Now and then its end is handed over anyway
-            # (no rows: a heartbeat), so checkpoints move while the captured tables are idle;
-            # otherwise they would stay in an old binlog until it expires.
-            if now - last_mark < IDLE_MARK_S:
-                continue
+        # Nothing captured in this transaction? Now and then its end is handed over anyway (no
+        # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise
+        # they would stay in an old binlog until it expires.
+        if not tx and now - last_mark < IDLE_MARK_S:
+            continue
         last_mark = now
         if not pending:
             since = now
