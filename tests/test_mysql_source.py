@@ -353,3 +353,33 @@ async def test_checkpoints_move_while_only_uncaptured_tables_change(mariadb: Mar
         cur.execute(f"INSERT INTO {db}.t VALUES (2)")
     assert [e.after for e in await read_n(again, 1)] == [{"id": 2}]
     await again.close()
+
+
+async def test_mariadb_resume_continues_every_gtid_domain(mariadb: MariaDB) -> None:
+    """With writes in two GTID domains, a resume must continue both where they were, not re-read
+    the domain the last transaction was not in from its start."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, domain INT)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("SET SESSION gtid_domain_id = 7")
+        cur.execute(f"INSERT INTO {db}.t VALUES (1, 7)")
+        cur.execute(f"INSERT INTO {db}.t VALUES (2, 7)")
+        cur.execute("SET SESSION gtid_domain_id = 0")
+        cur.execute(f"INSERT INTO {db}.t VALUES (3, 0)")  # the last transaction is in domain 0
+    first = await read_n(src, 3)
+    await src.close()
+    assert [e.after["id"] for e in first if e.after] == [1, 2, 3]
+    cp = first[-1].checkpoint
+    assert {g.split("-")[0] for g in cp.gtid.split(",")} == {"0", "7"}  # both domains named
+    again = source(mariadb, [f"{db}.t"])
+    await again.open(again.load_position(cp.to_doc()))
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("SET SESSION gtid_domain_id = 7")
+        cur.execute(f"INSERT INTO {db}.t VALUES (4, 7)")
+    rest = await read_n(again, 1)
+    more = [e for e in await again.read() if e.op != "h"]
+    await again.close()
+    assert [e.after["id"] for e in rest + more if e.after] == [4]  # nothing of domain 7 again

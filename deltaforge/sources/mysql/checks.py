@@ -160,19 +160,19 @@ def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> N
         )
     if file and pos > logs[file] and binlog_index(file) == max(map(binlog_index, logs)):
         raise PositionLost(f"binlog position {file}:{pos} is beyond the end of the binlog (RESET MASTER?)")
-    gtid = checkpoint.gtid
-    if info.is_mariadb and gtid:
-        domain, _, seq = gtid.split("-")
+    if info.is_mariadb and checkpoint.gtid:
         current = {
             p.split("-")[0]: int(p.split("-")[2])
             for p in info.gtid_binlog_pos.split(",")
             if p.count("-") == 2
         }
-        if int(seq) > current.get(domain, -1):
-            raise PositionLost(
-                f"GTID {gtid} is ahead of the server's binlog state {info.gtid_binlog_pos or 'empty'} "
-                "(RESET MASTER, or a different server)"
-            )
+        for gtid in (g.strip() for g in checkpoint.gtid.split(",") if g.count("-") == 2):
+            domain, _, seq = gtid.split("-")
+            if int(seq) > current.get(domain, -1):
+                raise PositionLost(
+                    f"GTID {gtid} is ahead of the server's binlog state {info.gtid_binlog_pos or 'empty'} "
+                    "(RESET MASTER, or a different server)"
+                )
 
 
 def earliest_position(conn: Any, info: ServerInfo) -> BinlogPosition:

@@ -1,7 +1,8 @@
 """The binlog decoder process: python-mysql-replication outside the service's GIL
 (see ``childproc.py`` for why and how). Frames it writes:
 
-* ``("txs", [(gtid, file, end_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
+* ``("txs", [(gtid, state, file, end_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
+  where ``state`` is the GTID position after the transaction (MariaDB: every domain's last GTID)
 * ``("schema", table, columns, position)``
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
 """
@@ -51,6 +52,11 @@ _UNDECODABLE = {
 
 
 _TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
+
+
+def gtid_domains(state: str) -> dict[str, str]:
+    """``"0-1-5,1-1-9"`` -> ``{"0": "0-1-5", "1": "1-1-9"}`` (MariaDB GTID positions)."""
+    return {g.split("-", 1)[0]: g for g in (p.strip() for p in state.split(",")) if g.count("-") == 2}
 
 
 def _as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
@@ -124,6 +130,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     )
     file = resume.file
     tx_gtid = resume.gtid
+    # MariaDB: the last GTID of every replication domain. A position names them all, so a resume
+    # continues each domain where it was (one GTID alone re-reads the other domains from their start).
+    domains = gtid_domains(resume.gtid) if cfg["is_mariadb"] else {}
+    full = resume.gtid
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     tx: list[tuple[Any, ...]] = []
@@ -187,6 +197,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         )
         if not end:
             continue
+        if cfg["is_mariadb"] and tx_gtid:
+            domains[tx_gtid.split("-", 1)[0]] = tx_gtid
+            full = ",".join(domains[d] for d in sorted(domains, key=int))
+        else:
+            full = tx_gtid
         now = time.monotonic()
         # Nothing captured in this transaction? Now and then its end is handed over anyway (no
         # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise
@@ -196,7 +211,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         last_mark = now
         if not pending:
             since = now
-        pending.append((tx_gtid, file, int(ev.packet.log_pos), tx))
+        pending.append((tx_gtid, full, file, int(ev.packet.log_pos), tx))
         pending_rows += len(tx)
         tx = []
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S:

@@ -182,11 +182,11 @@ class MySQLSource(Source):
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
         out: list[Event] = []
         connector, tenant = self.connector, self.tenant
-        for gtid, file, end_pos, rows in txs:
+        for gtid, state, file, end_pos, rows in txs:
             fidx = binlog_index(file)
             if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
-                out.append(self._heartbeat(file, fidx, end_pos, gtid))
-                committed = gtid
+                out.append(self._heartbeat(file, fidx, end_pos, state))
+                committed = state
                 continue
             last = len(rows) - 1
             tx_id = gtid or f"{file}:{end_pos}"
@@ -203,10 +203,10 @@ class MySQLSource(Source):
                         end,
                         f"{fidx}:{pos}:{i}",
                         (fidx, pos, i),
-                        new_position(BinlogPosition, (file, end_pos, 0, gtid)) if end else position,
+                        new_position(BinlogPosition, (file, end_pos, 0, state)) if end else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )
                 )
-            committed = gtid
+            committed = state
         return out, committed
