@@ -383,3 +383,60 @@ async def test_mariadb_resume_continues_every_gtid_domain(mariadb: MariaDB) -> N
     more = [e for e in await again.read() if e.op != "h"]
     await again.close()
     assert [e.after["id"] for e in rest + more if e.after] == [4]  # nothing of domain 7 again
+
+
+def _xa_prepare(server: MariaDB, db: str, xid: str, ids: list[int]) -> None:
+    """XA START ... XA PREPARE on a connection that then goes away (the transaction stays prepared)."""
+    with server.root(db) as c, c.cursor() as cur:
+        cur.execute(f"XA START '{xid}'")
+        for i in ids:
+            cur.execute(f"INSERT INTO {db}.t VALUES ({i})")
+        cur.execute(f"XA END '{xid}'")
+        cur.execute(f"XA PREPARE '{xid}'")
+
+
+async def test_xa_transactions_are_delivered_at_commit_in_commit_order_and_rollbacks_never(
+    mariadb: MariaDB,
+) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    _xa_prepare(mariadb, db, "x1", [1, 2])
+    _xa_prepare(mariadb, db, "x2", [3])
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"INSERT INTO {db}.t VALUES (10)")  # commits before x1 does
+        cur.execute("XA ROLLBACK 'x2'")
+        cur.execute("XA COMMIT 'x1'")
+        cur.execute("XA START 'x3'")
+        cur.execute(f"INSERT INTO {db}.t VALUES (20)")
+        cur.execute("XA END 'x3'")
+        cur.execute("XA COMMIT 'x3' ONE PHASE")
+    events = await read_n(src, 4)
+    await src.close()
+    assert [e.after["id"] for e in events if e.after] == [10, 1, 2, 20]  # commit order; x2 never
+    assert [e.tx_end for e in events] == [True, False, True, True]
+    orders = [e.order for e in events]
+    assert orders == sorted(orders)  # x1's rows sort after what committed before it
+
+
+async def test_a_restart_while_an_xa_transaction_is_prepared_still_delivers_it(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    _xa_prepare(mariadb, db, "x9", [1])
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"INSERT INTO {db}.t VALUES (2)")
+    [two] = await read_n(src, 1)
+    await src.close()  # checkpointed while x9 is prepared, then a restart
+    again = source(mariadb, [f"{db}.t"])
+    await again.open(again.load_position(two.checkpoint.to_doc()))
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("XA COMMIT 'x9'")
+    got = await read_n(again, 2)
+    await again.close()
+    done = two.order
+    assert [e.after["id"] for e in got if e.after and e.order > done] == [1]  # x9's row, after the restart

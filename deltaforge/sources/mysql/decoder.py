@@ -17,6 +17,7 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
+from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 
 class DecoderSettings(TypedDict):
@@ -54,6 +55,18 @@ _UNDECODABLE = {
 _TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
 
 
+def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
+    """The GTID position once ``gtid`` is committed (MariaDB: every domain's last GTID)."""
+    if is_mariadb and gtid:
+        domains[gtid.split("-", 1)[0]] = gtid
+        return ",".join(domains[d] for d in sorted(domains, key=int))
+    return gtid
+
+
+class XaUnknown(Exception):
+    """An XA COMMIT whose prepared rows were never read: the position cannot serve them."""
+
+
 def gtid_domains(state: str) -> dict[str, str]:
     """``"0-1-5,1-1-9"`` -> ``{"0": "0-1-5", "1": "1-1-9"}`` (MariaDB GTID positions)."""
     return {g.split("-", 1)[0]: g for g in (p.strip() for p in state.split(",")) if g.count("-") == 2}
@@ -84,6 +97,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         NotImplementedEvent,
         QueryEvent,
         RotateEvent,
+        XAPrepareEvent,
         XidEvent,
     )
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -122,6 +136,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             GtidEvent,
             HeartbeatLogEvent,
             NotImplementedEvent,
+            XAPrepareEvent,
         ],
         only_schemas=cfg["schemas"] or None,
         filter_non_implemented_events=False,  # they are checked for undecodable rows below
@@ -134,6 +149,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     # continues each domain where it was (one GTID alone re-reads the other domains from their start).
     domains = gtid_domains(resume.gtid) if cfg["is_mariadb"] else {}
     full = resume.gtid
+    xa = PreparedXa()
+    xa_current: str | None = None
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     tx: list[tuple[Any, ...]] = []
@@ -192,16 +209,35 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 else:
                     tx.append((op, ev.schema, ev.table, pos, i, ts, row["values"], None))
             continue
+        if isinstance(ev, XAPrepareEvent):  # the rows wait for XA COMMIT
+            if xa_current is not None:  # even with no captured rows: its XA COMMIT will look for it
+                xa.prepared(xa_current, tx, full)
+            tx, xa_current = [], None
+            full = _advance(domains, tx_gtid, cfg["is_mariadb"])
+            continue
+        if isinstance(ev, QueryEvent):
+            if (key := xa_key(ev.query, "END")) is not None:
+                xa_current = key
+                continue
+            if (key := xa_key(ev.query, "COMMIT")) is not None:
+                held = xa.committed(key, int(ev.packet.log_pos))
+                if held is None:
+                    raise XaUnknown(
+                        f"XA COMMIT {key} at {file}:{ev.packet.log_pos}: its XA PREPARE is before the "
+                        "position this reader started from, so its rows cannot be read"
+                    )
+                tx, standalone = held, True  # XA COMMIT ends its own group
+            elif (key := xa_key(ev.query, "ROLLBACK")) is not None:
+                xa.rolled_back(key)
+                standalone = True
         end = isinstance(ev, XidEvent) or (
             isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
         )
         if not end:
             continue
-        if cfg["is_mariadb"] and tx_gtid:
-            domains[tx_gtid.split("-", 1)[0]] = tx_gtid
-            full = ",".join(domains[d] for d in sorted(domains, key=int))
-        else:
-            full = tx_gtid
+        full = _advance(domains, tx_gtid, cfg["is_mariadb"])
+        if (held_state := xa.held_state()) is not None:
+            full = held_state  # a restart must read the open XA PREPARE again
         now = time.monotonic()
         # Nothing captured in this transaction? Now and then its end is handed over anyway (no
         # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise
@@ -233,11 +269,17 @@ def main() -> None:
         code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
         if isinstance(exc, Undecodable):
             kind = "misconfigured"
-        elif code in _LOST_CODES:
+        elif code in _LOST_CODES or isinstance(exc, XaUnknown):
             kind = "position_lost"
         else:
             kind = "unavailable" if is_unavailable(exc) else "source"
-        detail = exc.args[-1] if code in _LOST_CODES else f"{type(exc).__name__}: {exc}"
+        detail = (
+            exc.args[-1]
+            if code in _LOST_CODES
+            else str(exc)
+            if isinstance(exc, XaUnknown)
+            else f"{type(exc).__name__}: {exc}"
+        )
         try:
             write_frame(out, ("error", kind, str(detail)))
         except BrokenPipeError:
