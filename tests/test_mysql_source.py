@@ -440,3 +440,27 @@ async def test_a_restart_while_an_xa_transaction_is_prepared_still_delivers_it(m
     await again.close()
     done = two.order
     assert [e.after["id"] for e in got if e.after and e.order > done] == [1]  # x9's row, after the restart
+
+
+async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(mariadb: MariaDB) -> None:
+    """respect_source_tx: false may checkpoint inside a transaction (even inside one rows event):
+    resuming there must bring rows k+1..n again. MariaDB resumes by the last committed GTID, so
+    the whole transaction is read again and sinks skip what they hold by order."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i})" for i in range(1, 11))
+        )  # one rows event
+    first = await read_n(src, 10)
+    await src.close()
+    cut = first[3]
+    assert not cut.tx_end
+    again = source(mariadb, [f"{db}.t"])
+    await again.open(again.load_position(cut.checkpoint.to_doc()))
+    rest = await read_n(again, 10)
+    await again.close()
+    assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == [5, 6, 7, 8, 9, 10]

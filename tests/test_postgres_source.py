@@ -296,3 +296,28 @@ async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: P
         "tz": dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC),
         "far": "infinity",  # beyond Python's dates: PostgreSQL's own text, as documented
     }
+
+
+async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(postgres: Postgres) -> None:
+    """respect_source_tx: false may cut a batch (and so a checkpoint) inside a transaction: the
+    rows after the cut must come again on resume, not the transaction be skipped whole."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    await conn.close()
+    src = source(postgres, db)
+    await src.open(None)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    async with conn.transaction():
+        for i in range(1, 11):
+            await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await conn.close()
+    first = await read_n(src, 10)
+    await src.close()
+    cut = first[3]  # the 4th of 10 rows: a checkpoint inside the transaction
+    assert not cut.tx_end
+    again = source(postgres, db)
+    await again.open(again.load_position(cut.checkpoint.to_doc()))
+    rest = await read_n(again, 10)
+    await again.close()
+    assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == [5, 6, 7, 8, 9, 10]

@@ -129,7 +129,9 @@ class PostgresSource(Source):
                     f"{format_lsn(safe)}; the changes in between were consumed elsewhere"
                 )
             await self._advance(safe)
-            self._last_commit = resume.commit_lsn
+            # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
+            # of it: read that transaction again (sinks skip what they hold, by order).
+            self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
         cfg: DecoderSettings = {
             "dsn": self.dsn,
             "slot": self.slot,
