@@ -22,6 +22,8 @@ class SourceInfo:
     position: Position
     ts_ms: int
     schema: str | None = None
+    key: tuple[str, ...] = ()
+    """The table's primary-key columns, as the source knows them (empty when it does not)."""
 
 
 @dataclass(frozen=True, slots=True)

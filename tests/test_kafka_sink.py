@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -18,9 +19,12 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
 from tests.serve_proc import free_port
+from tests.servers.postgres import Postgres
 from tests.servers.proxy import TcpProxy
 from tests.servers.tansu import Tansu
 from tests.sink_crash import crash_and_recover, outage_and_recover
+from tests.test_postgres_sink import _reader_up
+from tests.test_postgres_source import fresh_db
 
 
 def kafka_doc(brokers: str, **sink: Any) -> dict[str, Any]:
@@ -55,7 +59,14 @@ def consume(
         idle_since = time.monotonic()
         for m in msgs:
             if m.error() is None:
-                out.append((m.partition(), m.key(), orjson.loads(m.value()), dict(m.headers() or [])))
+                out.append(
+                    (
+                        m.partition(),
+                        m.key(),
+                        orjson.loads(m.value()) if m.value() is not None else None,
+                        dict(m.headers() or []),
+                    )
+                )
     c.close()
     return out
 
@@ -231,3 +242,35 @@ def test_broker_unreachable_for_a_minute_is_waited_for_and_nothing_is_lost(tmp_p
         rows = outage_and_recover(tmp_path, sink, {"KAFKA": bootstrap}, proxy.down, proxy.up)
         got = [int(d["source"]["change_id"]) for _, _, d, _ in consume(bootstrap, "cdc.orders", len(rows))]
     assert {int(r[0]) for r in rows} <= set(got)  # nothing lost
+
+
+async def test_records_are_keyed_by_primary_key_and_a_delete_lands_beside_its_insert(
+    tansu: Tansu, postgres: Postgres
+) -> None:
+    """The default key is the primary key as JSON ({"id": 7}), even when the key is not the first
+    column and for a delete under the default replica identity; a tombstone follows the delete."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE items (name text, id int PRIMARY KEY, qty int)")
+    await conn.close()
+    tansu.create_topic("pk.items")
+    doc = kafka_doc(tansu.bootstrap, topic="pk.${source.table}", tombstones=True)
+    doc["spec"]["source"] = {"type": "postgres", "config": {"id": "pg", "dsn": postgres.dsn(db),
+                                                            "slot": f"s_{db}", "publication": f"p_{db}"}}  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: _reader_up(runner), what="reader up")
+    conn = await asyncpg.connect(postgres.dsn(db))
+    for i in range(1, 21):
+        await conn.execute("INSERT INTO items VALUES ($1, $2, 1)", f"item-{i % 3}", i)  # names repeat
+    await conn.execute("UPDATE items SET qty = 2 WHERE id = 7")
+    await conn.execute("DELETE FROM items WHERE id = 7")
+    await conn.close()
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 22, timeout=30, what="all produced")
+    await runner.drain()
+    await task
+    got = consume(tansu.bootstrap, "pk.items", 23, committed_only=False)
+    seven = [(part, key, doc) for part, key, doc, _ in got if key == b'{"id":7}']
+    assert [d["op"] if d else None for _, _, d in seven] == ["c", "u", "d", None]  # None: the tombstone
+    assert len({part for part, _, _ in seven}) == 1  # one key, one partition: the delete cannot overtake
+    assert {key for _, key, _, _ in got} == {f'{{"id":{i}}}'.encode() for i in range(1, 21)}

@@ -84,6 +84,7 @@ async def test_mixed_workload_in_commit_order_with_typed_values(mariadb: MariaDB
     assert "ignored" not in {e.table for e in events}
     after = events[0].after
     assert after is not None
+    assert events[0].source.key == ("id",)  # from the table map's metadata
     assert after["big"] == 9007199254740993 and after["tiny"] == -5
     assert after["dec_"] == Decimal("12345678.1234")
     assert after["fl"] == 1.5 and after["dbl"] == -2.25e100

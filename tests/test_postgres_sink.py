@@ -191,8 +191,9 @@ async def test_postgres_to_postgres_keeps_untouched_toast_values_and_follows_key
         "spec": {
             "source": {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
                                                       "slot": f"s_{source_db}", "publication": f"p_{source_db}"}},
+            # no key_columns: the source table's primary key is the default
             "sinks": [{"type": "postgres", "config": {"id": "t", "dsn": postgres.dsn(target_db),
-                                                      "key_columns": ["id"], "upsert_strategy": "if_newer"}}],
+                                                      "upsert_strategy": "if_newer"}}],
             "batch": {"max_events": 100, "max_ms": 20},
         },
     }  # fmt: skip

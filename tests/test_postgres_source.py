@@ -321,3 +321,24 @@ async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(pos
     rest = await read_n(again, 10)
     await again.close()
     assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == [5, 6, 7, 8, 9, 10]
+
+
+async def test_events_carry_the_primary_key_under_default_and_full_replica_identity(
+    postgres: Postgres,
+) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE d (v text, a int, b int, PRIMARY KEY (b, a))")
+    await conn.execute("CREATE TABLE f (v text, id int PRIMARY KEY)")
+    await conn.execute("ALTER TABLE f REPLICA IDENTITY FULL")  # pgoutput then flags every column
+    await conn.close()
+    src = source(postgres, db)
+    await src.open(None)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("INSERT INTO d VALUES ('x', 1, 2)")
+    await conn.execute("INSERT INTO f VALUES ('y', 3)")
+    await conn.execute("DELETE FROM f WHERE id = 3")
+    await conn.close()
+    events = await read_n(src, 3)
+    await src.close()
+    assert [(e.table, e.source.key) for e in events] == [("d", ("b", "a")), ("f", ("id",)), ("f", ("id",))]

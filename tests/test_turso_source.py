@@ -120,6 +120,7 @@ async def test_resume_after_checkpoint_and_table_filter(tmp_path: Path) -> None:
     await src.close()
     assert [e.after["v"] for e in first if e.after] == list(range(10))
     assert {e.table for e in first} == {"a"}
+    assert {e.source.key for e in first} == {("id",)}
     resume = first[4].checkpoint
     src2 = source(db, tables=["a"])
     await src2.open(resume)

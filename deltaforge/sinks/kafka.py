@@ -11,9 +11,11 @@ lives in this sink's own worker thread and never blocks the event loop.
   consumers see a batch whole or not at all. A fenced producer is
   :class:`supervision.Fatal`: another instance took over, the pipeline stops.
 
-Message key: the ``key`` template when set, else the row's first column (the
-primary key for tables whose key comes first), so one row's changes stay in
-one partition, in order.
+Message key: the ``key`` template when set, else the row's primary key as JSON
+(Debezium's key shape, ``{"id": 1}``; the delete's before image for a delete),
+so one row's changes, its delete included, stay in one partition, in order.
+With ``tombstones: true`` a delete is followed by a null-valued record with
+the same key, so log compaction forgets the row.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ class KafkaSinkConfig(SinkSettings):
 
     brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
     topic: Template = Field(description="Topic per event, e.g. cdc.${source.table}.")
-    key: Template | None = Field(None, description="Record key per event (default: the row's first column).")
+    key: Template | None = Field(
+        None, description='Record key per event (default: the primary key as JSON, {"id": 1}).'
+    )
+    tombstones: Bool = Field(
+        False, description="After a delete, a record with the same key and a null value."
+    )
     exactly_once: Bool = Field(
         False, description="One Kafka transaction per batch (read_committed sees it whole)."
     )
@@ -73,6 +80,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.brokers = cfg.brokers
         self.topic_of = compile_template(cfg.topic)
         self.key_of = compile_template(cfg.key) if cfg.key else None
+        self.tombstones = cfg.tombstones
         self.exactly_once = cfg.exactly_once
         self.timeout = cfg.timeout_s
         self.extra: dict[str, ProducerValue] = dict(cfg.producer)
@@ -157,7 +165,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             raise
 
     def _produce(self, producer: Producer, e: Event, on_delivery: Any) -> None:
-        key = self.key_of(e) if self.key_of is not None else _first_column(e)
+        key = self.key_of(e) if self.key_of is not None else row_key(e)
         headers: list[tuple[str, str | bytes | None]] = [
             ("idempotency_key", e.idempotency_key.encode()),
             ("event_id", e.event_id.encode()),
@@ -166,6 +174,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         while True:
             try:
                 producer.produce(self.topic_of(e), value, key, headers=headers, on_delivery=on_delivery)
+                if e.op == "d" and self.tombstones:
+                    # Compaction then forgets the key: the null value after the delete.
+                    producer.produce(self.topic_of(e), None, key, headers=headers, on_delivery=on_delivery)
                 return
             except BufferError:
                 producer.poll(0.1)  # queue full: let deliveries drain, then go on
@@ -193,8 +204,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         return RetryableSinkError(text)
 
 
-def _first_column(e: Event) -> str | None:
+def row_key(e: Event) -> bytes | str | None:
+    """The record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``), from the
+    after image or, for a delete, the before image; a table without a known key falls back to
+    its first column."""
     row = e.after if e.after is not None else e.before
     if not row:
         return None
+    key = e.source.key
+    if key:
+        return encode({k: row.get(k) for k in key})
     return str(next(iter(row.values())))

@@ -74,7 +74,9 @@ class PostgresSinkConfig(SinkSettings):
 
     dsn: PostgresDsn = Field(description="postgresql://user:password@host:port/db (${VAR} for the password).")
     table: Template = Field("${source.table}", description="Target table per event.")
-    key_columns: KeyColumns = Field(description="The target's primary-key columns.")
+    key_columns: KeyColumns | None = Field(
+        None, description="The target's primary-key columns (default: the source table's primary key)."
+    )
     upsert_strategy: Literal["always", "if_newer"] = Field(
         "always", description="if_newer: apply a change only when it is newer than the row's position."
     )
@@ -89,7 +91,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         cfg = self.settings
         self.dsn = cfg.dsn
         self.table_of = compile_template(cfg.table)
-        self.keys = list(cfg.key_columns)
+        self.keys: tuple[str, ...] | None = tuple(cfg.key_columns) if cfg.key_columns else None
         self.if_newer = cfg.upsert_strategy == "if_newer"
         self.position_column = cfg.position_column
         self._conn: asyncpg.Connection | None = None
@@ -113,17 +115,26 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             except (OSError, asyncpg.PostgresError, TimeoutError):
                 conn.terminate()
 
-    def _upsert_sql(self, table: str, columns: tuple[str, ...]) -> str:
-        key = ("u", table, columns)
+    def _keys(self, e: Event, table: str) -> tuple[str, ...]:
+        keys = self.keys or e.source.key
+        if not keys:
+            raise NonRetryableSinkError(
+                f"postgres sink {self.id!r}: no key columns for {table!r}: the source table has no primary "
+                "key; set key_columns"
+            )
+        return keys
+
+    def _upsert_sql(self, table: str, columns: tuple[str, ...], keys: tuple[str, ...]) -> str:
+        key = ("u", table, columns, keys)
         sql = self._sql.get(key)
         if sql is None:
             cols = [*columns, self.position_column] if self.if_newer else list(columns)
             marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
-            updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in cols if c not in self.keys)
+            updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in cols if c not in keys)
             action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             sql = (
                 f"INSERT INTO {_table(table)} ({', '.join(map(_q, cols))}) VALUES ({marks}) "
-                f"ON CONFLICT ({', '.join(map(_q, self.keys))}) {action}"
+                f"ON CONFLICT ({', '.join(map(_q, keys))}) {action}"
             )
             if self.if_newer and updates:
                 pc = _q(self.position_column)
@@ -131,14 +142,14 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             self._sql[key] = sql
         return sql
 
-    def _delete_sql(self, table: str) -> str:
-        key = ("d", table)
+    def _delete_sql(self, table: str, keys: tuple[str, ...]) -> str:
+        key = ("d", table, keys)
         sql = self._sql.get(key)
         if sql is None:
-            where = " AND ".join(f"{_q(k)} = ${i}" for i, k in enumerate(self.keys, 1))
+            where = " AND ".join(f"{_q(k)} = ${i}" for i, k in enumerate(keys, 1))
             if self.if_newer:
                 pc = _q(self.position_column)
-                where += f" AND ({pc} IS NULL OR {pc} < ${len(self.keys) + 1})"
+                where += f" AND ({pc} IS NULL OR {pc} < ${len(keys) + 1})"
             sql = f"DELETE FROM {_table(table)} WHERE {where}"
             self._sql[key] = sql
         return sql
@@ -148,22 +159,25 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         pos = position_text(e.order)
         if e.op == "t":
             return [(f"TRUNCATE {_table(table)}", ())]
+        keys = self._keys(e, table)
         if e.op == "d":
-            return [self._delete(table, e.before or {}, pos)]
+            return [self._delete(table, keys, e.before or {}, pos)]
         row = e.after or {}
         out = []
         before = e.before
-        if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in self.keys):
-            out.append(self._delete(table, before, pos))  # the key changed: the old row goes
+        if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in keys):
+            out.append(self._delete(table, keys, before, pos))  # the key changed: the old row goes
         # A TOASTed value the update did not touch is not in the change: leave that column alone.
         columns = tuple(c for c in row if not _unchanged_toast(row[c]))
         args = tuple(_value(row[c]) for c in columns)
-        out.append((self._upsert_sql(table, columns), (*args, pos) if self.if_newer else args))
+        out.append((self._upsert_sql(table, columns, keys), (*args, pos) if self.if_newer else args))
         return out
 
-    def _delete(self, table: str, row: dict[str, Any], pos: str) -> tuple[str, tuple[Any, ...]]:
-        args = tuple(_value(row.get(k)) for k in self.keys)
-        return self._delete_sql(table), (*args, pos) if self.if_newer else args
+    def _delete(
+        self, table: str, keys: tuple[str, ...], row: dict[str, Any], pos: str
+    ) -> tuple[str, tuple[Any, ...]]:
+        args = tuple(_value(row.get(k)) for k in keys)
+        return self._delete_sql(table, keys), (*args, pos) if self.if_newer else args
 
     async def deliver(self, events: list[Event]) -> None:
         if self._conn is None or self._conn.is_closed():

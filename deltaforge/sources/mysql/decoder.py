@@ -55,6 +55,18 @@ _UNDECODABLE = {
 _TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
 
 
+def _primary_key(ev: Any) -> tuple[str, ...]:
+    """A rows event's primary-key columns, from the table map's metadata (binlog_row_metadata=FULL)."""
+    simple = tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
+    if simple:
+        return simple
+    meta = getattr(getattr(ev, "table_obj", None), "optional_metadata", None) or getattr(
+        ev, "optional_metadata", None
+    )
+    prefixed = getattr(meta, "primary_keys_with_prefix", None) or {}
+    return tuple(ev.columns[i].name for i in sorted(prefixed) if i < len(ev.columns))
+
+
 def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
     """The GTID position once ``gtid`` is committed (MariaDB: every domain's last GTID)."""
     if is_mariadb and gtid:
@@ -192,7 +204,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             if schemas.get(table) != columns:
                 schemas[table] = columns
                 instants[table] = tuple(n for n, t in columns if t in _TIMESTAMP_TYPES)
-                cols = [{"name": n, "type": t} for n, t in columns]
+                keys = _primary_key(ev)
+                cols = [{"name": n, "type": t, "key": n in keys} for n, t in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             op = op_of[type(ev)]
             ts = int(ev.timestamp)

@@ -62,6 +62,7 @@ class MySQLSource(Source):
         self._decoder: ChildDecoder | None = None
         self._committed = ""
         self._schema_changes: list[SchemaChange] = []
+        self._keys: dict[str, tuple[str, ...]] = {}  # "db.table" -> primary-key columns (pump thread)
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
 
@@ -161,6 +162,7 @@ class MySQLSource(Source):
             events, self._committed = self._events(frame[1], self._committed)
             return events
         if kind == "schema":
+            self._keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
             with self._lock:
                 self._schema_changes.append((frame[1], frame[2], BinlogPosition.from_doc(frame[3])))
             return None
@@ -181,7 +183,7 @@ class MySQLSource(Source):
 
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
         out: list[Event] = []
-        connector, tenant = self.connector, self.tenant
+        connector, tenant, keys = self.connector, self.tenant, self._keys
         for gtid, state, file, end_pos, rows in txs:
             fidx = binlog_index(file)
             if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
@@ -191,6 +193,7 @@ class MySQLSource(Source):
             last = len(rows) - 1
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
+                key = keys.get(f"{schema}.{table}", ())
                 position = new_position(BinlogPosition, (file, pos, i, committed))
                 end = n == last
                 out.append(
@@ -198,7 +201,7 @@ class MySQLSource(Source):
                         op,
                         before,
                         after,
-                        SourceInfo(connector, schema, table, position, ts * 1000),
+                        SourceInfo(connector, schema, table, position, ts * 1000, None, key),
                         tx_id,
                         end,
                         f"{fidx}:{pos}:{i}",

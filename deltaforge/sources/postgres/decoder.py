@@ -50,6 +50,13 @@ SESSION = {
 }
 
 
+PRIMARY_KEY = (
+    "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+    "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1 AND i.indisprimary "
+    "ORDER BY array_position(i.indkey::int2[], a.attnum)"
+)
+
+
 def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, conv, value in zip(names, convs, values, strict=False):
@@ -68,6 +75,10 @@ class TxDecoder:
     def __init__(self, last_commit: int) -> None:
         self.last_commit = last_commit
         self.relations: dict[int, tuple[Relation, list[str], list[Any]]] = {}
+        self.keys: dict[int, list[str]] = {}
+        """Each relation's primary-key columns (one list, shared by its changes)."""
+        self.unresolved: set[int] = set()
+        """Relations whose primary key is still to be read from the catalog."""
         self.pending: list[tuple[int, int]] = []  # (end_lsn, messages) handed out, not yet confirmed
 
     def confirmed(self, lsn: int) -> int:
@@ -92,7 +103,16 @@ class TxDecoder:
                 skipping = msg.final_lsn <= self.last_commit
             elif isinstance(msg, Relation):
                 convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
+                known = self.relations.get(msg.relid)
                 self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
+                if known is not None and known[0] == msg:
+                    continue  # the same relation again (a repeated peek): its key is known
+                # The catalog's primary key, in its order, is filled in by stream(); until then (and
+                # for a table without one) the replica identity's key flags, unless identity is full
+                # (then every column is flagged).
+                flagged = [c.name for c in msg.columns if c.key] if msg.replica_identity in ("d", "i") else []
+                self.keys[msg.relid] = flagged
+                self.unresolved.add(msg.relid)
             elif isinstance(msg, Commit):
                 if not skipping and begin is not None:
                     if changes:
@@ -107,11 +127,11 @@ class TxDecoder:
                 rel, names, convs = self._relation(msg.relid, int(lsn))
                 before = row(names, convs, msg.old) if msg.old is not None else None
                 after = row(names, convs, msg.new) if msg.new is not None else None
-                changes.append((msg.op, rel.namespace, rel.name, before, after))
+                changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
             elif isinstance(msg, Truncate):
                 for relid in msg.relids:
                     rel = self._relation(relid, int(lsn))[0]
-                    changes.append(("t", rel.namespace, rel.name, None, None))
+                    changes.append(("t", rel.namespace, rel.name, None, None, []))
         return txs
 
     def _relation(self, relid: int, lsn: int) -> tuple[Relation, list[str], list[Any]]:
@@ -158,6 +178,10 @@ async def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             await asyncio.sleep(0.005)  # the parent is advancing the slot
             continue
         txs = tx.decode(rows, int(confirmed))
+        for relid in tx.unresolved:  # filled in place: the changes hold the same lists
+            if pk := [r[0] for r in await conn.fetch(PRIMARY_KEY, relid)]:
+                tx.keys[relid][:] = pk
+        tx.unresolved.clear()
         if txs:
             write_frame(out, ("txs", txs))
             continue

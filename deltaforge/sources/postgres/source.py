@@ -264,7 +264,7 @@ class PostgresSource(Source):
             ts_ms = PG_EPOCH_MS + commit_ts // 1000
             tx_id = str(xid)
             last = len(changes) - 1
-            for seq, (op, schema, table, before, after) in enumerate(changes):
+            for seq, (op, schema, table, before, after, key) in enumerate(changes):
                 position = new_position(PgPosition, (safe, commit_lsn, seq))
                 end = seq == last
                 out.append(
@@ -272,7 +272,7 @@ class PostgresSource(Source):
                         op,
                         before,
                         after,
-                        SourceInfo(connector, db, table, position, ts_ms, schema),
+                        SourceInfo(connector, db, table, position, ts_ms, schema, tuple(key)),
                         tx_id,
                         end,
                         f"{prefix}:{seq}",

@@ -48,6 +48,7 @@ class TursoSource(Source):
         self._after = 0
         self._resume: TursoPosition | None = None
         self._columns: dict[str, tuple[list[str], int | None]] = {}
+        self._keys: dict[str, tuple[str, ...]] = {}  # a table's primary-key columns
         self._pending: list[tuple[Any, ...]] = []
         self._threads = BlockingRunner(1)
         self._has_cdc_table = False
@@ -202,6 +203,7 @@ class TursoSource(Source):
                         table=table,
                         position=position,
                         ts_ms=int(change_time) * 1000 if change_time else int(time.time() * 1000),
+                        key=self._keys.get(table, ()),
                     ),
                     tx_id=str(txn_id),
                     tx_end=end,
@@ -237,6 +239,7 @@ class TursoSource(Source):
             alias = None
             if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
                 alias = int(pks[0][0])
+            self._keys[table] = tuple(r[1] for r in sorted(pks, key=lambda r: r[5]))  # pk order
             cached = (names, alias)
             self._columns[table] = cached
         return cached
