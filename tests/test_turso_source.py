@@ -283,3 +283,28 @@ def test_text_that_is_not_utf8_is_kept_as_its_bytes_not_altered() -> None:
     valid = bytes([0x02, 2 * 6 + 13]) + "héllo".encode()
     assert decode_record(invalid) == [b"\xffA"]
     assert decode_record(valid) == ["héllo"]
+
+
+async def test_rows_written_before_a_drop_column_decode_with_the_columns_they_had(tmp_path: Path) -> None:
+    """A reader behind a DROP COLUMN must not shift old rows' values into the remaining names."""
+    db = tmp_path / "s.db"
+    w = writer(db)
+    w.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c TEXT)")
+    w.commit()
+    w.execute("INSERT INTO t VALUES (1, 'bee', 'sea')")
+    w.commit()
+    w.execute("ALTER TABLE t DROP COLUMN b")
+    w.commit()
+    w.execute("INSERT INTO t VALUES (2, 'sea2')")
+    w.execute("UPDATE t SET c = 'sea1' WHERE a = 1")
+    w.commit()
+    w.close()
+    src = source(db)  # starts from the beginning: behind the DDL
+    await src.open(None)
+    events = await read_all(src)
+    await src.close()
+    assert [(e.op, e.before, e.after) for e in events] == [
+        ("c", None, {"a": 1, "b": "bee", "c": "sea"}),  # as written, before the DROP COLUMN
+        ("c", None, {"a": 2, "c": "sea2"}),
+        ("u", {"a": 1, "c": "sea"}, {"a": 1, "c": "sea1"}),
+    ]

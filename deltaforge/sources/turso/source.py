@@ -48,6 +48,7 @@ class TursoSource(Source):
         self._after = 0
         self._resume: TursoPosition | None = None
         self._columns: dict[str, tuple[list[str], int | None]] = {}
+        self._decode_at = 0  # the change_id of the transaction being decoded
         self._keys: dict[str, tuple[str, ...]] = {}  # a table's primary-key columns
         self._pending: list[tuple[Any, ...]] = []
         self._threads = BlockingRunner(1)
@@ -183,6 +184,7 @@ class TursoSource(Source):
         changes = [r for r in tx if r[4] != _SCHEMA_TABLE]
         if len(changes) != len(tx):
             self._columns.clear()  # DDL in this transaction: reload column lists
+        self._decode_at = marker[0]
         if self.tables is not None:
             changes = [r for r in changes if r[4] in self.tables]
         events: list[Event] = []
@@ -230,10 +232,32 @@ class TursoSource(Source):
             row[names[alias]] = rowid
         return row
 
+    def _schema_then(self, table: str) -> str | None:
+        """The CREATE TABLE in force for rows at the read position, when DDL later in
+        ``turso_cdc`` changed it (its first such change's before image); None: the current one.
+
+        A reader that is behind must decode old rows with the columns they were written with:
+        after a DROP COLUMN the current columns would shift their values into the wrong names.
+        """
+        later = self._conn.execute(
+            "SELECT before FROM turso_cdc WHERE change_id > ? AND table_name = 'sqlite_schema' "
+            "AND before IS NOT NULL ORDER BY change_id",
+            (self._decode_at,),
+        ).fetchall()
+        for (before,) in later:
+            rec = decode_record(before)
+            if len(rec) >= 5 and rec[0] == "table" and rec[2] == table and isinstance(rec[4], str):
+                return rec[4]
+        return None
+
     def _table_columns(self, table: str) -> tuple[list[str], int | None]:
         cached = self._columns.get(table)
         if cached is None:
-            info = self._conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+            then = self._schema_then(table)
+            if then is not None:
+                info = _table_info(then, table)
+            else:
+                info = self._conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
             names = [r[1] for r in info]
             pks = [r for r in info if r[5]]
             alias = None
@@ -243,6 +267,18 @@ class TursoSource(Source):
             cached = (names, alias)
             self._columns[table] = cached
         return cached
+
+
+def _table_info(create_sql: str, table: str) -> list[Any]:
+    """``PRAGMA table_info`` of a table as ``create_sql`` defines it (built in a scratch database)."""
+    import turso
+
+    scratch = turso.connect(":memory:")
+    try:
+        scratch.execute(create_sql)
+        return list(scratch.execute(f"PRAGMA table_info({_quote(table)})").fetchall())
+    finally:
+        scratch.close()
 
 
 def _quote(name: str) -> str:
