@@ -46,7 +46,8 @@ def consume(
             "log_level": 3,
         }
     )
-    c.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions  # as many as the topic has
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
     out: list[Any] = []
     deadline = time.monotonic() + timeout
     idle_since = time.monotonic()

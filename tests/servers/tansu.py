@@ -35,8 +35,12 @@ class Tansu(ServerProcess):
                 "--storage-engine", "memory://tansu/"]  # fmt: skip
 
     def create_topic(self, name: str, partitions: int = 3) -> None:
-        subprocess.run(
+        """Create ``name`` unless it exists (a producer's metadata request may have created it
+        first: Tansu creates topics on demand)."""
+        r = subprocess.run(
             [tansu_binary(), "topic", "create", "--broker", f"tcp://127.0.0.1:{self.port}",
              "--partitions", str(partitions), name],
-            check=True, capture_output=True, timeout=30,
+            capture_output=True, text=True, timeout=30,
         )  # fmt: skip
+        if r.returncode != 0 and "already exists" not in r.stderr + r.stdout:
+            raise RuntimeError(f"tansu topic create {name} failed: {r.stderr[-500:]}")
