@@ -158,7 +158,7 @@ class ScriptedSink(Sink[StdoutSinkConfig]):
         self.received: list[int] = []
         self.calls = 0
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         self.calls += 1
         if self.script is not None:
             result = self.script(self.calls, events)

@@ -275,3 +275,20 @@ async def test_records_are_keyed_by_primary_key_and_a_delete_lands_beside_its_in
     assert [d["op"] if d else None for _, _, d in seven] == ["c", "u", "d", None]  # None: the tombstone
     assert len({part for part, _, _ in seven}) == 1  # one key, one partition: the delete cannot overtake
     assert {key for _, key, _, _ in got} == {f'{{"id":{i}}}'.encode() for i in range(1, 21)}
+
+
+async def test_exactly_once_survives_a_checkpoint_left_behind_its_kafka_commit(tansu: Tansu) -> None:
+    """A crash between commit_transaction and the checkpoint write leaves the checkpoint behind what
+    Kafka holds. Each transaction also records the source position on the offsets topic, and the
+    sink reads it back at start: nothing is produced twice."""
+    n = 3000
+    tansu.create_topic("cdc.t")
+    tansu.create_topic("deltaforge.offsets", partitions=1)
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True), env={})
+    await run_to(PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n, chunk=500)), n)
+    # A fresh store: the local checkpoints are gone, as if every one of them had been lost.
+    again = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n + 500, chunk=500))
+    await run_to(again, n + 500)
+    assert again.ctx.stats.sinks["k"].skipped >= n  # what Kafka already held was not sent again
+    ids = [int(doc["event_id"]) for _, _, doc, _ in consume(tansu.bootstrap, "cdc.t", n + 500)]
+    assert sorted(ids) == list(range(1, n + 501))  # each change exactly once for read_committed

@@ -214,7 +214,7 @@ def run_chain(tmp_path: Path, name: str, **spec: Any) -> list[Change]:
         assert c["transform"]["most_inflight"] >= 2  # max_inflight 3: jobs overlapped
         assert c["transform"]["jobs"] < c["transform"]["batches"]  # queued batches shared jobs
         assert serve.terminate() == 0
-    assert stored_checkpoint(tmp_path / "cp.db", "src::sink::f") == {"change_id": last}
+    assert (stored_checkpoint(tmp_path / "cp.db", "src::sink::f") or {}).get("change_id") == last
     out = delivered(tmp_path / f"{name}.jsonl")
     assert out == reference(changes)
     return out
@@ -343,7 +343,7 @@ def test_killing_the_spark_jvm_restarts_the_session_and_loses_nothing(tmp_path: 
     ids = first_occurrences([e["source"]["change_id"] for e in events])
     assert ids == wanted  # every non-delete change, in order, none lost (a replay may repeat some)
     assert all(len(e["after"]["customer"]) == 64 for e in events)
-    assert stored_checkpoint(tmp_path / "cp.db", "src::sink::f") == {"change_id": cdc["last"]}
+    assert (stored_checkpoint(tmp_path / "cp.db", "src::sink::f") or {}).get("change_id") == cdc["last"]
     log = (tmp_path / "log.jsonl").read_text()
     assert log.count('"event":"spark_session_started"') == 2
     assert '"event":"spark_session_lost"' in log

@@ -52,6 +52,22 @@ class DeliveryWorker(Actor):
         if not self.opened:
             await self.sink.open()
             self.opened = True
+            if self.sink.records_position:
+                await self._adopt_sink_position()
+
+    async def _adopt_sink_position(self) -> None:
+        """What the sink itself recorded wins when it is further than the local checkpoint: a crash
+        between the sink's commit and the checkpoint write left the checkpoint behind."""
+        doc = await self.sink.stored_position()
+        if doc is None:
+            return
+        held = self.ctx.source.load_position(doc)
+        if self.position is None or held.order > self.position.order:
+            self.log.info(
+                "sink_position_ahead", sink=self.sink_id, sink_holds=doc,
+                checkpoint=self.position.to_doc() if self.position else None,
+            )  # fmt: skip
+            self.position = held
 
     async def _reconnect(self) -> None:
         """Drop the connection after a failed batch: the next attempt opens a fresh one."""
@@ -80,13 +96,20 @@ class DeliveryWorker(Actor):
         if not isinstance(message, DeliverTo):
             return await super().receive(message)
         batch = message.batch
+        if self.sink.records_position and not self.opened:
+            try:
+                await self._open()  # its own position decides what is pending
+            except SinkError:
+                pass  # the attempts below open again, and report
         events = self._pending(batch)
         self.stats.skipped += len(batch.events) - len(events)
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
                     await self._open()
-                    await self.sink.deliver(events)
+                    events = self._pending(batch)
+                    if events:
+                        await self.sink.deliver(events, batch.checkpoint)
                     break
                 except Fatal:
                     raise

@@ -7,6 +7,7 @@ from typing import Generic, TypeVar
 
 from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.events import Event
+from deltaforge.position import Position, PositionDoc
 
 K = TypeVar("K", bound=SinkSettings)
 
@@ -44,12 +45,21 @@ class Sink(ABC, Generic[K]):
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
 
+    records_position = False
+    """True for a sink that stores where the source stands together with each batch, atomically
+    (:meth:`stored_position` reads it back): after a crash it is what the sink truly holds."""
+
     async def open(self) -> None:
         """Connect."""
 
     @abstractmethod
-    async def deliver(self, events: list[Event]) -> None:
-        """Deliver ``events`` durably, in order."""
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
+        """Deliver ``events`` durably, in order; ``position`` is where the source stands once
+        this batch is in (a sink that records its position stores it with the batch)."""
+
+    async def stored_position(self) -> PositionDoc | None:
+        """The position stored with the last batch this sink holds, if it records one."""
+        return None
 
     async def close(self) -> None:
         """Flush and disconnect."""

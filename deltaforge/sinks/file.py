@@ -12,6 +12,7 @@ from pydantic import Field
 from deltaforge.configmodel import Bool, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
+from deltaforge.position import Position
 from deltaforge.sinks.base import RetryableSinkError, Sink
 
 
@@ -43,7 +44,7 @@ class FileSink(Sink[FileSinkConfig]):
         if created and self.fsync:
             _fsync_dir(self.path.parent)  # the new file's name is durable only once its folder is
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         data = encode_lines(events, self.config.envelope)
         try:
             await anyio.to_thread.run_sync(self._write, data)

@@ -20,6 +20,7 @@ the same key, so log compaction forgets the row.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -29,6 +30,7 @@ from actors import BlockingRunner
 from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
+from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
@@ -42,6 +44,7 @@ _NON_RETRYABLE = {
     KafkaError._AUTHENTICATION,
     KafkaError.INVALID_RECORD,
 }
+IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -65,6 +68,11 @@ class KafkaSinkConfig(SinkSettings):
     timeout_s: PositiveNumber = Field(30.0, description="How long a batch may take to be acknowledged.")
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
         "none", description="Record batch compression (compression.type)."
+    )
+    offsets_topic: Text = Field(
+        "deltaforge.offsets",
+        description="exactly_once: where each batch's source position is written in its transaction "
+        "(make it compacted).",
     )
     producer: dict[str, ProducerValue] = Field(
         default_factory=dict, description="More librdkafka producer settings, passed as given."
@@ -126,12 +134,28 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if producer is not None:
             await self._thread.run(producer.flush, 5.0)
 
-    async def deliver(self, events: list[Event]) -> None:
+    @property
+    def records_position(self) -> bool:  # type: ignore[override]
+        return self.exactly_once
+
+    @property
+    def position_key(self) -> bytes:
+        return f"{self.pipeline}/{self.id}".encode()
+
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._producer is None:
             await self.open()
-        await self._thread.run(self._deliver, events)
+        await self._thread.run(self._deliver, events, position)
 
-    def _deliver(self, events: list[Event]) -> None:
+    async def stored_position(self) -> PositionDoc | None:
+        """exactly_once: the position recorded in the offsets topic by the last committed batch."""
+        if not self.exactly_once:
+            return None
+        return await self._thread.run(
+            read_position, self.brokers, self.settings.offsets_topic, self.position_key, self.timeout
+        )
+
+    def _deliver(self, events: list[Event], position: Position | None = None) -> None:
         producer = self._producer
         assert producer is not None
         errors: list[KafkaError] = []
@@ -146,7 +170,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             for e in events:
                 self._produce(producer, e, on_delivery)
             if self.exactly_once:
-                producer.commit_transaction(self.timeout)
+                if position is not None:
+                    # In the same transaction: a read_committed reader (this sink, after a crash)
+                    # sees the batch and where it left the source together or not at all.
+                    record = encode({"position": position.to_doc(), "order": list(position.order)})
+                    producer.produce(
+                        self.settings.offsets_topic, record, self.position_key, on_delivery=on_delivery
+                    )
+                self._commit(producer)
                 self.commits += 1
             else:
                 left = producer.flush(self.timeout)
@@ -163,6 +194,17 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         except SinkError:
             self._abort(producer, None)
             raise
+
+    def _commit(self, producer: Producer) -> None:
+        """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
+        may have succeeded; aborting then could let the retried batch commit twice."""
+        while True:
+            try:
+                producer.commit_transaction(self.timeout)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
 
     def _produce(self, producer: Producer, e: Event, on_delivery: Any) -> None:
         key = self.key_of(e) if self.key_of is not None else row_key(e)
@@ -182,7 +224,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 producer.poll(0.1)  # queue full: let deliveries drain, then go on
 
     def _abort(self, producer: Producer, err: KafkaError | None) -> None:
-        if not self.exactly_once or (err is not None and err.fatal()):
+        """Abort only what can be aborted: our own failure before the commit, or an error that
+        says the transaction must be aborted (never a fatal one: that producer is finished)."""
+        if not self.exactly_once or (err is not None and (err.fatal() or not err.txn_requires_abort())):
             return
         try:
             producer.abort_transaction(self.timeout)
@@ -215,3 +259,41 @@ def row_key(e: Event) -> bytes | str | None:
     if key:
         return encode({k: row.get(k) for k in key})
     return str(next(iter(row.values())))
+
+
+def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> PositionDoc | None:
+    """The last committed position recorded under ``key`` in ``topic`` (read_committed), if any."""
+    import orjson
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": brokers,
+            "group.id": f"deltaforge-position-{key.decode()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": 3,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return None
+        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        found: PositionDoc | None = None
+        idle_since = time.monotonic()
+        # Read to the end. Watermarks would say where the end is, but Kafka-compatible brokers
+        # disagree on them (Tansu's count batches), so the end is when nothing more comes.
+        while time.monotonic() - idle_since < IDLE_END_S:
+            msgs = consumer.consume(500, 0.2)
+            for m in msgs:
+                value = m.value()
+                if m.error() is None and m.key() == key and value is not None:
+                    found = orjson.loads(value)["position"]
+            if msgs:
+                idle_since = time.monotonic()
+        return found
+    except KafkaException as exc:
+        raise RetryableSinkError(f"cannot read positions from {topic!r}: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()

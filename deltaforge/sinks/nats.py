@@ -19,6 +19,7 @@ from pydantic import Field
 from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
+from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -100,7 +101,7 @@ class NatsSink(Sink[NatsSinkConfig]):
             except (TimeoutError, nerr.Error, OSError):
                 pass
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._nc is None or not self._nc.is_connected:
             await self.close()
             await self.open()

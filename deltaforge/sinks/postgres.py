@@ -22,6 +22,7 @@ from pydantic import BeforeValidator, Field
 
 from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.events import Event
+from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
@@ -179,7 +180,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         args = tuple(_value(row.get(k)) for k in keys)
         return self._delete_sql(table, keys), (*args, pos) if self.if_newer else args
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._conn is None or self._conn.is_closed():
             await self.open()
         conn = self._conn

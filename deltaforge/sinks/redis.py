@@ -21,6 +21,7 @@ from redis import exceptions as rex
 from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
+from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -88,7 +89,7 @@ class RedisSink(Sink[RedisSinkConfig]):
             client, self._client = self._client, None
             await client.aclose()
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._client is None:
             await self.open()
         try:

@@ -11,6 +11,7 @@ from pydantic import Field
 from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
+from deltaforge.position import Position
 from deltaforge.sinks.base import Sink
 
 _OP_NAMES = {"c": "insert", "u": "update", "d": "delete", "r": "read"}
@@ -42,7 +43,7 @@ class StdoutSink(Sink[StdoutSinkConfig]):
         super().__init__(config)
         self.pretty = self.settings.format == "pretty"
 
-    async def deliver(self, events: list[Event]) -> None:
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self.pretty:
             data = "".join(pretty_line(e) + "\n" for e in events).encode()
         else:
