@@ -308,3 +308,26 @@ async def test_rows_written_before_a_drop_column_decode_with_the_columns_they_ha
         ("c", None, {"a": 2, "c": "sea2"}),
         ("u", {"a": 1, "c": "sea"}, {"a": 1, "c": "sea1"}),
     ]
+
+
+async def test_a_primary_key_update_arrives_as_delete_and_insert_with_the_new_row(tmp_path: Path) -> None:
+    """Turso logs ``UPDATE ... SET id = 9 WHERE id = 5`` as a delete and an insert whose new row it
+    puts in the before column (pyturso 0.8.3); the insert must still carry the row as its after."""
+    db = tmp_path / "k.db"
+    w = writer(db)
+    w.execute("CREATE TABLE a (id INTEGER PRIMARY KEY, v TEXT)")
+    w.commit()
+    w.execute("INSERT INTO a VALUES (5, 'x')")
+    w.commit()
+    w.execute("UPDATE a SET id = 9 WHERE id = 5")
+    w.commit()
+    w.close()
+    src = source(db)
+    await src.open(None)
+    events = await read_all(src)
+    await src.close()
+    assert [(e.op, e.before, e.after) for e in events] == [
+        ("c", None, {"id": 5, "v": "x"}),
+        ("d", {"id": 5, "v": "x"}, None),
+        ("c", None, {"id": 9, "v": "x"}),
+    ]

@@ -193,6 +193,10 @@ class TursoSource(Source):
             changes
         ):
             end = i == last
+            if change_type == 1 and after is None and before is not None:
+                # pyturso 0.8.3 logs a rowid change as a delete and an insert whose new row is in
+                # the *before* column: an insert has no before image, so that is its after image.
+                before, after = None, before
             position = new_position(TursoPosition, (change_id, txn_id, change_time))
             events.append(
                 Event(
