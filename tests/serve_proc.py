@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -54,6 +55,23 @@ class Serve:
                 return False
 
         wait_until_sync(up, timeout=20, what="REST API up")
+
+    def actor_state(self, pipeline: str, actor: str) -> str | None:
+        """The state of ``actor`` in ``pipeline``'s supervisor tree, as the API shows it."""
+
+        def find(node: dict[str, Any]) -> dict[str, Any] | None:
+            if node["name"] == actor:
+                return node
+            return next((hit for c in node.get("children", []) if (hit := find(c))), None)
+
+        node = find(self.get(f"/pipelines/{pipeline}/actors").json())
+        return None if node is None else str(node["state"])
+
+    def wait_source_open(self, pipeline: str, timeout: float = 60) -> None:
+        """Until the pipeline's reader is up: its source is open (a PostgreSQL slot exists)."""
+        wait_until_sync(
+            lambda: self.actor_state(pipeline, "SourceReader") == "running", timeout, "source open"
+        )
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -130,18 +130,6 @@ def normalised(state: dict[str, dict[Any, dict[str, Any]]]) -> dict[str, dict[st
     }
 
 
-def _reader_running(serve: Serve) -> bool:
-    tree = serve.get("/pipelines/torture/actors").json()
-
-    def find(node: dict[str, Any]) -> dict[str, Any] | None:
-        if node["name"] == "SourceReader":
-            return node
-        return next((hit for c in node.get("children", []) if (hit := find(c))), None)
-
-    node = find(tree)
-    return node is not None and node["state"] == "running"
-
-
 def pipeline(tmp: Path, source: dict[str, Any], rng: random.Random) -> Path:
     doc = {
         "apiVersion": "deltaforge/v1",
@@ -188,7 +176,7 @@ def run(
         with Serve(tmp, "--config", str(cfg), env=env) as serve:
             if n == 0:  # no snapshot yet: what is written before the source is first open is not captured
                 serve.wait_api()
-                wait_until_sync(lambda: _reader_running(serve), timeout=60, what="the source open")
+                serve.wait_source_open("torture")
             failed: list[BaseException] = []
 
             def write_all(c: list[list[Op]] = chunk, failed: list[BaseException] = failed) -> None:
