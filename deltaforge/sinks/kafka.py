@@ -97,6 +97,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._thread = BlockingRunner(1)
         self.commits = 0
         self.aborts = 0
+        self._reopened = False
 
     @property
     def transactional_id(self) -> str:
@@ -121,6 +122,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         }
         if self.exactly_once:
             conf["transactional.id"] = self.transactional_id
+            # An open transaction that outlives this is aborted by the broker with an epoch bump,
+            # which fences the producer: give outages room (15 min, brokers' default maximum).
+            conf.setdefault("transaction.timeout.ms", 900_000)
         producer = Producer(conf)
         if self.exactly_once:
             try:
@@ -130,6 +134,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._producer = producer
 
     async def close(self) -> None:
+        self._reopened = True  # a fence right after the next init is our own old epoch's, once
         producer, self._producer = self._producer, None
         if producer is not None:
             await self._thread.run(producer.flush, 5.0)
@@ -197,14 +202,25 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
     def _commit(self, producer: Producer) -> None:
         """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
-        may have succeeded; aborting then could let the retried batch commit twice."""
+        may have succeeded; aborting then could let the retried batch commit twice. While the
+        broker stays away the batch is given up as retryable: the next attempt starts a new
+        producer, whose init aborts this transaction if it did not commit, and the offsets
+        topic says if it did."""
+        deadline = time.monotonic() + max(4 * self.timeout, 60.0)
         while True:
             try:
                 producer.commit_transaction(self.timeout)
+                self._reopened = False
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                err = exc.args[0]
+                if not err.retriable():
                     raise
+                if time.monotonic() > deadline:
+                    self._producer = None
+                    raise RetryableSinkError(
+                        f"kafka sink {self.id!r}: commit not confirmed: {err.name()}: {err.str()}"
+                    ) from None
 
     def _produce(self, producer: Producer, e: Event, on_delivery: Any) -> None:
         key = self.key_of(e) if self.key_of is not None else row_key(e)
@@ -236,6 +252,12 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
     def _classify(self, err: KafkaError) -> Exception:
         text = f"kafka sink {self.id!r}: {err.name()}: {err.str()}"
+        if self.exactly_once and self._reopened and err.code() in _FATAL:
+            # Our own transaction from before the outage, timed out by the broker, bumped the
+            # epoch after this producer's init: start once more (a real rival fences us again).
+            self._reopened = False
+            self._producer = None
+            return RetryableSinkError(f"{text} (right after reconnecting: producer recreated once)")
         if self.exactly_once and (err.code() in _FATAL or err.fatal()):
             return Fatal(f"{text} (another producer with transactional.id {self.transactional_id!r}?)")
         if err.fatal():
