@@ -465,3 +465,16 @@ async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(mar
     rest = await read_n(again, 10)
     await again.close()
     assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == [5, 6, 7, 8, 9, 10]
+
+
+async def test_an_empty_varbinary_is_empty_bytes_not_text(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, vb VARBINARY(10))")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"INSERT INTO {db}.t VALUES (1, x''), (2, x'00ff')")
+    events = await read_n(src, 2)
+    await src.close()
+    assert [e.after for e in events] == [{"id": 1, "vb": b""}, {"id": 2, "vb": b"\x00\xff"}]

@@ -23,6 +23,36 @@ from tests.test_postgres_source import fresh_db
 COLUMNS_A = ("id", "txt", "num", "bin", "ts", "ver")
 
 
+def pg_target(postgres: Postgres, num: str = "numeric(12,4)", ts: str = "timestamptz") -> tuple[
+    dict[str, Any], Any
+]:  # fmt: skip
+    """A PostgreSQL if_newer sink into a fresh database, and a function reading what it holds."""
+    db = asyncio.run(fresh_db(postgres))
+    dsn = postgres.dsn(db)
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(f"CREATE TABLE a (id int PRIMARY KEY, txt text, num {num}, bin bytea, ts {ts}, "
+                           "ver int, _df_position text)")  # fmt: skip
+        await conn.execute("CREATE TABLE b (k int PRIMARY KEY, v text, _df_position text)")
+        await conn.close()
+
+    asyncio.run(setup())
+
+    def state() -> dict[str, dict[Any, dict[str, Any]]]:
+        async def go() -> dict[str, dict[Any, dict[str, Any]]]:
+            conn = await asyncpg.connect(dsn)
+            a = {r["id"]: dict(r) for r in await conn.fetch("SELECT id, txt, num, bin, ts, ver FROM a")}
+            b = {r["k"]: dict(r) for r in await conn.fetch("SELECT k, v FROM b")}
+            await conn.close()
+            return {"a": a, "b": b}
+
+        return asyncio.run(go())
+
+    entry = {"type": "postgres", "config": {"id": "pg", "dsn": dsn, "upsert_strategy": "if_newer"}}
+    return entry, state
+
+
 def _sql_ops(tx: list[torture.Op], mark: str) -> list[tuple[str, tuple[Any, ...]]]:
     """The transaction as SQL with ``mark`` placeholders (``$`` numbered, ``%s`` or ``?``)."""
 
@@ -88,11 +118,11 @@ def test_postgres_torture(tmp_path: Path, postgres: Postgres) -> None:
 
     source = {"type": "postgres", "config": {"id": "pg", "dsn": "${PG_DSN}", "slot": f"t_{db}",
                                              "publication": f"t_{db}", "poll_interval_ms": 20}}  # fmt: skip
-    torture.run(tmp_path, source, {"PG_DSN": dsn}, write, final)
+    torture.run(tmp_path, source, {"PG_DSN": dsn}, write, final, sinks={"postgres": pg_target(postgres)})
 
 
 @pytest.mark.slow
-def test_mariadb_torture(tmp_path: Path, mariadb: MariaDB) -> None:
+def test_mariadb_torture(tmp_path: Path, mariadb: MariaDB, postgres: Postgres) -> None:
     db = fresh_mysql_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(f"CREATE TABLE {db}.a (id INT PRIMARY KEY, txt VARCHAR(50), num DECIMAL(12,4), "
@@ -121,7 +151,9 @@ def test_mariadb_torture(tmp_path: Path, mariadb: MariaDB) -> None:
         return {"a": a, "b": b}
 
     source = {"type": "mysql", "config": {"id": "my", "dsn": "${MY_DSN}", "tables": [f"{db}.a", f"{db}.b"]}}
-    torture.run(tmp_path, source, {"MY_DSN": mariadb.dsn()}, write, final)
+    torture.run(
+        tmp_path, source, {"MY_DSN": mariadb.dsn()}, write, final, sinks={"postgres": pg_target(postgres)}
+    )
 
 
 TURSO_WRITE = """
@@ -147,7 +179,7 @@ sys.stdout.buffer.write(orjson.dumps({"a": [[*r[:3], r[3].hex() if r[3] is not N
 
 
 @pytest.mark.slow
-def test_turso_torture(tmp_path: Path) -> None:
+def test_turso_torture(tmp_path: Path, postgres: Postgres) -> None:
     """Turso locks its file per process: transactions are written between serve's runs."""
     path = tmp_path / "app.db"
 
@@ -176,4 +208,5 @@ def test_turso_torture(tmp_path: Path) -> None:
         return {"a": a, "b": {r[0]: {"k": r[0], "v": r[1]} for r in doc["b"]}}
 
     source = {"type": "turso", "config": {"id": "db", "path": str(path), "poll_interval_ms": 20}}
-    torture.run(tmp_path, source, {}, write, final, concurrent=False)
+    target = pg_target(postgres, num="float8", ts="text")
+    torture.run(tmp_path, source, {}, write, final, concurrent=False, sinks={"postgres": target})

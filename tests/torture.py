@@ -130,14 +130,19 @@ def normalised(state: dict[str, dict[Any, dict[str, Any]]]) -> dict[str, dict[st
     }
 
 
-def pipeline(tmp: Path, source: dict[str, Any], rng: random.Random) -> Path:
+def pipeline(
+    tmp: Path, source: dict[str, Any], rng: random.Random, sinks: list[dict[str, Any]] | None = None
+) -> Path:
     doc = {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
         "metadata": {"name": "torture"},
         "spec": {
             "source": source,
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+            "sinks": [
+                {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}},
+                *(sinks or []),
+            ],
             "batch": {
                 "max_events": rng.choice([1, 3, 7, 50, 500]),
                 "max_ms": rng.choice([5, 20, 100]),
@@ -159,11 +164,13 @@ def run(
     write: Callable[[list[Op]], None],
     final_state: Callable[[], dict[str, dict[Any, dict[str, Any]]]],
     concurrent: bool = True,
+    sinks: dict[str, tuple[dict[str, Any], Callable[[], dict[str, dict[Any, dict[str, Any]]]]]] | None = None,
 ) -> None:
-    """Write TXS random transactions while serve is killed KILLS times, then check the replay."""
+    """Write TXS random transactions while serve is killed KILLS times, then check the file sink's
+    replay, and the state each of ``sinks`` (name: (sink entry, its state)) ends with."""
     rng = random.Random(SEED)
     model = Model(random.Random(SEED + 1))
-    cfg = pipeline(tmp, source, rng)
+    cfg = pipeline(tmp, source, rng, [entry for entry, _ in (sinks or {}).values()])
     batches = [model.transaction() for _ in range(TXS)] + [[("insert", "b", {"k": DONE_KEY, "v": "done"})]]
     per_round = max(1, len(batches) // (KILLS + 1))
     out = tmp / "events.jsonl"
@@ -205,12 +212,17 @@ def run(
 
             wait_until_sync(done, timeout=120, what=f"the last transaction delivered, {where}")
             assert serve.terminate() == 0
-    state = replay(out)
-    got, want = normalised(state), normalised(final_state())
+    want = normalised(final_state())
+    _same(normalised(replay(out)), want, f"file sink, {where}")
+    for name, (_, state_of) in (sinks or {}).items():
+        _same(normalised(state_of()), want, f"{name} sink, {where}")
+    assert not per_key_order(out), f"{per_key_order(out)[:5]}; {where}"
+
+
+def _same(got: dict[str, dict[str, Any]], want: dict[str, dict[str, Any]], where: str) -> None:
     for table in ("a", "b"):
         missing = sorted(set(want[table]) - set(got[table]), key=int)[:10]
         extra = sorted(set(got[table]) - set(want[table]), key=int)[:10]
         assert not missing and not extra, f"{table}: missing {missing}, extra {extra}; {where}"
         wrong = [k for k in want[table] if got[table][k] != want[table][k]][:5]
         assert not wrong, f"{table}: rows differ {[(got[table][k], want[table][k]) for k in wrong]}; {where}"
-    assert not per_key_order(out), f"{per_key_order(out)[:5]}; {where}"

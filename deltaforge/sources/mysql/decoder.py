@@ -84,6 +84,22 @@ def gtid_domains(state: str) -> dict[str, str]:
     return {g.split("-", 1)[0]: g for g in (p.strip() for p in state.split(",")) if g.count("-") == 2}
 
 
+_STRING_TYPES = {15, 253, 254}  # VARCHAR, VAR_STRING, STRING (BINARY/VARBINARY with charset binary)
+
+
+def _as_bytes(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    """BINARY/VARBINARY values as bytes. python-mysql-replication "decodes" them with the codec
+    named "binary", which fails and keeps the bytes, except for an empty value: Python decodes
+    b"" to "" without looking the codec up, so an empty VARBINARY came out as text."""
+    for row in rows:
+        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
+            if image is not None:
+                for name in columns:
+                    value = image.get(name)
+                    if isinstance(value, str):
+                        image[name] = value.encode("latin-1")
+
+
 def _as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     """TIMESTAMP values as aware UTC datetimes. python-mysql-replication returns them naive (in
     UTC), which would make them indistinguishable from DATETIME, a wall-clock time without a zone."""
@@ -165,6 +181,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     xa_current: str | None = None
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
+    binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
     tx: list[tuple[Any, ...]] = []
     standalone = False
     pending: list[tuple[Any, ...]] = []
@@ -204,6 +221,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             if schemas.get(table) != columns:
                 schemas[table] = columns
                 instants[table] = tuple(n for n, t in columns if t in _TIMESTAMP_TYPES)
+                binaries[table] = tuple(
+                    c.name for c in ev.columns
+                    if c.type in _STRING_TYPES and getattr(c, "character_set_name", None) == "binary"
+                )  # fmt: skip
                 keys = _primary_key(ev)
                 cols = [{"name": n, "type": t, "key": n in keys} for n, t in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
@@ -212,6 +233,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             rows = ev.rows
             if instants[table]:
                 _as_utc(rows, instants[table])
+            if binaries[table]:
+                _as_bytes(rows, binaries[table])
             for i, row in enumerate(rows):
                 if op == "u":
                     tx.append(
