@@ -109,7 +109,9 @@ async def test_hundred_thousand_events_complete_and_in_order_per_key(
 
 async def test_fenced_producer_stops_the_pipeline_as_fatal(tansu: Tansu) -> None:
     tansu.create_topic("cdc.t")
-    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True), env={})
+    # A commit that times out is retried (librdkafka's guidance), so the fence may surface only
+    # after one commit timeout: keep it short for the test's 30 s.
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True, timeout_s=5), env={})
 
     runner = PipelineRunner(
         cfg, store=MemoryCheckpointStore(), source=PacedSource(100_000, chunk=100, delay=0.02)
