@@ -2,9 +2,10 @@
 
 Pure-Python decoding (binlog rows, pgoutput) is the most expensive step of a
 database source. In a thread it competes with the event loop for the one GIL;
-in a child process it runs on its own core. The parent sends the settings on
-stdin (so passwords never show in a process listing) and reads
-length-prefixed pickled frames from stdout. A full queue stops the pump, the
+in a child process it runs on its own core. The parent sends the settings as
+the first frame on stdin (so passwords never show in a process listing), may
+send more frames later (:meth:`ChildDecoder.send`, e.g. what sinks now hold
+durably), and reads length-prefixed pickled frames from stdout. A full queue stops the pump, the
 pipe fills, the child blocks: backpressure reaches the database connection.
 The child dies with its parent (``PR_SET_PDEATHSIG``), so a SIGKILLed service
 leaves no decoder behind.
@@ -48,7 +49,8 @@ def read_frame(inp: IO[bytes]) -> Any:
 def child_setup() -> tuple[Any, IO[bytes]]:
     """In the child: die with the parent, tune the GC, read the settings; returns (cfg, out).
 
-    ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it)."""
+    ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it).
+    Later frames from the parent are read from ``sys.stdin.buffer`` with :func:`read_frame`."""
     from deltaforge import gctune
 
     if sys.platform.startswith("linux"):
@@ -57,7 +59,7 @@ def child_setup() -> tuple[Any, IO[bytes]]:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     gctune.tune()
-    return pickle.loads(sys.stdin.buffer.read()), sys.stdout.buffer
+    return read_frame(sys.stdin.buffer), sys.stdout.buffer
 
 
 Handler = Callable[[tuple[Any, ...]], list[Event] | None]
@@ -92,17 +94,28 @@ class ChildDecoder:
             bufsize=1 << 20,
         )
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps(self.cfg))
-        proc.stdin.close()
+        write_frame(proc.stdin, self.cfg)
         self._proc = proc
         self._thread = threading.Thread(target=self._pump, name=f"decoder-{self.name}", daemon=True)
         self._thread.start()
+
+    def send(self, obj: Any) -> None:
+        """One frame to the child's stdin (small and rare: written inline)."""
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            write_frame(proc.stdin, obj)
+        except (BrokenPipeError, ValueError):
+            pass  # the child has gone; the pump reports why
 
     def stop(self) -> None:
         """Kill the child and wait for the pump (blocking: run it in a thread)."""
         self._stop.set()
         proc, self._proc = self._proc, None
         if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
             proc.wait()

@@ -17,7 +17,7 @@ class PostgresSourceConfig(SourceSettings):
         default_factory=list, description="schema.table names to publish (default: all)."
     )
     create: Bool = Field(True, description="Create the slot and publication when missing.")
-    read_chunk: PositiveInt = Field(5000, description="Changes peeked per read.")
+    read_chunk: PositiveInt = Field(5000, description="Most pgoutput messages decoded per read.")
     heartbeat_ms: PositiveInt = Field(
         10_000, description="While idle, move checkpoints and the slot this often."
     )

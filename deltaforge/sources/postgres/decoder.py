@@ -1,4 +1,4 @@
-"""The pgoutput decoder process: peeks the slot, decodes, converts values (see ``childproc.py``).
+"""The pgoutput decoder process: streams the slot, decodes, converts values (see ``childproc.py``).
 
 Frames it writes:
 
@@ -6,21 +6,25 @@ Frames it writes:
   — complete transactions in commit order; ``safe_lsn`` is the end of the last
   complete transaction before this one (where the slot may be advanced to);
 * ``("heartbeat", lsn)`` — nothing of ours committed before ``lsn``;
-* ``("error", kind, message)`` with kind ``position_lost``, ``decode`` or ``source``, then exit.
+* ``("error", kind, message)`` with kind ``position_lost``, ``decode``, ``unavailable`` or
+  ``source``, then exit.
 
-The slot is never advanced here: the parent does that once sinks hold a
-checkpoint durably. Every peek starts at the slot's confirmed position, so
-transactions already sent are recognised by their commit LSN and skipped.
+It reads the slot with the streaming replication protocol (``replication.py``):
+each change is decoded once, however long sinks take. The slot moves only to
+what the parent confirms (``("confirm", lsn)`` frames on stdin, sent once every
+sink holds a checkpoint durably). Transactions at or before ``last_commit``
+(handed out before a restart) are recognised by their commit LSN and skipped.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
+import sys
+import threading
 import time
 from typing import IO, Any, TypedDict
 
-from deltaforge.sources.childproc import child_setup, write_frame
-from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.childproc import child_setup, read_frame, write_frame
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -30,14 +34,10 @@ from deltaforge.sources.postgres.pgoutput import (
     Relation,
     Truncate,
     decode,
+    parse_lsn,
 )
+from deltaforge.sources.postgres.replication import LogicalStream, StreamError
 from deltaforge.sources.postgres.values import converter
-
-PEEK = (
-    "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, "
-    "'proto_version', '1', 'publication_names', $3)"
-)
-
 
 # pgoutput sends values as their output functions print them, which depends on the decoding
 # session's settings: pin the ones values.py parses, whatever the server or database default.
@@ -52,7 +52,7 @@ SESSION = {
 
 PRIMARY_KEY = (
     "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-    "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1 AND i.indisprimary "
+    "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::oid AND i.indisprimary "
     "ORDER BY array_position(i.indkey::int2[], a.attnum)"
 )
 
@@ -70,69 +70,74 @@ def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]
 
 
 class TxDecoder:
-    """pgoutput messages to complete transactions, skipping those already handed out."""
+    """pgoutput messages to complete transactions, skipping those already handed out.
 
-    def __init__(self, last_commit: int) -> None:
+    A transaction may span several reads: what is open stays here until its Commit.
+    """
+
+    def __init__(self, last_commit: int, safe: int) -> None:
         self.last_commit = last_commit
+        self.safe = safe
+        """End of the last complete transaction (or heartbeat): where the slot may be advanced to."""
         self.relations: dict[int, tuple[Relation, list[str], list[Any]]] = {}
         self.keys: dict[int, list[str]] = {}
         """Each relation's primary-key columns (one list, shared by its changes)."""
         self.unresolved: set[int] = set()
         """Relations whose primary key is still to be read from the catalog."""
-        self.pending: list[tuple[int, int]] = []  # (end_lsn, messages) handed out, not yet confirmed
+        self.begin: Begin | None = None
+        self.skipping = False
+        self.changes: list[tuple[Any, ...]] = []
 
-    def confirmed(self, lsn: int) -> int:
-        """Forget what the slot has passed; returns how many messages a peek will repeat."""
-        self.pending = [p for p in self.pending if p[0] > lsn]
-        return sum(n for _, n in self.pending)
+    @property
+    def in_transaction(self) -> bool:
+        return self.begin is not None
 
-    def decode(self, rows: list[Any], confirmed: int) -> list[tuple[Any, ...]]:
+    def decode(self, rows: list[tuple[int, bytes]]) -> list[tuple[Any, ...]]:
         txs: list[tuple[Any, ...]] = []
-        safe = self.pending[-1][0] if self.pending else confirmed
-        begin: Begin | None = None
-        skipping = False
-        changes: list[tuple[Any, ...]] = []
-        count = 0
         for lsn, data in rows:
-            count += 1
-            if skipping and data[:1] not in (b"C", b"R"):
+            if self.skipping and data[:1] not in (b"C", b"R"):
                 continue
-            msg = decode(data, int(lsn))
+            msg = decode(data, lsn)
             if isinstance(msg, Begin):
-                begin, changes, count = msg, [], 1
-                skipping = msg.final_lsn <= self.last_commit
+                self.begin, self.changes = msg, []
+                self.skipping = msg.final_lsn <= self.last_commit
             elif isinstance(msg, Relation):
-                convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
-                known = self.relations.get(msg.relid)
-                self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
-                if known is not None and known[0] == msg:
-                    continue  # the same relation again (a repeated peek): its key is known
-                # The catalog's primary key, in its order, is filled in by stream(); until then (and
-                # for a table without one) the replica identity's key flags, unless identity is full
-                # (then every column is flagged).
-                flagged = [c.name for c in msg.columns if c.key] if msg.replica_identity in ("d", "i") else []
-                self.keys[msg.relid] = flagged
-                self.unresolved.add(msg.relid)
+                self._relation_message(msg)
             elif isinstance(msg, Commit):
-                if not skipping and begin is not None:
-                    if changes:
-                        txs.append((begin.xid, msg.commit_lsn, msg.end_lsn, begin.commit_ts, safe, changes))
+                begin = self.begin
+                if not self.skipping and begin is not None:
+                    if self.changes:
+                        txs.append(
+                            (begin.xid, msg.commit_lsn, msg.end_lsn, begin.commit_ts, self.safe, self.changes)
+                        )
                     self.last_commit = msg.commit_lsn
-                    self.pending.append((msg.end_lsn, count))
-                    safe = msg.end_lsn
-                begin, skipping, changes = None, False, []
-            elif skipping or begin is None:
+                self.safe = max(self.safe, msg.end_lsn)
+                self.begin, self.skipping, self.changes = None, False, []
+            elif self.skipping or self.begin is None:
                 continue
             elif isinstance(msg, Change):
-                rel, names, convs = self._relation(msg.relid, int(lsn))
+                rel, names, convs = self._relation(msg.relid, lsn)
                 before = row(names, convs, msg.old) if msg.old is not None else None
                 after = row(names, convs, msg.new) if msg.new is not None else None
-                changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
+                self.changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
             elif isinstance(msg, Truncate):
                 for relid in msg.relids:
-                    rel = self._relation(relid, int(lsn))[0]
-                    changes.append(("t", rel.namespace, rel.name, None, None, []))
+                    rel = self._relation(relid, lsn)[0]
+                    self.changes.append(("t", rel.namespace, rel.name, None, None, []))
         return txs
+
+    def _relation_message(self, msg: Relation) -> None:
+        convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
+        known = self.relations.get(msg.relid)
+        self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
+        if known is not None and known[0] == msg:
+            return  # the same relation again: its key is known
+        # The catalog's primary key, in its order, is filled in by stream(); until then (and for a
+        # table without one) the replica identity's key flags, unless identity is full (then every
+        # column is flagged).
+        flagged = [c.name for c in msg.columns if c.key] if msg.replica_identity in ("d", "i") else []
+        self.keys[msg.relid] = flagged
+        self.unresolved.add(msg.relid)
 
     def _relation(self, relid: int, lsn: int) -> tuple[Relation, list[str], list[Any]]:
         hit = self.relations.get(relid)
@@ -142,7 +147,7 @@ class TxDecoder:
 
 
 class DecoderSettings(TypedDict):
-    """What the reader hands this process (pickled on its stdin)."""
+    """What the reader hands this process (the first frame on its stdin)."""
 
     dsn: str
     slot: str
@@ -153,61 +158,99 @@ class DecoderSettings(TypedDict):
     last_commit: int
 
 
-async def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
-    import asyncpg
+class Confirmations:
+    """What the parent says sinks hold durably: ``("confirm", lsn)`` frames on stdin, read by a
+    thread. ``lsn`` only grows; ``closed`` is set when the parent closes the pipe (stop)."""
 
-    conn = await asyncpg.connect(cfg["dsn"], timeout=10, server_settings=SESSION)
-    slot, publication, chunk = cfg["slot"], cfg["publication"], int(cfg["chunk"])
-    tx = TxDecoder(int(cfg["last_commit"]))
-    last_heartbeat = time.monotonic()
-    while True:
-        confirmed = await conn.fetchval(
-            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", slot
-        )
-        if confirmed is None:
-            write_frame(out, ("error", "position_lost", f"replication slot {slot!r} is gone (dropped?)"))
-            return
-        repeat = tx.confirmed(int(confirmed))
-        # The flush position, read before the peek: logical decoding reads only flushed WAL, so a
-        # heartbeat at the write position could pass a commit that is written but not yet flushed
-        # (asynchronous commit) and the slot would be advanced past it.
-        wal_now = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
+    def __init__(self, inp: IO[bytes]) -> None:
+        self.lsn = 0
+        self.closed = False
+        threading.Thread(target=self._read, args=(inp,), name="confirmations", daemon=True).start()
+
+    def _read(self, inp: IO[bytes]) -> None:
         try:
-            rows = await conn.fetch(PEEK, slot, repeat + chunk, publication)
-        except asyncpg.ObjectInUseError:
-            await asyncio.sleep(0.005)  # the parent is advancing the slot
-            continue
-        txs = tx.decode(rows, int(confirmed))
+            while True:
+                kind, lsn = read_frame(inp)
+                if kind == "confirm" and lsn > self.lsn:
+                    self.lsn = lsn  # one int, written by this thread only
+        except (EOFError, OSError, ValueError):
+            self.closed = True
+
+
+def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
+    import psycopg
+
+    slot, chunk = cfg["slot"], int(cfg["chunk"])
+    try:
+        catalog = psycopg.connect(cfg["dsn"], autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
+    found = catalog.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    if found is None or found[0] is None:
+        write_frame(out, ("error", "position_lost", f"replication slot {slot!r} is gone (dropped?)"))
+        return
+    start = parse_lsn(found[0])
+    repl = _start(cfg, start)
+    tx = TxDecoder(int(cfg["last_commit"]), start)
+    last_heartbeat = asked_at = time.monotonic()
+    while not confirmations.closed:
+        repl.confirm(confirmations.lsn)
+        rows = repl.read(chunk, cfg["idle_s"])
+        txs = tx.decode(rows)
         for relid in tx.unresolved:  # filled in place: the changes hold the same lists
-            if pk := [r[0] for r in await conn.fetch(PRIMARY_KEY, relid)]:
+            if pk := [r[0] for r in catalog.execute(PRIMARY_KEY, (relid,)).fetchall()]:
                 tx.keys[relid][:] = pk
         tx.unresolved.clear()
         if txs:
             write_frame(out, ("txs", txs))
+        if rows or tx.in_transaction:
             continue
-        idle = not tx.pending and wal_now > int(confirmed)
-        if idle and time.monotonic() - last_heartbeat >= cfg["heartbeat_s"]:
-            last_heartbeat = time.monotonic()
-            tx.pending.append((wal_now, 0))
-            write_frame(out, ("heartbeat", wal_now))
-        await asyncio.sleep(cfg["idle_s"])
+        now = time.monotonic()
+        if now - last_heartbeat < cfg["heartbeat_s"]:
+            continue
+        # Idle: the keepalive's WAL end is where decoding stands, and decoding reads only flushed
+        # WAL. Nothing of ours committed before it unsent, so checkpoints (and the slot) may move
+        # there. It is never past the flush position, whatever synchronous_commit is.
+        if repl.wal_end > tx.safe:
+            tx.safe = repl.wal_end
+            last_heartbeat = now
+            write_frame(out, ("heartbeat", repl.wal_end))
+        elif now - asked_at >= cfg["heartbeat_s"]:
+            asked_at = now
+            repl.status(reply=True)  # ask for a keepalive: a fresh WAL end
+
+
+def _start(cfg: DecoderSettings, start: int) -> LogicalStream:
+    """Open the stream; a slot still held by the walsender of a reader that just stopped is
+    waited for (it lets go once it notices), for up to a minute."""
+    for attempt in itertools.count():
+        repl = LogicalStream(cfg["dsn"], SESSION)
+        try:
+            repl.start(cfg["slot"], cfg["publication"], start)
+            return repl
+        except StreamError as exc:
+            repl.close()
+            if not exc.slot_busy or attempt >= 600:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def main() -> None:
     cfg, out = child_setup()
     try:
-        asyncio.run(stream(cfg, out))
+        stream(cfg, out, Confirmations(sys.stdin.buffer))
     except BrokenPipeError:
         return
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
-        import asyncpg
-
-        if isinstance(exc, asyncpg.UndefinedObjectError):
+        if isinstance(exc, StreamError) and exc.slot_missing:
             frame = ("error", "position_lost", f"replication slot {cfg['slot']!r} is gone ({exc})")
         elif isinstance(exc, DecodeError):
             frame = ("error", "decode", str(exc))
-        elif is_unavailable(exc):
-            frame = ("error", "unavailable", describe(exc))
+        elif (isinstance(exc, StreamError) and exc.unavailable) or isinstance(exc, OSError):
+            frame = ("error", "unavailable", f"{type(exc).__name__}: {exc}")
         else:
             frame = ("error", "source", f"{type(exc).__name__}: {exc}")
         try:

@@ -1,11 +1,11 @@
-"""PostgreSQL source: logical decoding with pgoutput through SQL, using asyncpg.
+"""PostgreSQL source: logical decoding with pgoutput over streaming replication.
 
-asyncpg cannot speak START_REPLICATION, so changes are read with
-``pg_logical_slot_peek_binary_changes`` — in a child process that also decodes
-pgoutput (``decoder.py``, see ``childproc.py``) — and the slot is moved with
-``pg_replication_slot_advance`` — and only ever to a position every sink has
-durably checkpointed (``confirm``), so WAL is released and nothing
-unacknowledged is lost.
+A child process (``decoder.py``, see ``childproc.py``) streams the slot with
+``START_REPLICATION`` and decodes pgoutput, so each change is read once, however
+far a sink lags. The slot moves only to a position every sink has durably
+checkpointed (``confirm`` hands it to the child, which reports it as flushed),
+so WAL is released and nothing unacknowledged is lost. This side uses asyncpg
+for the checks at open and to move an idle slot to the resume point.
 
 Positions: transactions arrive in commit order, so an event's order is
 ``(commit LSN of its transaction, index in the transaction)``. A checkpoint
@@ -195,25 +195,23 @@ class PostgresSource(Source):
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
         confirmed = own_position(checkpoint, PgPosition)
         assert confirmed is not None
-        try:
-            await self._advance(confirmed.lsn)
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
-            raise
+        if confirmed.lsn > self._confirmed and self._decoder is not None:
+            self._decoder.send(("confirm", confirmed.lsn))
+            self._confirmed = confirmed.lsn
 
     async def _advance(self, lsn: int) -> None:
+        """Move the slot while no stream holds it (before the decoder starts)."""
         if lsn <= self._confirmed or self._conn is None:
             return
-        # The decoder process peeks the same slot; a slot serves one backend at a time.
-        for attempt in range(500):
+        # The walsender of a reader that just stopped may still hold the slot for a moment.
+        for attempt in range(600):
             try:
                 await self._conn.execute("SELECT pg_replication_slot_advance($1, $2)", self.slot, lsn)
                 break
-            except asyncpg.ObjectInUseError:
-                if attempt == 499:
-                    raise
-                await asyncio.sleep(0.01)
+            except asyncpg.ObjectInUseError as exc:
+                if attempt == 599:
+                    raise SourceUnavailable(f"postgres source {self.id!r}: {exc}") from None
+                await asyncio.sleep(0.1)
         self._confirmed = lsn
 
     async def read(self) -> list[Event]:
