@@ -17,6 +17,9 @@ import pytest
 from tests import torture
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
+from tests.servers.redis import Redis
+from tests.servers.tansu import Tansu
+from tests.test_kafka_sink import consume
 from tests.test_mysql_source import fresh_db as fresh_mysql_db
 from tests.test_postgres_source import fresh_db
 
@@ -53,6 +56,33 @@ def pg_target(postgres: Postgres, num: str = "numeric(12,4)", ts: str = "timesta
     return entry, state
 
 
+def broker_logs(redis: Redis, tansu: Tansu) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Redis Streams (exactly once: each change held once) and Kafka (one partition, so the topic
+    is one ordered log) sinks, each with a function returning the events it holds, in order."""
+    tansu.create_topic("torture", partitions=1)
+    streams = ["torture.a", "torture.b"]
+
+    def redis_events() -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for stream in streams:
+            fields = [f for _, f in redis.client().xrange(stream)]
+            keys = [f[b"idempotency_key"] for f in fields]
+            twice = sorted({k for k in keys if keys.count(k) > 1})[:5]
+            assert not twice, f"redis exactly_once holds changes more than once: {twice}"
+            out.extend(orjson.loads(f[b"event"]) for f in fields)  # one table per stream: order holds
+        return out
+
+    def kafka_events() -> list[dict[str, Any]]:
+        return [doc for _, _, doc, _ in consume(tansu.bootstrap, "torture", 1, committed_only=False)]
+
+    return {
+        "redis": ({"type": "redis", "config": {"id": "rd", "uri": redis.uri(), "exactly_once": True,
+                                                "stream": "torture.${source.table}"}}, redis_events),
+        "kafka": ({"type": "kafka", "config": {"id": "kf", "brokers": tansu.bootstrap, "topic": "torture"}},
+                  kafka_events),
+    }  # fmt: skip
+
+
 def _sql_ops(tx: list[torture.Op], mark: str) -> list[tuple[str, tuple[Any, ...]]]:
     """The transaction as SQL with ``mark`` placeholders (``$`` numbered, ``%s`` or ``?``)."""
 
@@ -82,7 +112,7 @@ def _sql_ops(tx: list[torture.Op], mark: str) -> list[tuple[str, tuple[Any, ...]
 
 
 @pytest.mark.slow
-def test_postgres_torture(tmp_path: Path, postgres: Postgres) -> None:
+def test_postgres_torture(tmp_path: Path, postgres: Postgres, redis_server: Redis, tansu: Tansu) -> None:
     db = asyncio.run(fresh_db(postgres))
     dsn = postgres.dsn(db)
 
@@ -118,11 +148,14 @@ def test_postgres_torture(tmp_path: Path, postgres: Postgres) -> None:
 
     source = {"type": "postgres", "config": {"id": "pg", "dsn": "${PG_DSN}", "slot": f"t_{db}",
                                              "publication": f"t_{db}", "poll_interval_ms": 20}}  # fmt: skip
-    torture.run(tmp_path, source, {"PG_DSN": dsn}, write, final, sinks={"postgres": pg_target(postgres)})
+    torture.run(tmp_path, source, {"PG_DSN": dsn}, write, final, sinks={"postgres": pg_target(postgres)},
+                logs=broker_logs(redis_server, tansu))  # fmt: skip
 
 
 @pytest.mark.slow
-def test_mariadb_torture(tmp_path: Path, mariadb: MariaDB, postgres: Postgres) -> None:
+def test_mariadb_torture(
+    tmp_path: Path, mariadb: MariaDB, postgres: Postgres, redis_server: Redis, tansu: Tansu
+) -> None:
     db = fresh_mysql_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(f"CREATE TABLE {db}.a (id INT PRIMARY KEY, txt VARCHAR(50), num DECIMAL(12,4), "
@@ -151,9 +184,8 @@ def test_mariadb_torture(tmp_path: Path, mariadb: MariaDB, postgres: Postgres) -
         return {"a": a, "b": b}
 
     source = {"type": "mysql", "config": {"id": "my", "dsn": "${MY_DSN}", "tables": [f"{db}.a", f"{db}.b"]}}
-    torture.run(
-        tmp_path, source, {"MY_DSN": mariadb.dsn()}, write, final, sinks={"postgres": pg_target(postgres)}
-    )
+    torture.run(tmp_path, source, {"MY_DSN": mariadb.dsn()}, write, final, sinks={"postgres": pg_target(postgres)},
+                logs=broker_logs(redis_server, tansu))  # fmt: skip
 
 
 TURSO_WRITE = """
@@ -179,7 +211,7 @@ sys.stdout.buffer.write(orjson.dumps({"a": [[*r[:3], r[3].hex() if r[3] is not N
 
 
 @pytest.mark.slow
-def test_turso_torture(tmp_path: Path, postgres: Postgres) -> None:
+def test_turso_torture(tmp_path: Path, postgres: Postgres, redis_server: Redis, tansu: Tansu) -> None:
     """Turso locks its file per process: transactions are written between serve's runs."""
     path = tmp_path / "app.db"
 
@@ -209,4 +241,5 @@ def test_turso_torture(tmp_path: Path, postgres: Postgres) -> None:
 
     source = {"type": "turso", "config": {"id": "db", "path": str(path), "poll_interval_ms": 20}}
     target = pg_target(postgres, num="float8", ts="text")
-    torture.run(tmp_path, source, {}, write, final, concurrent=False, sinks={"postgres": target})
+    torture.run(tmp_path, source, {}, write, final, concurrent=False, sinks={"postgres": target},
+                logs=broker_logs(redis_server, tansu))  # fmt: skip

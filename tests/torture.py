@@ -94,11 +94,11 @@ class Model:
         return ops
 
 
-def replay(path: Path) -> dict[str, dict[Any, Any]]:
-    """The state the file sink's events build, applied in file order. A replay after a crash
+def replay(docs: list[dict[str, Any]]) -> dict[str, dict[Any, Any]]:
+    """The state a sink's events build, applied in the order it holds them. A replay after a crash
     re-appends a suffix of what was written, in order, so applying it again ends the same."""
     state: dict[str, dict[Any, Any]] = {"a": {}, "b": {}}
-    for d in jsonl(path):
+    for d in docs:
         table = d["source"]["table"]
         key_col = "id" if table == "a" else "k"
         before, after = d["before"], d["after"]
@@ -109,11 +109,11 @@ def replay(path: Path) -> dict[str, dict[Any, Any]]:
     return state
 
 
-def per_key_order(path: Path) -> list[str]:
+def per_key_order(docs: list[dict[str, Any]]) -> list[str]:
     """First occurrences of each row version must come in increasing version order."""
     firsts: dict[int, list[int]] = {}
     seen: set[tuple[int, int]] = set()
-    for d in jsonl(path):
+    for d in docs:
         after = d["after"]
         if d["source"]["table"] == "a" and after is not None and d["op"] in ("c", "u"):
             mark = (after["id"], after["ver"])
@@ -165,12 +165,15 @@ def run(
     final_state: Callable[[], dict[str, dict[Any, dict[str, Any]]]],
     concurrent: bool = True,
     sinks: dict[str, tuple[dict[str, Any], Callable[[], dict[str, dict[Any, dict[str, Any]]]]]] | None = None,
+    logs: dict[str, tuple[dict[str, Any], Callable[[], list[dict[str, Any]]]]] | None = None,
 ) -> None:
     """Write TXS random transactions while serve is killed KILLS times, then check the file sink's
-    replay, and the state each of ``sinks`` (name: (sink entry, its state)) ends with."""
+    replay, the state each of ``sinks`` (name: (sink entry, its state)) ends with, and the replay
+    and per-key order of each of ``logs`` (name: (sink entry, the events it holds, in order))."""
     rng = random.Random(SEED)
     model = Model(random.Random(SEED + 1))
-    cfg = pipeline(tmp, source, rng, [entry for entry, _ in (sinks or {}).values()])
+    entries = [entry for entry, _ in (sinks or {}).values()] + [entry for entry, _ in (logs or {}).values()]
+    cfg = pipeline(tmp, source, rng, entries)
     batches = [model.transaction() for _ in range(TXS)] + [[("insert", "b", {"k": DONE_KEY, "v": "done"})]]
     per_round = max(1, len(batches) // (KILLS + 1))
     out = tmp / "events.jsonl"
@@ -213,10 +216,12 @@ def run(
             wait_until_sync(done, timeout=120, what=f"the last transaction delivered, {where}")
             assert serve.terminate() == 0
     want = normalised(final_state())
-    _same(normalised(replay(out)), want, f"file sink, {where}")
+    for name, (_, docs_of) in {"file": ({}, lambda: jsonl(out)), **(logs or {})}.items():
+        docs = docs_of()
+        _same(normalised(replay(docs)), want, f"{name} sink, {where}")
+        assert not per_key_order(docs), f"{name} sink: {per_key_order(docs)[:5]}; {where}"
     for name, (_, state_of) in (sinks or {}).items():
         _same(normalised(state_of()), want, f"{name} sink, {where}")
-    assert not per_key_order(out), f"{per_key_order(out)[:5]}; {where}"
 
 
 def _same(got: dict[str, dict[str, Any]], want: dict[str, dict[str, Any]], where: str) -> None:

@@ -40,6 +40,7 @@ class Accumulator(Actor):
         self.buffer: list[Event] = []
         self.first_at: float | None = None
         self.next_id = 0
+        self.epoch = 0
         self._ticker: asyncio.Task[None] | None = None
 
     async def on_start(self) -> None:
@@ -55,6 +56,11 @@ class Accumulator(Actor):
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, EventsRead):
+            if message.epoch != self.epoch:
+                # The source was opened again from the durable checkpoints: what is buffered
+                # will be read again, and keeping it would put those events twice, out of order.
+                self.epoch = message.epoch
+                self.buffer = []
             if not self.buffer:
                 self.first_at = time.monotonic()
             self.buffer.extend(message.events)
@@ -78,7 +84,7 @@ class Accumulator(Actor):
             events, self.buffer = self.buffer[:n], self.buffer[n:]
             self.first_at = time.monotonic() if self.buffer else None
             self.next_id += 1
-            batch = Batch(self.next_id, events, sum(e.size for e in events))
+            batch = Batch(self.next_id, events, sum(e.size for e in events), epoch=self.epoch)
             await self.batches.tell(DeliverBatch(batch))
 
     async def on_stop(self) -> None:

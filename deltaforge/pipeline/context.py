@@ -99,6 +99,8 @@ class PipelineContext:
     """The source or sinks that are down right now (``/health`` says ``degraded``)."""
     durable: dict[str, Position] = field(default_factory=dict)
     """Each sink's checkpoint as last durably written (the committer keeps it current)."""
+    epoch: int = 0
+    """How many times the source has been opened in this run (the reader counts; see Rewind)."""
 
     def durable_min(self) -> Position | None:
         """The checkpoint every sink holds durably, or None while any sink has none."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorRef, ActorStopped
@@ -17,12 +18,16 @@ from deltaforge.pipeline.messages import (
     DeliverBatch,
     DeliverTo,
     DeliveryFailed,
+    ProbeLagging,
+    ProbeSink,
+    Rewind,
 )
 from supervision import Backoff, Fatal
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.committer import CheckpointCommitter
     from deltaforge.pipeline.delivery import DeliveryWorker
+    from deltaforge.pipeline.reader import SourceReader
 
 ASK_TIMEOUT = 120.0
 
@@ -48,8 +53,12 @@ class DeliveryCoordinator(Actor):
     that have not acknowledged it — with exponential backoff until the commit
     policy is satisfied; only then are the acknowledging sinks' checkpoints
     written. A sink that failed a batch the others committed is *lagging*: it
-    gets nothing more in this run (so its checkpoint can never jump over the
-    gap) and catches up from its own checkpoint at the next start.
+    gets no later batch of this reading (so its checkpoint can never jump over
+    the gap). A timer probes it with backoff; once it answers, the reader is told
+    to :class:`Rewind` — open the source again from the minimum durable
+    checkpoint, which is at or before the lagging sink's — and the sink rejoins at
+    the first batch of that new reading. The others skip what they already hold.
+    A sink that failed in a way retrying cannot fix stays behind until the next start.
     """
 
     def __init__(
@@ -57,17 +66,71 @@ class DeliveryCoordinator(Actor):
         ctx: PipelineContext,
         workers: dict[str, ActorRef[DeliveryWorker]],
         committer: ActorRef[CheckpointCommitter],
+        reader: Callable[[], ActorRef[SourceReader]],
     ) -> None:
         super().__init__()
         self.ctx = ctx
         self.workers = workers
         self.committer = committer
+        self.reader = reader  # built after this actor: looked up when needed
         self.policy = ctx.config.commit_policy
         self.required = {s.id: s.required for s in ctx.config.sinks}
         sup = ctx.config.supervision
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
-        self.lagging: set[str] = {s for s, st in ctx.stats.sinks.items() if st.lagging}
+        self.lagging: dict[str, int] = {s: ctx.epoch for s, st in ctx.stats.sinks.items() if st.lagging}
+        """Each lagging sink and the reading (epoch) in which it fell behind."""
+        self.back: set[str] = set()
+        """Lagging sinks that answered a probe: they rejoin at the first batch of a later reading."""
+        self.given_up: set[str] = set()
+        """Lagging sinks that failed in a way retrying cannot fix: not probed again in this run."""
+        self.rejoined: set[str] = set()
+        """Sinks that rejoined and have not yet delivered a batch since."""
+        self.epoch = ctx.epoch
+        self.rewind_due = False
+        self.comebacks_failed = 0  # probes refused, or sinks that failed again right after rejoining
         self.rng = ctx.rng
+        self._prober: asyncio.Task[None] | None = None
+
+    async def on_start(self) -> None:
+        self._probe_later()
+
+    async def on_stop(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+
+    def _probe_later(self) -> None:
+        """Run the probe timer while some sink is lagging (and not given up)."""
+        if (self._prober is None or self._prober.done()) and self.lagging.keys() - self.given_up:
+            self._prober = asyncio.create_task(self._probe_timer())
+
+    async def _probe_timer(self) -> None:
+        while self.rewind_due or self.lagging.keys() - self.back - self.given_up:
+            await self.ctx.clock.sleep(self.backoff.delay(min(self.comebacks_failed + 1, 30), self.rng))
+            self.ref.try_tell(ProbeLagging())
+
+    async def _probe(self) -> None:
+        for sink_id in sorted(self.lagging.keys() - self.back - self.given_up):
+            reason = await self.workers[sink_id].ask(ProbeSink(), timeout=ASK_TIMEOUT)
+            if reason is None:
+                self.back.add(sink_id)
+                self.rewind_due = True
+                self.log.info("sink_back", sink=sink_id)
+            else:
+                self.comebacks_failed += 1
+        # Never wait on the reader: it may itself be waiting for room downstream of here.
+        if self.rewind_due and self.reader().try_tell(Rewind()):
+            self.rewind_due = False
+
+    def _rejoin(self, batch: Batch) -> None:
+        """The first batch of a new reading: sinks that are back and fell behind before it began
+        take part again (the reading started at or before their durable checkpoint)."""
+        self.epoch = batch.epoch
+        for sink_id in [s for s in self.back if self.lagging[s] < batch.epoch]:
+            del self.lagging[sink_id]
+            self.back.discard(sink_id)
+            self.rejoined.add(sink_id)
+            self.ctx.stats.sinks[sink_id].lagging = False
+            self.log.info("sink_rejoined", sink=sink_id, batch=batch.id)
 
     @classmethod
     def mailbox_for(cls, max_inflight: int) -> int:
@@ -75,7 +138,12 @@ class DeliveryCoordinator(Actor):
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, DeliverBatch):
+            if message.batch.epoch > self.epoch:
+                self._rejoin(message.batch)
             await self._deliver(message.batch)
+            return None
+        if isinstance(message, ProbeLagging):
+            await self._probe()
             return None
         if isinstance(message, Barrier):
             return True
@@ -120,10 +188,18 @@ class DeliveryCoordinator(Actor):
                 attempt=attempt,
             )
             await self.ctx.clock.sleep(delay)
+        if self.rejoined:
+            if self.rejoined & acked.keys():
+                self.comebacks_failed = 0
+            self.comebacks_failed += len(self.rejoined & (failed.keys() | dead.keys()))
+            self.rejoined -= acked.keys() | failed.keys() | dead.keys()
+        self.given_up |= dead.keys()
         for sink_id, reason in {**failed, **dead}.items():
-            self.lagging.add(sink_id)
+            self.lagging[sink_id] = batch.epoch
+            self.back.discard(sink_id)
             self.ctx.stats.sinks[sink_id].lagging = True
             self.log.warning("sink_lagging", sink=sink_id, batch=batch.id, reason=reason)
+        self._probe_later()
         checkpoints = {self.ctx.key(s): r.checkpoint for s, r in acked.items()}
         if checkpoints:
             await self.committer.ask(CommitCheckpoint(batch.id, checkpoints))

@@ -7,7 +7,7 @@ from typing import Any
 from actors import Actor
 from deltaforge.events import Event
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverTo, DeliveryFailed
+from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverTo, DeliveryFailed, ProbeSink
 from deltaforge.position import Position
 from deltaforge.sinks.base import Sink, SinkError
 from supervision import Backoff, Fatal
@@ -92,7 +92,20 @@ class DeliveryWorker(Actor):
             return events
         return [e for e in events if e.order > done]
 
+    async def _probe(self) -> str | None:
+        """Whether the sink answers now: None if so, else why not."""
+        try:
+            await self._open()
+            await self.sink.reachable()
+        except SinkError as exc:
+            await self._reconnect()
+            return str(exc)
+        self.ctx.availability.up(f"sink:{self.sink_id}")
+        return None
+
     async def receive(self, message: Any) -> Any:
+        if isinstance(message, ProbeSink):
+            return await self._probe()
         if not isinstance(message, DeliverTo):
             return await super().receive(message)
         batch = message.batch

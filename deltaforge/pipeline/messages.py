@@ -23,6 +23,8 @@ class Batch:
     events: list[Event]
     size_bytes: int
     last: Event | None = None
+    epoch: int = 0
+    """The reading it came from: each (re)open of the source starts a new one (see Rewind)."""
 
     @property
     def end(self) -> Event:
@@ -50,9 +52,26 @@ class StopReading(Ask[bool]):
 
 @message
 class EventsRead:
-    """A chunk of events from the source, in order."""
+    """A chunk of events from the source, in order, from reading ``epoch``."""
 
     events: list[Event]
+    epoch: int = 0
+
+
+@message
+class Rewind:
+    """Coordinator to reader: open the source again from the minimum durable checkpoint, so a
+    sink that fell behind and is back gets what it missed, in this run."""
+
+
+@message
+class ProbeSink(Ask[str | None]):
+    """Coordinator to a lagging sink's worker: can you reach your sink? None if so, else why not."""
+
+
+@message
+class ProbeLagging:
+    """Coordinator's timer tick: time to see whether lagging sinks are back."""
 
 
 @message

@@ -8,7 +8,7 @@ import anyio
 
 from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import EventsRead, ReadNext, StopReading
+from deltaforge.pipeline.messages import EventsRead, ReadNext, Rewind, StopReading
 from deltaforge.position import Position
 from supervision import Unavailable
 
@@ -27,6 +27,11 @@ class SourceReader(Actor):
 
     It starts last: every actor downstream (and the SparkTransformer, which checks
     the processors) is up before the first read.
+
+    Each opening of the source starts a new *epoch*, carried by its chunks: on a
+    :class:`Rewind` (a lagging sink is back) it opens the source again from the
+    minimum durable checkpoint, and the coordinator lets that sink rejoin at the
+    first batch of the new epoch — no gap, and the other sinks skip what they hold.
     """
 
     mailbox_size = 2
@@ -37,22 +42,33 @@ class SourceReader(Actor):
         self.accumulator = accumulator
         self.reading = True
         self.confirmed: Position | None = None
+        self.epoch = 0
 
     async def on_start(self) -> None:
         ctx = self.ctx
         found = await ctx.load_checkpoints()
         ctx.durable.clear()
         ctx.durable.update(found)
+        await self._open()
+        await self.ref.tell(ReadNext())
+
+    async def _open(self) -> None:
+        ctx = self.ctx
         resume = ctx.durable_min()
+        ctx.epoch += 1
+        self.epoch = ctx.epoch
+        self.confirmed = None
         self.log.info(
-            "source_opening", source=ctx.source.id, resume_after=resume.to_doc() if resume else None
+            "source_opening",
+            source=ctx.source.id,
+            resume_after=resume.to_doc() if resume else None,
+            epoch=self.epoch,
         )
         try:
             await ctx.source.open(resume)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
-        await self.ref.tell(ReadNext())
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, ReadNext):
@@ -79,11 +95,16 @@ class SourceReader(Actor):
                 )
             if events:
                 self.ctx.stats.events_read += len(events)
-                await self.accumulator.tell(EventsRead(events))
+                await self.accumulator.tell(EventsRead(events, self.epoch))
             else:
                 await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time
             if self.reading:
                 await self.ref.tell(ReadNext())
+            return None
+        if isinstance(message, Rewind):
+            if self.reading:
+                await self.ctx.source.close()
+                await self._open()
             return None
         if isinstance(message, StopReading):
             self.reading = False

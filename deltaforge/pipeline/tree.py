@@ -96,7 +96,7 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
     workers = {sid: cell.ref for sid, cell in worker_cells.items()}
     coordinator: ActorCell[DeliveryCoordinator] = ActorCell(
         "DeliveryCoordinator",
-        lambda: DeliveryCoordinator(ctx, workers, committer.ref),
+        lambda: DeliveryCoordinator(ctx, workers, committer.ref, lambda: reader.ref),
         mailbox_size=DeliveryCoordinator.mailbox_for(cfg.batch.max_inflight),
     )
     transform: list[ChildSpec] = []

@@ -52,6 +52,11 @@ class Sink(ABC, Generic[K]):
     async def open(self) -> None:
         """Connect."""
 
+    async def reachable(self) -> None:
+        """On an open sink: raise a :class:`SinkError` unless it answers now (a lagging sink is
+        probed with this before the source is read again for it). By default a successful
+        ``open`` is the answer; a sink whose client connects lazily makes a round trip."""
+
     @abstractmethod
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         """Deliver ``events`` durably, in order; ``position`` is where the source stands once

@@ -133,6 +133,19 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 raise self._classify(exc.args[0]) from None
         self._producer = producer
 
+    async def reachable(self) -> None:
+        if self._producer is None:
+            await self.open()
+        await self._thread.run(self._metadata)
+
+    def _metadata(self) -> None:
+        """A metadata round trip: librdkafka connects lazily, so a new producer proves nothing."""
+        assert self._producer is not None
+        try:
+            self._producer.list_topics(timeout=min(self.timeout, 10.0))
+        except KafkaException as exc:
+            raise RetryableSinkError(f"kafka sink {self.id!r}: {exc.args[0]}") from None
+
     async def close(self) -> None:
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
         producer, self._producer = self._producer, None

@@ -11,7 +11,9 @@ A replay after a crash is then a no-op on the server: one entry per source chang
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
@@ -92,11 +94,24 @@ class RedisSink(Sink[RedisSinkConfig]):
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._client is None:
             await self.open()
-        try:
+        with self._errors():
             if self.exactly_once:
                 await self._deliver_exactly_once(events)
             else:
                 await self._deliver_pipelined(events)
+
+    async def reachable(self) -> None:
+        if self._client is None:
+            await self.open()
+        assert self._client is not None
+        with self._errors():
+            await self._client.ping()
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Redis errors as sink errors: refused credentials cannot be retried, the rest can."""
+        try:
+            yield
         except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
             raise NonRetryableSinkError(f"redis sink {self.id!r}: {exc}") from None
         except rex.ResponseError as exc:
