@@ -467,6 +467,36 @@ async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(mar
     assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == [5, 6, 7, 8, 9, 10]
 
 
+async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it_by_file_position(
+    mariadb: MariaDB,
+) -> None:
+    """The same by binlog file and position (MySQL's way, here on MariaDB with resume_by: file):
+    the resume starts where the transaction began, not after the rows event the checkpoint is in,
+    so rows k+1..n of that event and the transaction's later events come again."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"], resume_by="file")
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        c.begin()
+        cur.execute(
+            f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i})" for i in range(1, 11))
+        )  # one rows event
+        cur.execute(f"INSERT INTO {db}.t VALUES (11), (12)")  # and another
+        c.commit()
+        cur.execute(f"INSERT INTO {db}.t VALUES (13)")  # the next transaction
+    first = await read_n(src, 13)
+    await src.close()
+    cut = first[3]
+    assert not cut.tx_end and cut.checkpoint.to_doc()["tx_start"]
+    again = source(mariadb, [f"{db}.t"], resume_by="file")
+    await again.open(again.load_position(cut.checkpoint.to_doc()))
+    rest = await read_n(again, 13)
+    await again.close()
+    assert [e.after["id"] for e in rest if e.after and e.order > cut.order] == list(range(5, 14))
+
+
 async def test_an_empty_varbinary_is_empty_bytes_not_text(mariadb: MariaDB) -> None:
     db = fresh_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:

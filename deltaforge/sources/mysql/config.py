@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
@@ -32,3 +32,8 @@ class MySQLSourceConfig(SourceSettings):
         None, description="Replica server id (default: derived from the source id)."
     )
     read_chunk: PositiveInt = Field(2000, description="Rows handed over per read.")
+    resume_by: Literal["auto", "file"] = Field(
+        "auto",
+        description="auto: GTID on MariaDB, binlog file and position on MySQL; "
+        "file: binlog file and position on both.",
+    )

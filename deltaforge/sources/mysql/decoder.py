@@ -1,7 +1,7 @@
 """The binlog decoder process: python-mysql-replication outside the service's GIL
 (see ``childproc.py`` for why and how). Frames it writes:
 
-* ``("txs", [(gtid, state, file, end_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
+* ``("txs", [(gtid, state, file, end_pos, start_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
   where ``state`` is the GTID position after the transaction (MariaDB: every domain's last GTID)
 * ``("schema", table, columns, position)``
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
@@ -26,6 +26,7 @@ class DecoderSettings(TypedDict):
     connection: dict[str, str | int]
     server_id: int
     is_mariadb: bool
+    by_file: bool
     resume: PositionDoc
     patterns: list[tuple[str, ...]]
     schemas: list[str]
@@ -146,15 +147,18 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
 
     resume = BinlogPosition.from_doc(cfg["resume"])
     kw: dict[str, Any] = {}
-    if cfg["is_mariadb"]:
-        kw["auto_position"] = resume.gtid
+    if cfg["is_mariadb"] and not cfg["by_file"]:
+        kw["auto_position"] = resume.gtid  # the GTID state before the transaction: all of it again
     else:
-        kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.pos)
+        # Inside a transaction: from its beginning (the rest of its rows event included).
+        kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.resume_pos)
     reader = BinLogStreamReader(
         connection_settings=cfg["connection"],
         server_id=cfg["server_id"],
         blocking=True,
-        is_mariadb=cfg["is_mariadb"],
+        # The library's MariaDB dump ignores file and position: by file, use the MySQL-style dump
+        # (MariaDB serves it too, and still marks its own GTID events).
+        is_mariadb=cfg["is_mariadb"] and not cfg["by_file"],
         only_events=[
             *rows_types,
             XidEvent,
@@ -172,6 +176,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         **kw,
     )
     file = resume.file
+    tx_start = resume.resume_pos  # where the transaction being read began in ``file``
     tx_gtid = resume.gtid
     # MariaDB: the last GTID of every replication domain. A position names them all, so a resume
     # continues each domain where it was (one GTID alone re-reads the other domains from their start).
@@ -197,6 +202,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             continue
         if isinstance(ev, RotateEvent):
             file = ev.next_binlog
+            tx_start = int(ev.position)
             continue
         if isinstance(ev, NotImplementedEvent):
             what = _UNDECODABLE.get(ev.event_type)
@@ -250,6 +256,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 xa.prepared(xa_current, tx, full)
             tx, xa_current = [], None
             full = _advance(domains, tx_gtid, cfg["is_mariadb"])
+            tx_start = int(ev.packet.log_pos)
             continue
         if isinstance(ev, QueryEvent):
             if (key := xa_key(ev.query, "END")) is not None:
@@ -274,6 +281,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         full = _advance(domains, tx_gtid, cfg["is_mariadb"])
         if (held_state := xa.held_state()) is not None:
             full = held_state  # a restart must read the open XA PREPARE again
+        began, tx_start = tx_start, int(ev.packet.log_pos)
         now = time.monotonic()
         # Nothing captured in this transaction? Now and then its end is handed over anyway (no
         # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise
@@ -283,7 +291,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         last_mark = now
         if not pending:
             since = now
-        pending.append((tx_gtid, full, file, int(ev.packet.log_pos), tx))
+        pending.append((tx_gtid, full, file, int(ev.packet.log_pos), began, tx))
         pending_rows += len(tx)
         tx = []
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S:

@@ -19,20 +19,37 @@ def binlog_index(name: str) -> int:
 class BinlogPosition(NamedTuple):
     """``file``/``pos``: the end of a row event (or, at a transaction's end, of its XID
     event); ``row``: the row's index in that event; ``gtid``: the last committed
-    transaction's GTID (MariaDB resumes from it)."""
+    transaction's GTID (MariaDB resumes from it); ``tx_start``: inside a transaction,
+    where it began in ``file`` (a resume by file and position starts there and sinks skip
+    what they hold; 0 at a transaction's end)."""
 
     file: str
     pos: int
     row: int = 0
     gtid: str = ""
+    tx_start: int = 0
+
+    @property
+    def resume_pos(self) -> int:
+        """Where a resume by file and position starts: this transaction's beginning, if inside one."""
+        return self.tx_start or self.pos
 
     @property
     def order(self) -> tuple[int, ...]:
         return (binlog_index(self.file), self.pos, self.row)
 
     def to_doc(self) -> PositionDoc:
-        return {"file": self.file, "pos": self.pos, "row": self.row, "gtid": self.gtid}
+        doc: PositionDoc = {"file": self.file, "pos": self.pos, "row": self.row, "gtid": self.gtid}
+        if self.tx_start:
+            doc["tx_start"] = self.tx_start
+        return doc
 
     @classmethod
     def from_doc(cls, doc: PositionDoc) -> BinlogPosition:
-        return cls(as_str(doc, "file"), as_int(doc, "pos"), as_int(doc, "row"), as_str(doc, "gtid"))
+        return cls(
+            as_str(doc, "file"),
+            as_int(doc, "pos"),
+            as_int(doc, "row"),
+            as_str(doc, "gtid"),
+            as_int(doc, "tx_start"),
+        )

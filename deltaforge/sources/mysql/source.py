@@ -54,6 +54,7 @@ class MySQLSource(Source):
     def __init__(self, config: MySQLSourceConfig, tenant: str = "default") -> None:
         self.id = config.id
         self.settings = MySQLSettings.from_dsn(config.dsn)
+        self.by_file = config.resume_by == "file"
         self.patterns = [tuple(t.split(".", 1)) for t in config.tables]
         self.server_id = config.server_id or default_server_id(self.id)
         self.chunk = config.read_chunk
@@ -87,6 +88,7 @@ class MySQLSource(Source):
             "connection": self.settings.replication(),
             "server_id": self.server_id,
             "is_mariadb": info.is_mariadb,
+            "by_file": self.by_file,
             "resume": resume.to_doc(),
             "patterns": self.patterns,
             "schemas": sorted({p[0] for p in self.patterns if not any(ch in p[0] for ch in "*?[")}),
@@ -175,7 +177,7 @@ class MySQLSource(Source):
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
 
     def _heartbeat(self, file: str, fidx: int, end_pos: int, gtid: str) -> Event:
-        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid))
+        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid, 0))
         return Event(
             "h", None, None, SourceInfo(self.connector, "", "", cp, 0), "heartbeat", True,
             f"heartbeat:{fidx}:{end_pos}", (fidx, end_pos, 0), cp, self.tenant, 64,
@@ -184,7 +186,7 @@ class MySQLSource(Source):
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
         out: list[Event] = []
         connector, tenant, keys = self.connector, self.tenant, self._keys
-        for gtid, state, file, end_pos, rows in txs:
+        for gtid, state, file, end_pos, began, rows in txs:
             fidx = binlog_index(file)
             if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
                 out.append(self._heartbeat(file, fidx, end_pos, state))
@@ -194,7 +196,7 @@ class MySQLSource(Source):
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
                 key = keys.get(f"{schema}.{table}", ())
-                position = new_position(BinlogPosition, (file, pos, i, committed))
+                position = new_position(BinlogPosition, (file, pos, i, committed, began))
                 end = n == last
                 out.append(
                     Event(
@@ -206,7 +208,7 @@ class MySQLSource(Source):
                         end,
                         f"{fidx}:{pos}:{i}",
                         (fidx, pos, i),
-                        new_position(BinlogPosition, (file, end_pos, 0, state)) if end else position,
+                        new_position(BinlogPosition, (file, end_pos, 0, state, 0)) if end else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )
