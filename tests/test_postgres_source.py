@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import os
+import signal
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -18,7 +21,7 @@ from deltaforge.sources.base import PositionLost, SourceMisconfigured
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.source import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import wait_until
+from tests.helpers import jsonl, wait_until
 from tests.kit import ScriptedSink
 from tests.servers.postgres import Postgres
 
@@ -342,3 +345,61 @@ async def test_events_carry_the_primary_key_under_default_and_full_replica_ident
     events = await read_n(src, 3)
     await src.close()
     assert [(e.table, e.source.key) for e in events] == [("d", ("b", "a")), ("f", ("id",)), ("f", ("id",))]
+
+
+async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
+    """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
+    pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write
+    position would put every sink's checkpoint past the commit, and its rows would be skipped as
+    already held when they arrive. They must arrive."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        await conn.execute("CREATE TABLE filler (payload text)")
+        out = tmp_path / "events.jsonl"
+        doc = {
+            "apiVersion": "deltaforge/v1",
+            "kind": "Pipeline",
+            "metadata": {"name": "flush"},
+            "spec": {
+                "source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "slot": "s", "publication": "p",
+                                                          "tables": ["public.t"], "heartbeat_ms": 50,
+                                                          "poll_interval_ms": 10}},
+                "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+                "batch": {"max_events": 10, "max_ms": 10},
+                "storage": {"type": "memory"},
+            },
+        }  # fmt: skip
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+        task = asyncio.create_task(runner.run())
+
+        async def streaming() -> bool:
+            return bool(await conn.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = 's'"))
+
+        while not await streaming():  # the slot exists and the reader streams it
+            await asyncio.sleep(0.02)
+        await conn.execute("INSERT INTO t VALUES (1)")
+        await wait_until(lambda: out.exists() and len(jsonl(out)) == 1, timeout=30, what="first row")
+        walwriter = int(
+            await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
+        )
+        os.kill(walwriter, signal.SIGSTOP)
+        try:
+            await conn.execute("SET synchronous_commit = off")
+            await conn.execute("INSERT INTO t VALUES (2)")
+            committed = int(await conn.fetchval("SELECT pg_current_wal_insert_lsn()"))
+            # Twice the WAL buffers (4 MB here), so a backend writes them out, past the commit, with no flush.
+            await conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 8000)")
+            written = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+            flushed = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
+            assert flushed < committed <= written, "the scenario needs a written, unflushed commit"
+            # The scenario: the flush is held back for 40 heartbeat periods, whatever the reader does.
+            await asyncio.sleep(2.0)
+        finally:
+            os.kill(walwriter, signal.SIGCONT)
+        await wait_until(
+            lambda: [d["after"]["id"] for d in jsonl(out)] == [1, 2], timeout=30, what="the unflushed row"
+        )
+        await runner.drain()
+        await task
+        await conn.close()

@@ -19,6 +19,7 @@ sink holds a checkpoint durably). Transactions at or before ``last_commit``
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import time
@@ -239,6 +240,16 @@ def _start(cfg: DecoderSettings, start: int) -> LogicalStream:
 
 
 def main() -> None:
+    try:
+        report()
+    finally:
+        # The confirmations thread is blocked reading stdin: a normal interpreter shutdown would
+        # wait for its lock and abort. Everything worth saying has been written and flushed.
+        os._exit(0)
+
+
+def report() -> None:
+    """Stream, and report how it ended to the parent."""
     cfg, out = child_setup()
     try:
         stream(cfg, out, Confirmations(sys.stdin.buffer))
