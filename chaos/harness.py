@@ -1,0 +1,268 @@
+"""What every scenario needs: the proxy server, a workload that remembers what it committed,
+independent readers of each sink, and the checks (lost, order, duplicates).
+
+Servers are the test suite's private ones (``tests/servers``: started in temp dirs on free
+ports, stopped by PID), so chaos runs from a checkout: ``python -m chaos ...``.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from toxiproxy import Toxiproxy
+from toxiproxy.proxy import Proxy
+
+Change = tuple[str, int, int]
+"""(op, id, ver) of one row change: what the workload committed, what a sink holds."""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProxyServer:
+    """Toxiproxy: the real ``toxiproxy-server`` when on PATH, else ``python -m chaos proxy``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        real = shutil.which("toxiproxy-server")
+        cmd = [real, "-port", str(self.port)] if real else [sys.executable, "-m", "chaos", "proxy",
+                                                             "--port", str(self.port)]  # fmt: skip
+        self.kind = "toxiproxy-server" if real else "chaos proxy"
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/version", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.kind} did not start") from None
+                time.sleep(0.05)
+        self.client = Toxiproxy()
+        self.client.update_api_consumer("127.0.0.1", self.port)
+
+    def proxy(self, name: str, upstream: str) -> Proxy:
+        """A fresh proxy to ``upstream`` on a free port (any old one of that name is replaced)."""
+        old = self.client.get_proxy(name)
+        if old is not None:
+            old.destroy()
+        return self.client.create(upstream=upstream, name=name, listen=f"127.0.0.1:{free_port()}")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def port_of(proxy: Proxy) -> int:
+    return int(proxy.listen.rsplit(":", 1)[1])
+
+
+@dataclass
+class Workload:
+    """Transactions on ``items (id, ver, payload)``: inserts, updates (ver + 1) and deletes,
+    seeded; ``committed`` holds every change whose COMMIT returned, in commit order."""
+
+    execute: Callable[[list[tuple[str, tuple[Any, ...]]]], None]
+    """Runs one transaction's statements (``%s`` placeholders) and commits."""
+    seed: int
+    committed: list[Change] = field(default_factory=list)
+    live: dict[int, int] = field(default_factory=dict)
+    next_id: int = 1
+    failures: list[BaseException] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def transaction(self) -> None:
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        changes: list[Change] = []
+        live = dict(self.live)
+        for _ in range(self.rng.randrange(1, 4)):
+            roll = self.rng.random()
+            if roll < 0.5 or not live:
+                key, ver = self.next_id, 1
+                self.next_id += 1
+                statements.append(
+                    ("INSERT INTO items (id, ver, payload) VALUES (%s, %s, %s)", (key, ver, "x" * 40))
+                )
+                changes.append(("c", key, ver))
+                live[key] = ver
+            elif roll < 0.85:
+                key = self.rng.choice(list(live))
+                live[key] += 1
+                statements.append(("UPDATE items SET ver = %s WHERE id = %s", (live[key], key)))
+                changes.append(("u", key, live[key]))
+            else:
+                key = self.rng.choice(list(live))
+                statements.append(("DELETE FROM items WHERE id = %s", (key,)))
+                changes.append(("d", key, live.pop(key)))
+        self.execute(statements)
+        self.live = live
+        self.committed.extend(changes)
+
+    def start(self, per_second: float = 100) -> None:
+        def run() -> None:
+            try:
+                while not self._stop.is_set():
+                    self.transaction()
+                    self._stop.wait(1 / per_second)  # pacing of the workload, not synchronisation
+            except BaseException as exc:  # noqa: BLE001 - the scenario reports it
+                self.failures.append(exc)
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=run, name="workload", daemon=True)
+        self._thread.start()
+
+    def stop_quietly(self) -> None:
+        """Stop, whatever happened (cleanup after a failed scenario)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if self.failures:
+            raise RuntimeError(f"the workload failed: {self.failures[0]!r}")
+
+
+def postgres_workload(dsn: str, seed: int) -> Workload:
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=False)
+    conn.execute("CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, ver int NOT NULL, payload text)")
+    conn.execute("ALTER TABLE items REPLICA IDENTITY FULL")  # deletes carry the version they removed
+    conn.commit()
+
+    def execute(statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        with conn.transaction():
+            for sql, args in statements:
+                conn.execute(sql.encode(), args)
+
+    conn.autocommit = True
+    return Workload(execute, seed)
+
+
+def mariadb_workload(root: Callable[[], Any], seed: int) -> Workload:
+    conn = root()
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS items (id INT PRIMARY KEY, ver INT NOT NULL, payload TEXT)")
+
+    def execute(statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        conn.begin()
+        with conn.cursor() as cur:
+            for sql, args in statements:
+                cur.execute(sql, args)
+        conn.commit()
+
+    return Workload(execute, seed)
+
+
+# -- what sinks hold, read independently -------------------------------------------------------
+
+
+def change_of(doc: dict[str, Any]) -> Change | None:
+    """A deltaforge event (native envelope) as (op, id, ver); None for other tables."""
+    if doc.get("source", {}).get("table") != "items":
+        return None
+    op, before, after = doc["op"], doc.get("before"), doc.get("after")
+    row = before if op == "d" else after
+    if row is None:
+        return None
+    return (op, int(row["id"]), int(row["ver"]))
+
+
+def file_changes(path: Path) -> list[Change]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().splitlines():
+        if line.strip() and (c := change_of(orjson.loads(line))) is not None:
+            out.append(c)
+    return out
+
+
+def redis_changes(client: Any, stream: str) -> list[Change]:
+    return [c for _, f in client.xrange(stream) if (c := change_of(orjson.loads(f[b"event"]))) is not None]
+
+
+def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed", "log_level": 3})  # fmt: skip
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or not meta.partitions:
+            return []
+        parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
+        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+        consumer.assign(parts)
+        by_partition: dict[int, list[Change]] = {p: [] for p in ends}
+        seen = dict.fromkeys(ends, 0)
+        deadline = time.monotonic() + 60
+        while any(seen[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is None:
+                    part, value = int(msg.partition() or 0), msg.value()
+                    seen[part] = int(msg.offset() or 0) + 1
+                    if value is not None and (c := change_of(orjson.loads(value))) is not None:
+                        by_partition[part].append(c)
+        return [c for p in sorted(by_partition) for c in by_partition[p]]
+    finally:
+        consumer.close()
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+
+def order_violations(delivered: Iterable[Change]) -> int:
+    """Per key, the first time each change is seen must follow the commit order (a replay after a
+    crash repeats a suffix: repeats are not violations)."""
+    seen: set[Change] = set()
+    last: dict[int, tuple[int, int]] = {}
+    bad = 0
+    rank = {"c": 0, "u": 1, "d": 2}
+    for change in delivered:
+        if change in seen:
+            continue
+        seen.add(change)
+        op, key, ver = change
+        mark = (ver, rank[op])
+        if key in last and mark < last[key]:
+            bad += 1
+        last[key] = max(mark, last.get(key, mark))
+    return bad
+
+
+def checks(committed: list[Change], delivered: list[Change]) -> dict[str, int]:
+    """Events lost (committed, never delivered), phantoms (delivered, never committed), per-key
+    order violations and duplicates (changes delivered more than once)."""
+    got = Counter(delivered)
+    want = set(committed)
+    return {
+        "lost": sum(1 for c in committed if c not in got),
+        "phantoms": sum(1 for c in got if c not in want),
+        "order_violations": order_violations(delivered),
+        "duplicates": sum(n - 1 for n in got.values() if n > 1),
+    }

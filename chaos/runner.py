@@ -1,0 +1,94 @@
+"""Running scenarios: each gets its own folder, the shared proxy server and a seed, and returns
+a :class:`Result` whose figures the report shows. A scenario raises :class:`Failed` (or any
+error) when a guarantee does not hold."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chaos.harness import ProxyServer
+
+
+class Failed(AssertionError):
+    """A guarantee did not hold; the message says which and by how much."""
+
+
+@dataclass
+class RunContext:
+    """What a scenario is given."""
+
+    workdir: Path
+    proxies: ProxyServer
+    seed: int
+    duration: float | None
+    figures: dict[str, Any] = field(default_factory=dict)
+    """What the scenario measured (events lost, time to recover, ...): the report's columns."""
+
+    def pipeline(self, name: str, spec: dict[str, Any]) -> Path:
+        """Write a pipeline document into the scenario's folder."""
+        doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name}, "spec": spec}
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def expect(self, what: str, got: Any, want: Any) -> None:
+        """Record ``what`` and fail unless it is ``want``."""
+        self.figures[what] = got
+        if got != want:
+            raise Failed(f"{what}: {got} (expected {want})")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One chaos scenario: the fault it injects and what it asserts (for ``list`` and the README)."""
+
+    name: str
+    fault: str
+    asserts: str
+    run: Callable[[RunContext], None] | None
+    pending: str | None = None
+    """The issue whose feature it waits for: listed, never silently missing."""
+    quick: bool = False
+    """Part of the CI subset."""
+    toxics: tuple[str, ...] = ()
+    """The faults it injects: toxic types, ``down`` (a disabled proxy), ``kill`` (SIGKILL)."""
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # passed, failed, pending
+    seconds: float
+    figures: dict[str, Any]
+    detail: str = ""
+    logs: str = ""
+
+
+def run_one(
+    scenario: Scenario, root: Path, proxies: ProxyServer, seed: int, duration: float | None
+) -> Result:
+    if scenario.run is None:
+        return Result(scenario.name, "pending", 0.0, {}, scenario.pending or "")
+    workdir = root / scenario.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(workdir, proxies, seed, duration)
+    start = time.monotonic()
+    try:
+        scenario.run(ctx)
+        status, detail = "passed", ""
+    except Exception as exc:  # noqa: BLE001 - any failure fails this scenario, not the run
+        status = "failed"
+        detail = str(exc) if isinstance(exc, Failed) else "".join(traceback.format_exception(exc))[-3000:]
+    finally:
+        for proxy in list(proxies.client.proxies().values()):
+            proxy.destroy()
+    return Result(
+        scenario.name, status, round(time.monotonic() - start, 1), ctx.figures, detail, str(workdir)
+    )

@@ -1,0 +1,23 @@
+"""Exactly-once sinks under SIGKILLs: Redis Streams (exactly_once watermarks) holds each change
+once and a PostgreSQL if_newer target ends equal to the source, whatever the crash points."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from chaos.runner import RunContext
+from chaos.scenarios.rig import postgres_rig
+
+
+def run(ctx: RunContext) -> None:
+    rng = random.Random(ctx.seed + 1)
+    with postgres_rig(ctx) as rig:
+        rig.add_redis(exactly_once=True)
+        rig.add_postgres_target()
+        rig.start(batch={"max_events": 25, "max_ms": 10})
+        rig.workload.start(per_second=150)
+        for _ in range(4):
+            time.sleep(rng.uniform(0.5, 3.0))  # the crash point: random, by design
+            rig.restart()
+        rig.verify()

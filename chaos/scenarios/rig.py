@@ -1,0 +1,192 @@
+"""The rig most scenarios share: a private PostgreSQL behind a proxy, a seeded workload, sinks
+(a file, and optionally Redis, a PostgreSQL target, Kafka, NATS — each behind its own proxy),
+``serve`` as a separate process, and the final verification of every sink."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from toxiproxy.proxy import Proxy
+
+from chaos.harness import Change, Workload, checks, file_changes, port_of, postgres_workload, redis_changes
+from chaos.runner import Failed, RunContext
+from tests.serve_proc import Serve
+from tests.servers.postgres import Postgres
+from tests.servers.redis import Redis
+
+PIPELINE = "chaos"
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    """Until ``cond`` holds; returns how long it took. Fails the scenario at ``timeout``."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise Failed(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@dataclass
+class Sink:
+    """A sink entry, how to read what it holds, and whether it promises each change once."""
+
+    entry: dict[str, Any]
+    read: Callable[[], list[Change]]
+    exactly_once: bool = False
+    proxy: Proxy | None = None
+
+
+@dataclass
+class Rig:
+    ctx: RunContext
+    pg: Postgres
+    source_proxy: Proxy
+    workload: Workload
+    sinks: dict[str, Sink] = field(default_factory=dict)
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    serve: Serve | None = None
+
+    @property
+    def source_dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{port_of(self.source_proxy)}/postgres"
+
+    def add_redis(self, exactly_once: bool = True) -> Sink:
+        server = self.stack.enter_context(Redis())
+        proxy = self.ctx.proxies.proxy("redis", f"127.0.0.1:{server.port}")
+        entry = {"type": "redis", "config": {"id": "redis", "uri": f"redis://127.0.0.1:{port_of(proxy)}/0",
+                                              "stream": "cdc", "exactly_once": exactly_once}}  # fmt: skip
+        sink = Sink(entry, lambda: redis_changes(server.client(), "cdc"), exactly_once, proxy)
+        self.sinks["redis"] = sink
+        return sink
+
+    def add_postgres_target(self) -> Sink:
+        """An if_newer upsert into a second database of the same server, through its own proxy."""
+        import psycopg
+
+        with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE target")
+        with psycopg.connect(self.pg.dsn("target"), autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id int PRIMARY KEY, ver int, payload text, _df_position text)")
+        proxy = self.ctx.proxies.proxy("target", f"127.0.0.1:{self.pg.port}")
+        dsn = f"postgresql://postgres@127.0.0.1:{port_of(proxy)}/target"
+        entry = {"type": "postgres", "config": {"id": "target", "dsn": dsn, "upsert_strategy": "if_newer"}}
+
+        def state() -> list[Change]:
+            with psycopg.connect(self.pg.dsn("target")) as conn:
+                rows = conn.execute("SELECT id, ver FROM items").fetchall()
+            return [("row", int(i), int(v)) for i, v in rows]
+
+        sink = Sink(entry, state, False, proxy)
+        self.sinks["target"] = sink
+        return sink
+
+    def start(self, batch: dict[str, Any] | None = None, **extra: Any) -> Serve:
+        spec = {
+            "source": {"type": "postgres", "config": {"id": "pg", "dsn": self.source_dsn, "slot": "chaos",
+                                                      "publication": "chaos", "heartbeat_ms": 1000}},
+            "sinks": [{"type": "file", "config": {"id": "file", "path": str(self.ctx.workdir / "events.jsonl")}},
+                      *(s.entry for s in self.sinks.values())],
+            "batch": batch or {"max_events": 200, "max_ms": 50},
+            "storage": {"type": "sqlite", "path": str(self.ctx.workdir / "checkpoints.db")},
+            **extra,
+        }  # fmt: skip
+        self.ctx.pipeline(PIPELINE, spec)
+        serve = self.launch()
+        serve.wait_source_open(PIPELINE)  # no snapshot yet: rows written before that are not captured
+        return serve
+
+    def launch(self) -> Serve:
+        """Start serve with the pipeline written by :meth:`start`; returns once its API answers."""
+        cfg = self.ctx.workdir / f"{PIPELINE}.yaml"
+        self.serve = Serve(
+            self.ctx.workdir, "--config", str(cfg), "--log-file", str(self.ctx.workdir / "log.jsonl")
+        )
+        self.serve.wait_api()
+        return self.serve
+
+    def restart(self) -> Serve:
+        """SIGKILL serve and start it again with the same configuration."""
+        assert self.serve is not None
+        self.serve.kill()
+        return self.launch()
+
+    def health(self) -> dict[str, Any]:
+        assert self.serve is not None
+        body: dict[str, Any] = self.serve.get("/health").json()
+        return body
+
+    def degraded(self) -> bool:
+        return bool(self.health().get("status") == "degraded")
+
+    def delivered(self) -> list[Change]:
+        return file_changes(self.ctx.workdir / "events.jsonl")
+
+    def progress(self, more_than: int, timeout: float = 60) -> None:
+        wait_for(
+            lambda: len(self.delivered()) > more_than, timeout, f"more than {more_than} changes delivered"
+        )
+
+    def verify(self, recover_timeout: float = 120) -> None:
+        """Stop the workload; every sink must end with every committed change, in order per key,
+        each once where promised; serve recovers by itself and stops cleanly."""
+        self.workload.stop()
+        committed = list(self.workload.committed)
+        want = set(committed)
+        ctx = self.ctx
+        ctx.figures["committed"] = len(committed)
+        readers: dict[str, Sink] = {"file": Sink({}, self.delivered), **self.sinks}
+        for name, sink in readers.items():
+            if sink.entry.get("type") == "postgres":
+                final = {(k, v) for _, k, v in _final_rows(committed)}
+
+                def equal(s: Sink = sink, f: set[tuple[int, int]] = final) -> bool:
+                    return {(k, v) for _, k, v in s.read()} == f
+
+                took = wait_for(equal, recover_timeout, f"the {name} sink to equal the source")
+                ctx.figures[f"{name}_caught_up_s"] = round(took, 1)
+                continue
+
+            def complete(s: Sink = sink) -> bool:
+                return want <= set(s.read())
+
+            took = wait_for(complete, recover_timeout, f"every committed change in the {name} sink")
+            ctx.figures[f"{name}_caught_up_s"] = round(took, 1)
+            found = checks(committed, sink.read())
+            ctx.expect(f"{name}: events lost", found["lost"], 0)
+            ctx.expect(f"{name}: phantom events", found["phantoms"], 0)
+            ctx.expect(f"{name}: per-key order violations", found["order_violations"], 0)
+            if sink.exactly_once:
+                ctx.expect(f"{name}: duplicates", found["duplicates"], 0)
+        wait_for(lambda: self.health().get("status") == "ok", 60, "/health ok")
+        assert self.serve is not None
+        ctx.expect("serve exit code", self.serve.terminate(), 0)
+
+
+def _final_rows(committed: list[Change]) -> list[Change]:
+    rows: dict[int, int] = {}
+    for op, key, ver in committed:
+        if op == "d":
+            rows.pop(key, None)
+        else:
+            rows[key] = ver
+    return [("row", k, v) for k, v in rows.items()]
+
+
+@contextlib.contextmanager
+def postgres_rig(ctx: RunContext) -> Iterator[Rig]:
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(Postgres())
+        proxy = ctx.proxies.proxy("postgres", f"127.0.0.1:{pg.port}")
+        rig = Rig(ctx, pg, proxy, postgres_workload(pg.dsn(), ctx.seed))
+        stack.enter_context(rig.stack)
+        try:
+            yield rig
+        finally:
+            rig.workload.stop_quietly()
+            if rig.serve is not None and rig.serve.proc.poll() is None:
+                rig.serve.kill()

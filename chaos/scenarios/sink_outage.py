@@ -1,0 +1,28 @@
+"""Every sink server unreachable at once for 20 s (Redis exactly_once and a PostgreSQL
+if_newer target, each behind a disabled proxy) while rows are written: degraded meanwhile,
+recovered by itself, each sink ends with every change (Redis once each, the target equal to
+the source)."""
+
+from __future__ import annotations
+
+import time
+
+from chaos.runner import RunContext
+from chaos.scenarios.rig import postgres_rig, wait_for
+
+
+def run(ctx: RunContext) -> None:
+    with postgres_rig(ctx) as rig:
+        redis = rig.add_redis(exactly_once=True)
+        target = rig.add_postgres_target()
+        rig.start()
+        rig.workload.start()
+        rig.progress(0)
+        assert redis.proxy is not None and target.proxy is not None
+        redis.proxy.disable()
+        target.proxy.disable()
+        wait_for(rig.degraded, 60, "/health degraded")
+        time.sleep(20)  # the outage itself
+        redis.proxy.enable()
+        target.proxy.enable()
+        rig.verify()

@@ -1,0 +1,41 @@
+"""The chaos suite's own logic: the checks that decide a scenario, and the scenario list."""
+
+from __future__ import annotations
+
+import pkgutil
+
+import chaos.scenarios
+from chaos.harness import checks, order_violations
+from chaos.proxy.toxics import TYPES
+from chaos.scenarios import SCENARIOS
+
+COMMITTED = [("c", 1, 1), ("c", 2, 1), ("u", 1, 2), ("d", 2, 1), ("u", 1, 3)]
+
+
+def test_a_complete_in_order_delivery_passes_every_check() -> None:
+    assert checks(COMMITTED, COMMITTED) == {"lost": 0, "phantoms": 0, "order_violations": 0, "duplicates": 0}
+
+
+def test_each_way_of_going_wrong_is_counted() -> None:
+    assert checks(COMMITTED, COMMITTED[:-1])["lost"] == 1
+    assert checks(COMMITTED, [*COMMITTED, ("u", 1, 9)])["phantoms"] == 1
+    assert checks(COMMITTED, [*COMMITTED, *COMMITTED[2:]])["duplicates"] == 3
+    swapped = [COMMITTED[0], COMMITTED[2], COMMITTED[1], COMMITTED[4], COMMITTED[3]]
+    assert checks(COMMITTED, swapped)["order_violations"] == 0  # other keys may interleave
+    assert order_violations([("c", 1, 1), ("u", 1, 3), ("u", 1, 2)]) == 1
+    assert order_violations([("c", 2, 1), ("d", 2, 1), ("c", 2, 1)]) == 0  # a replay is no violation
+    assert order_violations([("d", 2, 1), ("c", 2, 1)]) == 1
+
+
+def test_every_scenario_module_is_listed_and_pending_ones_say_why() -> None:
+    modules = {m.name for m in pkgutil.iter_modules(chaos.scenarios.__path__)} - {"rig"}
+    listed = {s.name for s in SCENARIOS}
+    assert modules <= listed, f"scenario modules missing from SCENARIOS: {modules - listed}"
+    for s in SCENARIOS:
+        assert (s.run is None) == bool(s.pending), s.name
+        assert s.fault and s.asserts, s.name
+
+
+def test_the_ci_subset_covers_every_toxic_type_and_a_proxy_down() -> None:
+    covered = {t for s in SCENARIOS if s.quick for t in s.toxics}
+    assert covered >= {*TYPES, "down"}, f"no quick scenario for {set(TYPES) | {'down'} - covered}"
