@@ -191,21 +191,7 @@ async def test_purged_binlog_is_position_lost(mariadb: MariaDB) -> None:
 
 
 def purge_all_but_newest(server: MariaDB, gone: str) -> None:
-    """Purge binlogs; the server keeps a file while a closing dump thread still holds it, so retry."""
-    import time
-
-    with server.root() as c, c.cursor() as cur:
-        cur.execute("FLUSH BINARY LOGS")
-        cur.execute("SHOW MASTER STATUS")
-        newest = cur.fetchone()[0]
-        deadline = time.monotonic() + 15
-        while True:
-            cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
-            cur.execute("SHOW BINARY LOGS")
-            if gone not in {r[0] for r in cur.fetchall()}:
-                return
-            assert time.monotonic() < deadline, f"{gone} was not purged"
-            time.sleep(0.1)
+    server.purge_all_but_newest(gone)
 
 
 def purge_before(server: MariaDB, keep: str) -> None:

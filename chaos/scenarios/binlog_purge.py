@@ -10,7 +10,6 @@ from chaos.runner import Failed, RunContext
 from chaos.scenarios.rig import wait_for
 from tests.serve_proc import Serve
 from tests.servers.mariadb import MariaDB
-from tests.test_mysql_source import purge_all_but_newest
 
 
 def run(ctx: RunContext) -> None:
@@ -36,7 +35,7 @@ def run(ctx: RunContext) -> None:
         ctx.expect("serve exit code", serve.terminate(), 0)
         for _ in range(20):  # changes serve has not read, in binlogs about to be purged
             workload.transaction()
-        purge_all_but_newest(db, "mysql-bin.000001")
+        db.purge_all_but_newest("mysql-bin.000001")
         serve = stack.enter_context(Serve(ctx.workdir, *args))
         serve.wait_api()
         took = wait_for(lambda: serve.get("/health").status_code == 503, 60, "/health 503")

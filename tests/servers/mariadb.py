@@ -102,3 +102,22 @@ class MariaDB(ServerProcess):
     def stop(self) -> None:
         self.kill(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def purge_all_but_newest(self, gone: str) -> None:
+        """Purge binlogs until ``gone`` is no longer listed (a closing dump thread may still hold
+        a file for a moment, so this retries)."""
+        import time
+
+        with self.root() as c, c.cursor() as cur:
+            cur.execute("FLUSH BINARY LOGS")
+            cur.execute("SHOW MASTER STATUS")
+            newest = cur.fetchone()[0]
+            deadline = time.monotonic() + 15
+            while True:
+                cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
+                cur.execute("SHOW BINARY LOGS")
+                if gone not in {r[0] for r in cur.fetchall()}:
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{gone} was not purged")
+                time.sleep(0.1)
