@@ -7,6 +7,7 @@ ports, stopped by PID), so chaos runs from a checkout: ``python -m chaos ...``.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import subprocess
@@ -37,26 +38,33 @@ def free_port() -> int:
 
 
 class ProxyServer:
-    """Toxiproxy: the real ``toxiproxy-server`` when on PATH, else ``python -m chaos proxy``."""
+    """Toxiproxy: the one at ``$TOXIPROXY_URL`` when set (e.g. compose's, on the host network),
+    else the real ``toxiproxy-server`` when on PATH, else ``python -m chaos proxy``."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        real = shutil.which("toxiproxy-server")
-        cmd = [real, "-port", str(self.port)] if real else [sys.executable, "-m", "chaos", "proxy",
-                                                             "--port", str(self.port)]  # fmt: skip
-        self.kind = "toxiproxy-server" if real else "chaos proxy"
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc: subprocess.Popen[bytes] | None = None
+        url = os.environ.get("TOXIPROXY_URL")
+        if url:
+            host, _, port = url.removeprefix("http://").rstrip("/").rpartition(":")
+            self.host, self.port, self.kind = host, int(port), f"toxiproxy at {url}"
+        else:
+            self.host, self.port = "127.0.0.1", free_port()
+            real = shutil.which("toxiproxy-server")
+            cmd = [real, "-port", str(self.port)] if real else [sys.executable, "-m", "chaos", "proxy",
+                                                                 "--port", str(self.port)]  # fmt: skip
+            self.kind = "toxiproxy-server" if real else "chaos proxy"
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:
-                httpx.get(f"http://127.0.0.1:{self.port}/version", timeout=1)
+                httpx.get(f"http://{self.host}:{self.port}/version", timeout=1)
                 break
             except httpx.TransportError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
+                if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
                     raise RuntimeError(f"{self.kind} did not start") from None
                 time.sleep(0.05)
         self.client = Toxiproxy()
-        self.client.update_api_consumer("127.0.0.1", self.port)
+        self.client.update_api_consumer(self.host, self.port)
 
     def proxy(self, name: str, upstream: str) -> Proxy:
         """A fresh proxy to ``upstream`` on a free port (any old one of that name is replaced)."""
@@ -66,8 +74,9 @@ class ProxyServer:
         return self.client.create(upstream=upstream, name=name, listen=f"127.0.0.1:{free_port()}")
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def port_of(proxy: Proxy) -> int:

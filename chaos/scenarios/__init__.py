@@ -34,7 +34,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("sink_outage", "Redis (exactly_once) and PostgreSQL target down 20 s",
              "degraded; lost 0; Redis duplicates 0; target equals source", sink_outage.run, toxics=("down",)),
     Scenario("slow_sink", "bandwidth 20 KB/s + latency 50 ms on Redis",
-             "backpressure: RSS < 400 MB, reader ≤ 20k events ahead; lost 0", slow_sink.run, quick=True,
+             "backpressure: RSS < 400 MB, reader ≤ 3,000 events ahead; lost 0", slow_sink.run, quick=True,
              toxics=("bandwidth", "latency")),
     Scenario("half_open", "timeout toxic (hold) on Redis, both ways",
              "stall detected (degraded); lost 0; duplicates 0", half_open.run, quick=True, toxics=("timeout",)),
