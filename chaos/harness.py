@@ -215,6 +215,40 @@ def redis_changes(client: Any, stream: str) -> list[Change]:
     return [c for _, f in client.xrange(stream) if (c := change_of(orjson.loads(f[b"event"]))) is not None]
 
 
+def nats_changes(url: str, subject: str, stream: str) -> list[Change]:
+    """Everything in a JetStream stream, read with a fresh pull consumer."""
+    import asyncio
+
+    import nats
+
+    async def read() -> list[Change]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                total = (await js.stream_info(stream)).state.messages
+            except nats.js.errors.NotFoundError:
+                return []
+            sub = await js.pull_subscribe(subject, durable=f"chaos{time.monotonic_ns()}", stream=stream)
+            out: list[Change] = []
+            seen = 0
+            while seen < total:
+                try:
+                    msgs = await sub.fetch(1000, timeout=2)
+                except nats.errors.TimeoutError:
+                    break
+                for m in msgs:
+                    seen += 1
+                    if (c := change_of(orjson.loads(m.data))) is not None:
+                        out.append(c)
+                    await m.ack()
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
 def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
     from confluent_kafka import Consumer, TopicPartition
 

@@ -12,11 +12,24 @@ from typing import Any
 
 from toxiproxy.proxy import Proxy
 
-from chaos.harness import Change, Workload, checks, file_changes, port_of, postgres_workload, redis_changes
+from chaos.harness import (
+    Change,
+    Workload,
+    checks,
+    file_changes,
+    free_port,
+    kafka_changes,
+    nats_changes,
+    port_of,
+    postgres_workload,
+    redis_changes,
+)
 from chaos.runner import Failed, RunContext
 from tests.serve_proc import Serve
+from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
+from tests.servers.tansu import Tansu
 
 PIPELINE = "chaos"
 
@@ -82,6 +95,28 @@ class Rig:
                                               "stream": "cdc", "exactly_once": exactly_once}}  # fmt: skip
         sink = Sink(entry, lambda: redis_changes(server.client(), "cdc"), exactly_once, proxy)
         self.sinks["redis"] = sink
+        return sink
+
+    def add_nats(self) -> Sink:
+        """JetStream, deduplicated by Nats-Msg-Id: each change once within the window."""
+        server = self.stack.enter_context(Nats())
+        proxy = self.ctx.proxies.proxy("nats", f"127.0.0.1:{server.port}")
+        entry = {"type": "nats", "config": {"id": "nats", "url": f"nats://127.0.0.1:{port_of(proxy)}",
+                                             "subject": "cdc.items", "stream": "CDC"}}  # fmt: skip
+        sink = Sink(entry, lambda: nats_changes(server.url(), "cdc.items", "CDC"), True, proxy)
+        self.sinks["nats"] = sink
+        return sink
+
+    def add_kafka(self) -> Sink:
+        """A one-partition topic on Tansu, which tells clients the proxy's address (at least once)."""
+        port = free_port()
+        proxy = self.ctx.proxies.proxy("kafka", f"127.0.0.1:{port}")
+        server = self.stack.enter_context(Tansu(port=port, advertise=port_of(proxy)))
+        server.create_topic("cdc", partitions=1)
+        entry = {"type": "kafka", "config": {"id": "kafka", "brokers": f"127.0.0.1:{port_of(proxy)}",
+                                              "topic": "cdc", "timeout_s": 10}}  # fmt: skip
+        sink = Sink(entry, lambda: kafka_changes(f"127.0.0.1:{port_of(proxy)}", "cdc"), False, proxy)
+        self.sinks["kafka"] = sink
         return sink
 
     def add_postgres_target(self) -> Sink:

@@ -1,7 +1,7 @@
-"""Every sink server unreachable at once for 20 s (Redis exactly_once and a PostgreSQL
-if_newer target, each behind a disabled proxy) while rows are written: degraded meanwhile,
-recovered by itself, each sink ends with every change (Redis once each, the target equal to
-the source)."""
+"""Every sink server unreachable at once for 20 s (Kafka, NATS JetStream, Redis exactly_once
+and a PostgreSQL if_newer target, each behind a disabled proxy) while rows are written:
+degraded meanwhile, recovered by itself, each sink ends with every change in order (Redis and
+NATS once each, the target equal to the source)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from chaos.scenarios.rig import postgres_rig, wait_for
 
 def run(ctx: RunContext) -> None:
     with postgres_rig(ctx) as rig:
-        redis = rig.add_redis(exactly_once=True)
-        target = rig.add_postgres_target()
+        sinks = [rig.add_kafka(), rig.add_nats(), rig.add_redis(exactly_once=True), rig.add_postgres_target()]
         rig.start()
         rig.workload.start()
         rig.progress(0)
-        assert redis.proxy is not None and target.proxy is not None
-        redis.proxy.disable()
-        target.proxy.disable()
+        for sink in sinks:
+            assert sink.proxy is not None
+            sink.proxy.disable()
         wait_for(rig.degraded, 60, "/health degraded")
         time.sleep(20)  # the outage itself
-        redis.proxy.enable()
-        target.proxy.enable()
+        for sink in sinks:
+            assert sink.proxy is not None
+            sink.proxy.enable()
         rig.verify()
