@@ -33,6 +33,7 @@ def test_default_pipeline_runs_with_no_external_server(tmp_path: Path) -> None:
             "DeliverySupervisor",
             "DeliveryCoordinator",
             "Accumulator",
+            "FailoverReconciler",
             "DemoWorkload",
             "SourceReader",
         ]

@@ -15,6 +15,7 @@ from chaos.scenarios import (
     exactly_once,
     half_open,
     network_partition,
+    pg_failover,
     reset_mid_batch,
     schema_drift,
     sink_outage,
@@ -65,8 +66,8 @@ SCENARIOS: list[Scenario] = [
              pending="issue 16 (dead-letter queue)"),
     Scenario("failover", "MariaDB primary replaced by its replica", "no loss, no skip across the switch", None,
              pending="issue 15 (FailoverReconciler)"),
-    Scenario("pg_failover", "PostgreSQL primary replaced by its standby", "no loss, no skip across the switch",
-             None, pending="issue 15 (FailoverReconciler)"),
+    Scenario("pg_failover", "PostgreSQL primary replaced by its promoted standby behind the same address",
+             "reconciled as reachable; lost 0, order 0 across the switch", pg_failover.run, toxics=("down",)),
 ]  # fmt: skip
 
 BY_NAME = {s.name: s for s in SCENARIOS}

@@ -1,8 +1,9 @@
-"""REST endpoints: health, pipelines, their actor trees and checkpoints."""
+"""REST endpoints: health, pipelines, their actor trees, checkpoints and failover identity."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -54,14 +55,19 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
         r = _get(request)
         return r if isinstance(r, Response) else JSONResponse(r.snapshot().to_dict())
 
-    async def checkpoints(request: Request) -> Response:
-        r = _get(request)
-        if isinstance(r, Response):
-            return r
-        try:
-            return JSONResponse(await r.checkpoints())
-        except RuntimeError as exc:  # store closed: the pipeline has stopped
-            return JSONResponse({"error": str(exc)}, status_code=409)
+    def stored(read: Callable[[PipelineRunner], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
+        """An endpoint answering from the pipeline's state store."""
+
+        async def endpoint(request: Request) -> Response:
+            r = _get(request)
+            if isinstance(r, Response):
+                return r
+            try:
+                return JSONResponse(await read(r))
+            except RuntimeError as exc:  # store closed: the pipeline has stopped
+                return JSONResponse({"error": str(exc)}, status_code=409)
+
+        return endpoint
 
     return Starlette(
         routes=[
@@ -70,6 +76,8 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
             Route("/pipelines", list_pipelines),
             Route("/pipelines/{name}", pipeline),
             Route("/pipelines/{name}/actors", actors),
-            Route("/pipelines/{name}/checkpoints", checkpoints),
+            Route("/pipelines/{name}/checkpoints", stored(PipelineRunner.checkpoints)),
+            Route("/pipelines/{name}/identity", stored(PipelineRunner.identity)),
+            Route("/pipelines/{name}/reconcile", stored(PipelineRunner.reconcile_records)),
         ]
     )

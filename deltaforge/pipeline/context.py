@@ -101,6 +101,10 @@ class PipelineContext:
     """Each sink's checkpoint as last durably written (the committer keeps it current)."""
     epoch: int = 0
     """How many times the source has been opened in this run (the reader counts; see Rewind)."""
+    identity: dict[str, str] | None = None
+    """The source server's identity as last reconciled (FailoverReconciler; REST reads it)."""
+    reconcile_records: list[dict[str, Any]] = field(default_factory=list)
+    """What reconciliations found (FailoverReconciler; REST reads them)."""
 
     def durable_min(self) -> Position | None:
         """The checkpoint every sink holds durably, or None while any sink has none."""

@@ -9,11 +9,16 @@ import anyio
 from actors import Actor, ActorRef
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import EventsRead, ReadNext, Rewind, StopReading
+from deltaforge.pipeline.reconciler import Reconcile
 from deltaforge.position import Position
 from supervision import Unavailable
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.accumulator import Accumulator
+    from deltaforge.pipeline.reconciler import FailoverReconciler
+
+
+RECONCILE_TIMEOUT = 120.0
 
 
 class SourceReader(Actor):
@@ -36,10 +41,16 @@ class SourceReader(Actor):
 
     mailbox_size = 2
 
-    def __init__(self, ctx: PipelineContext, accumulator: ActorRef[Accumulator]) -> None:
+    def __init__(
+        self,
+        ctx: PipelineContext,
+        accumulator: ActorRef[Accumulator],
+        reconciler: ActorRef[FailoverReconciler] | None = None,
+    ) -> None:
         super().__init__()
         self.ctx = ctx
         self.accumulator = accumulator
+        self.reconciler = reconciler
         self.reading = True
         self.confirmed: Position | None = None
         self.epoch = 0
@@ -65,6 +76,10 @@ class SourceReader(Actor):
             epoch=self.epoch,
         )
         try:
+            if self.reconciler is not None:
+                outcome = await self.reconciler.ask(Reconcile(resume), timeout=RECONCILE_TIMEOUT)
+                if isinstance(outcome, Exception):
+                    raise outcome
             await ctx.source.open(resume)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff

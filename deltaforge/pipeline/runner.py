@@ -156,6 +156,14 @@ class PipelineRunner:
             "counters": self.ctx.stats.to_dict(),
         }
 
+    async def identity(self) -> dict[str, Any]:
+        """The identity of the source's server as last reconciled (FailoverReconciler)."""
+        return {"source": self.config.source.id, "identity": self.ctx.identity}
+
+    async def reconcile_records(self) -> list[dict[str, Any]]:
+        """What each reconciliation found (failovers, lost positions), oldest first."""
+        return list(self.ctx.reconcile_records)
+
     async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""
         store = self.store

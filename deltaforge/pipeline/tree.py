@@ -7,6 +7,7 @@
      ├─ DeliveryCoordinator           permanent   fan-out, commit policy, FIFO batches
      ├─ SparkTransformer              permanent   only with processors: Spark jobs, in order
      ├─ Accumulator                   permanent   cuts batches (max_events/bytes/ms, tx)
+     ├─ FailoverReconciler            permanent   identifies the server before each source open
      ├─ DemoWorkload                  transient   only for the built-in default pipeline
      └─ SourceReader                  permanent   reads from the minimum sink checkpoint
 
@@ -41,6 +42,7 @@ from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.coordinator import DeliveryCoordinator
 from deltaforge.pipeline.delivery import DeliveryWorker
 from deltaforge.pipeline.reader import SourceReader
+from deltaforge.pipeline.reconciler import FailoverReconciler
 from supervision import Backoff, ChildSpec, FunctionChild, Intensity, Restart, Strategy, Supervisor
 
 if TYPE_CHECKING:
@@ -118,13 +120,19 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
         # A job is allowed to finish when the pipeline stops; Spark cannot cancel it from here.
         transform.append(ChildSpec(transformer, shutdown_timeout=30.0))
     accumulator: ActorCell[Accumulator] = ActorCell("Accumulator", lambda: Accumulator(ctx, batches))
-    reader: ActorCell[SourceReader] = ActorCell("SourceReader", lambda: SourceReader(ctx, accumulator.ref))
+    reconciler: ActorCell[FailoverReconciler] = ActorCell(
+        "FailoverReconciler", lambda: FailoverReconciler(ctx)
+    )
+    reader: ActorCell[SourceReader] = ActorCell(
+        "SourceReader", lambda: SourceReader(ctx, accumulator.ref, reconciler.ref)
+    )
     children = [
         ChildSpec(committer),
         ChildSpec(delivery, shutdown_timeout=30.0),
         ChildSpec(coordinator, shutdown_timeout=10.0),
         *transform,
         ChildSpec(accumulator),
+        ChildSpec(reconciler),
         *(extra or []),
         ChildSpec(reader),
     ]

@@ -45,6 +45,10 @@ class PositionLost(Fatal):
         super().__init__(f"position lost: {reason}. Re-snapshot required.")
 
 
+class Undeterminable(Exception):
+    """Whether a position is still reachable could not be told (a query failed): warn, continue."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeclaredTable:
     """A captured table's columns as the database declares them: ``(name, SQL type)`` in order."""
@@ -76,6 +80,17 @@ class Source(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
+
+    async def identity(self) -> dict[str, str] | None:
+        """Which server is behind the DSN now (stable fields such as a server UUID), for the
+        FailoverReconciler; None for a source without one (an embedded file)."""
+        return None
+
+    async def reconcile(self, checkpoint: Position, previous: dict[str, str] | None) -> None:  # noqa: B027
+        """Before ``open``: raise :class:`PositionLost` when reading cannot resume after
+        ``checkpoint`` on this server, :class:`Undeterminable` when that cannot be told.
+        ``previous`` is the identity of the server the checkpoint came from when another one is
+        behind the DSN now (a failover): then also prepare ``open`` to resume there safely."""
 
     async def confirm(self, checkpoint: Position) -> None:  # noqa: B027 - optional hook
         """Every sink holds ``checkpoint`` durably; a source may release what lies before it."""

@@ -27,7 +27,11 @@ class Postgres(ServerProcess):
         self.data = self.dir / "data"
 
     def _as_postgres(self, *cmd: str) -> None:
-        subprocess.run(["su", "postgres", "-c", " ".join(cmd)], check=True, capture_output=True, timeout=120)
+        done = subprocess.run(["su", "postgres", "-c", " ".join(cmd)], capture_output=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{cmd[0]} failed ({done.returncode}): {done.stderr.decode(errors='replace')[-1000:]}"
+            )
 
     def start(self) -> Postgres:
         shutil.chown(self.dir, "postgres")
@@ -56,8 +60,29 @@ class Postgres(ServerProcess):
     def stop(self) -> None:
         try:
             self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
-        except subprocess.CalledProcessError:
+        except RuntimeError:
             pid_file = self.data / "postmaster.pid"
             if pid_file.exists():
                 os.kill(int(pid_file.read_text().split()[0]), 9)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Standby(Postgres):
+    """A physical standby of ``primary`` (pg_basebackup -R, streaming replication) on its own port."""
+
+    def __init__(self, primary: Postgres) -> None:
+        super().__init__()
+        self.primary = primary
+
+    def start(self) -> Standby:
+        shutil.chown(self.dir, "postgres")
+        os.chmod(self.dir, 0o700)
+        self._as_postgres(_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
+                          "-D", str(self.data), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(f"port = {self.port}\nunix_socket_directories = '{self.dir}'\n")
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+        return self
+
+    def promote(self) -> None:
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-w", "promote")

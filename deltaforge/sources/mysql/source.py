@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
@@ -30,6 +31,7 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
+from deltaforge.sources.mysql import failover
 from deltaforge.sources.mysql.checks import (
     MySQLSettings,
     ServerInfo,
@@ -43,6 +45,7 @@ from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.decoder import DecoderSettings
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
+T = TypeVar("T")
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 
 
@@ -98,6 +101,27 @@ class MySQLSource(Source):
             f"mysql source {self.id!r}", "deltaforge.sources.mysql.decoder", cfg, self._handle
         )
         self._decoder.start()
+
+    async def identity(self) -> dict[str, str] | None:
+        return await self._threads.run(self._with_connection, failover.identity)
+
+    async def reconcile(self, checkpoint: Position, previous: dict[str, str] | None) -> None:
+        cp = own_position(checkpoint, BinlogPosition)
+        assert cp is not None
+        await self._threads.run(
+            self._with_connection, lambda conn: failover.check_reachable(conn, cp, previous)
+        )
+
+    def _with_connection(self, work: Callable[[Any], T]) -> T:
+        conn = self.settings.connect()
+        try:
+            return work(conn)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"mysql {self.settings.where}: {type(exc).__name__}: {exc}") from None
+            raise
+        finally:
+            conn.close()
 
     async def describe_tables(self) -> list[DeclaredTable]:
         return await self._threads.run(self._describe_sync)

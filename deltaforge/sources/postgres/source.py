@@ -16,10 +16,13 @@ where the slot may safely be advanced to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import structlog
 
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
@@ -34,12 +37,14 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
+from deltaforge.sources.postgres import failover
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.decoder import DecoderSettings
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 
+log = structlog.get_logger()
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
 
@@ -66,6 +71,7 @@ class PostgresSource(Source):
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
         self._decoder: ChildDecoder | None = None
         self._threads = BlockingRunner(1)
+        self._failover = False  # set by reconcile(): the next open must not advance the slot
 
     @staticmethod
     def load_position(doc: PositionDoc) -> PgPosition:
@@ -82,6 +88,37 @@ class PostgresSource(Source):
             if is_unavailable(exc):
                 raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
             raise
+        finally:
+            self._failover = False
+
+    async def identity(self) -> dict[str, str] | None:
+        async with self._connection() as conn:
+            return await failover.identity(conn)
+
+    async def reconcile(self, checkpoint: Position, previous: dict[str, str] | None) -> None:
+        if previous is None:
+            return  # the same server: open() checks the slot against the checkpoint
+        cp = own_position(checkpoint, PgPosition)
+        assert cp is not None
+        # Whatever the checks conclude short of position lost (even "cannot tell"), this is a new
+        # primary: open() must not move its slot to the old primary's checkpoint.
+        self._failover = True
+        async with self._connection() as conn:
+            await failover.check_reachable(conn, self.slot, self.publication, cp.lsn, previous)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A short connection; a server that is down is unavailable, not an error."""
+        try:
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
+            raise
+        try:
+            yield conn
+        finally:
+            await conn.close()
 
     async def _open(self, resume: PgPosition | None) -> None:
         try:
@@ -123,12 +160,18 @@ class PostgresSource(Source):
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         if resume is not None:
             safe = resume.lsn
-            if self._confirmed > safe:
+            if self._failover:
+                # A new primary, reconciled: its slot starts where it starts. Advancing it to the old
+                # primary's checkpoint would discard this server's commits in between.
+                log.info("position_adjusted", source=self.id, slot_at=format_lsn(self._confirmed),
+                         checkpoint=format_lsn(safe))  # fmt: skip
+            elif self._confirmed > safe:
                 raise PositionLost(
                     f"slot {self.slot!r} is at {format_lsn(self._confirmed)}, past the checkpoint "
                     f"{format_lsn(safe)}; the changes in between were consumed elsewhere"
                 )
-            await self._advance(safe)
+            else:
+                await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1

@@ -1,0 +1,140 @@
+"""FailoverReconciler: which server is behind the DSN, and can reading resume there?
+
+Asked by the SourceReader before every opening of the source (start and each
+reconnect), so no event flows from a server before it has been reconciled:
+
+1. The source reports the server's identity (MySQL ``server_uuid``; MariaDB
+   ``server_id``; PostgreSQL ``system_identifier`` and timeline). Compared with
+   the identity stored beside the checkpoints: FirstSeen, Same or Changed.
+2. With a checkpoint, the source checks it is reachable on this server
+   (:meth:`Source.reconcile`): lost halts the pipeline (``position lost: …
+   Re-snapshot required.``); undeterminable is a warning, never a halt.
+3. A Changed outcome is recorded (a ReconcileRecord) *before* the new identity is
+   stored: killed in between, the next start finds Changed again, redoes the same
+   checks and rewrites the same record, so it is recorded once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any, Literal
+
+from actors import Actor, Ask, message
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.position import Position, PositionDoc
+from deltaforge.sources.base import PositionLost, SourceMisconfigured, Undeterminable
+from supervision import Unavailable
+
+Outcome = Literal["none", "first_seen", "same", "changed"]
+
+
+def identity_key(source_id: str) -> str:
+    return f"{source_id}::identity"
+
+
+def record_key(source_id: str, old: dict[str, str], new: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps([old, new], sort_keys=True).encode()).hexdigest()[:16]
+    return f"{source_id}::reconcile::{digest}"
+
+
+@message
+class Reconcile(Ask[Outcome | Exception]):
+    """Reader to reconciler: about to open the source after ``resume`` (None: from the start).
+    The reply is the outcome, or the error for the reader to raise (position lost, server down):
+    the reader's failure, not this actor's."""
+
+    resume: Position | None
+
+
+class FailoverReconciler(Actor):
+    """Identifies the server behind the DSN before each opening of the source; see the module."""
+
+    mailbox_size = 2
+
+    def __init__(self, ctx: PipelineContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Reconcile):
+            try:
+                return await self._reconcile(message.resume)
+            except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+                return exc
+        return await super().receive(message)
+
+    async def on_start(self) -> None:
+        # What REST shows, also once the pipeline has stopped (its store is closed then).
+        ctx = self.ctx
+        ctx.identity = _fields(await ctx.store.get(identity_key(ctx.source.id)))
+        prefix = f"{ctx.source.id}::reconcile::"
+        listed = await ctx.store.list_all()
+        records = [{**doc, "key": key} for key, (_, _, doc) in listed.items() if key.startswith(prefix)]
+        ctx.reconcile_records = sorted(records, key=lambda r: float(str(r.get("at") or 0)))
+
+    async def _reconcile(self, resume: Position | None) -> Outcome:
+        ctx, source = self.ctx, self.ctx.source
+        try:
+            current = await source.identity()
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never halt on uncertainty
+            self.log.warning(
+                "identity_undeterminable", source=source.id, reason=f"{type(exc).__name__}: {exc}"
+            )
+            return "none"
+        if current is None:
+            return "none"
+        known = ctx.identity
+        outcome: Outcome = "first_seen" if known is None else "same" if known == current else "changed"
+        if outcome == "changed":
+            self.log.warning("failover_detected", source=source.id, previous=known, now=current)
+        result, reason = "reachable", ""
+        lost: Exception | None = None
+        if resume is not None:
+            try:
+                await source.reconcile(resume, known if outcome == "changed" else None)
+            except Undeterminable as exc:
+                result, reason = "undeterminable", str(exc)
+                self.log.warning("position_undeterminable", source=source.id, reason=reason)
+            except (PositionLost, SourceMisconfigured) as exc:
+                result = "position_lost" if isinstance(exc, PositionLost) else "refused"
+                reason, lost = str(exc), exc
+                self.log.error("position_unreachable", source=source.id, reason=reason, outcome=outcome)
+        if outcome == "changed" or lost is not None:
+            await self._record(known or current, current, outcome, result, reason, resume)
+        if lost is not None:
+            raise lost
+        if outcome != "same":
+            await ctx.store.put(identity_key(source.id), {"fields": dict(current), "seen_at": time.time()})
+            ctx.identity = current
+            self.log.info("identity_stored", source=source.id, identity=current, outcome=outcome)
+        return outcome
+
+    async def _record(
+        self, previous: dict[str, str], now: dict[str, str], outcome: Outcome, result: str, reason: str,
+        resume: Position | None,
+    ) -> None:  # fmt: skip
+        """A ReconcileRecord, keyed by the pair of identities: a rerun rewrites the same one."""
+        record: PositionDoc = {
+            "kind": "failover" if outcome == "changed" else "same_server",
+            "previous": dict(previous),
+            "now": dict(now),
+            "result": result,
+            "reason": reason,
+            "checkpoint": resume.to_doc() if resume is not None else None,
+            "at": time.time(),
+        }
+        key = record_key(self.ctx.source.id, previous, now)
+        await self.ctx.store.put(key, record)
+        records = [r for r in self.ctx.reconcile_records if r.get("key") != key]
+        self.ctx.reconcile_records = [*records, {**record, "key": key}]
+
+
+def _fields(doc: PositionDoc | None) -> dict[str, str] | None:
+    fields = doc.get("fields") if doc is not None else None
+    if not isinstance(fields, dict):
+        return None
+    return {str(k): str(v) for k, v in fields.items()}

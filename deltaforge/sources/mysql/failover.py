@@ -1,0 +1,79 @@
+"""MySQL/MariaDB failover: the server's identity, and whether a checkpoint's GTID position is
+on it (see ``deltaforge/pipeline/reconciler.py``).
+
+Identity: MySQL ``@@server_uuid``; MariaDB (no server UUID) ``@@server_id`` and
+``@@gtid_domain_id``. Reachability: every domain of the checkpoint's GTID position is within
+the server's binlog state (not ahead: RESET MASTER, a lagging replica) and not before the
+oldest binlog still on it (purged).
+
+Resuming on *another* server is refused for now, with that message, even when the position
+is reachable: positions order events by binlog file and offset, which differ between
+servers, so a sink could skip the new server's changes as already held. A re-snapshot
+from the new server is the safe path until positions carry a failover generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
+
+
+def identity(conn: Any) -> dict[str, str]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+        if mariadb:
+            cur.execute("SELECT @@server_id, @@gtid_domain_id")
+            server_id, domain = cur.fetchone()
+            return {"flavor": "mariadb", "server_id": str(server_id), "gtid_domain_id": str(domain)}
+        cur.execute("SELECT @@server_uuid")
+        return {"flavor": "mysql", "server_uuid": str(cur.fetchone()[0])}
+
+
+def _domains(gtids: str) -> dict[str, int]:
+    """``0-1-50,1-1-3`` as {domain: seq}."""
+    out: dict[str, int] = {}
+    for gtid in (g.strip() for g in gtids.split(",")):
+        if gtid.count("-") == 2:
+            domain, _, seq = gtid.split("-")
+            out[domain] = int(seq)
+    return out
+
+
+def check_reachable(conn: Any, checkpoint: BinlogPosition, previous: dict[str, str] | None) -> None:
+    """Raise PositionLost unless the checkpoint's GTID position is on this server; refuse to
+    resume on another server (see the module)."""
+    if previous is not None and previous.get("flavor") != "mariadb":
+        raise SourceMisconfigured(
+            "failover detected: the DSN now leads to another MySQL server; resuming there is not "
+            "supported yet (binlog coordinates differ between servers). Re-snapshot from the new server."
+        )
+    if not checkpoint.gtid:
+        return  # file/position only: checked when the source opens
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@gtid_binlog_pos")
+        state = _domains(str(cur.fetchone()[0] or ""))
+        cur.execute("SHOW BINARY LOGS")
+        files = [str(r[0]) for r in cur.fetchall()]
+        oldest: dict[str, int] = {}
+        if files:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (min(files, key=binlog_index),))
+            oldest = _domains(str(cur.fetchone()[0] or ""))
+    for domain, seq in _domains(checkpoint.gtid).items():
+        if seq > state.get(domain, -1):
+            raise PositionLost(
+                f"GTID {domain}-?-{seq} of the checkpoint is not in this server's binlog state "
+                f"{','.join(f'{d}-?-{s}' for d, s in state.items()) or 'empty'} (a lagging replica, or RESET MASTER)"
+            )
+        if seq < oldest.get(domain, 0):
+            raise PositionLost(
+                f"the binlogs holding GTIDs after {domain}-?-{seq} were purged from this server"
+            )
+    if previous is not None:
+        raise SourceMisconfigured(
+            f"failover detected: the DSN now leads to another MariaDB server (server_id {previous.get('server_id')} "
+            "before), which holds the checkpoint's GTID position; resuming on another server is not supported "
+            "yet (binlog coordinates differ between servers). Re-snapshot from the new server."
+        )
