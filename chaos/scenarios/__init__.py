@@ -65,7 +65,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("dlq_poison", "a poison event", "goes to the DLQ with its coordinates", None,
              pending="issue 16 (dead-letter queue)"),
     Scenario("failover", "MariaDB primary replaced by its replica", "no loss, no skip across the switch", None,
-             pending="issue 15 (FailoverReconciler)"),
+             pending="issue 15 (resuming MySQL/MariaDB on another server)"),
     Scenario("pg_failover", "PostgreSQL primary replaced by its promoted standby behind the same address",
              "reconciled as reachable; lost 0, order 0 across the switch", pg_failover.run, toxics=("down",)),
 ]  # fmt: skip
