@@ -403,3 +403,28 @@ async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed
         await runner.drain()
         await task
         await conn.close()
+
+
+async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_with_its_columns(
+    postgres: Postgres,
+) -> None:
+    """Issue 15 item 7: rows before and after DDL keep their own columns, also when a restart
+    resumes from a checkpoint taken before the DDL."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1, 1)")
+    await conn.execute("ALTER TABLE t ADD COLUMN extra text")
+    await conn.execute("INSERT INTO t VALUES (2, 2, 'new')")
+    await conn.execute("ALTER TABLE t DROP COLUMN v")
+    await conn.execute("INSERT INTO t VALUES (3, 'only')")
+    first = await read_n(src, 3)
+    await src.close()
+    again = source(postgres, db)
+    await again.open(again.load_position(first[0].checkpoint.to_doc()))  # before both DDLs
+    rest = await read_n(again, 2)
+    await again.close()
+    await conn.close()
+    assert [e.after for e in rest] == [{"id": 2, "v": 2, "extra": "new"}, {"id": 3, "extra": "only"}]
