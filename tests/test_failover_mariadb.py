@@ -65,8 +65,12 @@ def _serve(tmp: Path, port: int, server: MariaDB) -> Serve:
     }
     (tmp / "shop.yaml").write_text(yaml.safe_dump(doc))
     serve = Serve(tmp, "--config", str(tmp / "shop.yaml"), "--log-file", str(tmp / "log.jsonl"))
-    serve.wait_api()
-    serve.wait_source_open("shop")
+    try:
+        serve.wait_api()
+        serve.wait_source_open("shop")
+    except BaseException:
+        serve.kill()  # never leave a serve behind a failed start
+        raise
     return serve
 
 

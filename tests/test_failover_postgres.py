@@ -63,8 +63,12 @@ def _start(tmp: Path, dsn: str) -> Serve:
     }  # fmt: skip
     (tmp / "shop.yaml").write_text(yaml.safe_dump(doc))
     serve = Serve(tmp, "--config", str(tmp / "shop.yaml"), "--log-file", str(tmp / "log.jsonl"))
-    serve.wait_api()
-    serve.wait_source_open("shop")
+    try:
+        serve.wait_api()
+        serve.wait_source_open("shop")
+    except BaseException:
+        serve.kill()  # never leave a serve behind a failed start
+        raise
     return serve
 
 
@@ -99,10 +103,14 @@ def _switch(proxies: ProxyServer, b: Postgres) -> None:
 def _setup(a: Postgres, b: Standby, proxies: ProxyServer, tmp: Path) -> Serve:
     proxy = proxies.proxy("pg", f"127.0.0.1:{a.port}")
     serve = _start(tmp, f"postgresql://postgres@127.0.0.1:{port_of(proxy)}/postgres")
-    _insert(a.dsn(), range(1, 51))
-    wait_until_sync(lambda: len(_ids(tmp)) == 50, timeout=60, what="rows from the first primary")
-    written = _sql(a.dsn(), "SELECT pg_current_wal_lsn()::text")[0]
-    wait_until_sync(lambda: _checkpointed(serve, written), timeout=30, what="a checkpoint past A's rows")
+    try:
+        _insert(a.dsn(), range(1, 51))
+        wait_until_sync(lambda: len(_ids(tmp)) == 50, timeout=60, what="rows from the first primary")
+        written = _sql(a.dsn(), "SELECT pg_current_wal_lsn()::text")[0]
+        wait_until_sync(lambda: _checkpointed(serve, written), timeout=30, what="a checkpoint past A's rows")
+    except BaseException:
+        serve.kill()
+        raise
     return serve
 
 
