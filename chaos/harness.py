@@ -260,15 +260,20 @@ def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
             return []
         parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
         ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+        if not any(ends.values()):
+            return []
         consumer.assign(parts)
         by_partition: dict[int, list[Change]] = {p: [] for p in ends}
-        seen = dict.fromkeys(ends, 0)
+
+        def at_end() -> bool:
+            # position(), not the last offset seen: transaction markers take offsets no record has
+            return all(int(tp.offset) >= ends[tp.partition] for tp in consumer.position(parts))
+
         deadline = time.monotonic() + 60
-        while any(seen[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+        while not at_end() and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.5):
                 if msg.error() is None:
                     part, value = int(msg.partition() or 0), msg.value()
-                    seen[part] = int(msg.offset() or 0) + 1
                     if value is not None and (c := change_of(orjson.loads(value))) is not None:
                         by_partition[part].append(c)
         return [c for p in sorted(by_partition) for c in by_partition[p]]
