@@ -32,19 +32,20 @@ def identity(conn: Any) -> dict[str, str]:
         return {"flavor": "mysql", "server_uuid": str(cur.fetchone()[0])}
 
 
-def _domains(gtids: str) -> dict[str, int]:
-    """``0-1-50,1-1-3`` as {domain: seq}."""
-    out: dict[str, int] = {}
+def _domains(gtids: str) -> dict[str, tuple[int, str]]:
+    """``0-1-50,1-1-3`` as {domain: (seq, gtid)}."""
+    out: dict[str, tuple[int, str]] = {}
     for gtid in (g.strip() for g in gtids.split(",")):
         if gtid.count("-") == 2:
             domain, _, seq = gtid.split("-")
-            out[domain] = int(seq)
+            out[domain] = (int(seq), gtid)
     return out
 
 
 def check_reachable(conn: Any, checkpoint: BinlogPosition, previous: dict[str, str] | None) -> None:
     """Raise PositionLost unless the checkpoint's GTID position is on this server; refuse to
-    resume on another server (see the module)."""
+    resume on another server (see the module). On the same server, opening the source checks
+    purged binlogs by file name, which says more."""
     if previous is not None and previous.get("flavor") != "mariadb":
         raise SourceMisconfigured(
             "failover detected: the DSN now leads to another MySQL server; resuming there is not "
@@ -54,23 +55,22 @@ def check_reachable(conn: Any, checkpoint: BinlogPosition, previous: dict[str, s
         return  # file/position only: checked when the source opens
     with conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")
-        state = _domains(str(cur.fetchone()[0] or ""))
+        state_text = str(cur.fetchone()[0] or "")
         cur.execute("SHOW BINARY LOGS")
         files = [str(r[0]) for r in cur.fetchall()]
-        oldest: dict[str, int] = {}
-        if files:
+        oldest: dict[str, tuple[int, str]] = {}
+        if files and previous is not None:
             cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (min(files, key=binlog_index),))
             oldest = _domains(str(cur.fetchone()[0] or ""))
-    for domain, seq in _domains(checkpoint.gtid).items():
-        if seq > state.get(domain, -1):
+    state = _domains(state_text)
+    for domain, (seq, gtid) in _domains(checkpoint.gtid).items():
+        if seq > state.get(domain, (-1, ""))[0]:
             raise PositionLost(
-                f"GTID {domain}-?-{seq} of the checkpoint is not in this server's binlog state "
-                f"{','.join(f'{d}-?-{s}' for d, s in state.items()) or 'empty'} (a lagging replica, or RESET MASTER)"
+                f"GTID {gtid} of the checkpoint is not in this server's binlog state {state_text or 'empty'} "
+                "(a lagging replica, or RESET MASTER)"
             )
-        if seq < oldest.get(domain, 0):
-            raise PositionLost(
-                f"the binlogs holding GTIDs after {domain}-?-{seq} were purged from this server"
-            )
+        if seq < oldest.get(domain, (0, ""))[0]:
+            raise PositionLost(f"the binlogs holding the GTIDs after {gtid} were purged from this server")
     if previous is not None:
         raise SourceMisconfigured(
             f"failover detected: the DSN now leads to another MariaDB server (server_id {previous.get('server_id')} "
