@@ -25,16 +25,10 @@ import orjson
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
+from tests.serve_proc import free_port
+
 Change = tuple[str, int, int]
 """(op, id, ver) of one row change: what the workload committed, what a sink holds."""
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ProxyServer:

@@ -94,3 +94,23 @@ class Serve:
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
             self.kill()
+
+
+def serve_pipeline(
+    tmp: Path, spec: dict[str, Any], name: str = "shop", env: dict[str, str] | None = None
+) -> Serve:
+    """Write a one-pipeline document into ``tmp``, start serve on it (logging to ``log.jsonl``) and
+    wait until its source is open; a start that fails kills serve rather than leave it behind."""
+    import yaml
+
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name}, "spec": spec}
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"), env=env)
+    try:
+        serve.wait_api()
+        serve.wait_source_open(name)
+    except BaseException:
+        serve.kill()
+        raise
+    return serve

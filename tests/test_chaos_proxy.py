@@ -4,11 +4,8 @@ drives it, raw HTTP checks codes and bodies, and real TCP traffic checks every t
 
 from __future__ import annotations
 
-import shutil
 import socket
 import socketserver
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +16,7 @@ import pytest
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
+from chaos.harness import ProxyServer
 from tests.serve_proc import free_port
 
 
@@ -53,27 +51,12 @@ class Upstream:
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[str]:
-    port = free_port()
-    real = shutil.which("toxiproxy-server")
-    cmd = (
-        [real, "-port", str(port)] if real else [sys.executable, "-m", "chaos", "proxy", "--port", str(port)]
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(url + "/version", timeout=1)
-            break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline and proc.poll() is None, "the proxy server did not start"
-            time.sleep(0.05)
-    Toxiproxy().update_api_consumer("127.0.0.1", port)
+    """The proxy server's URL: a real toxiproxy-server when one is on PATH, else ``chaos proxy``."""
+    server = ProxyServer()
     try:
-        yield url
+        yield f"http://{server.host}:{server.port}"
     finally:
-        proc.kill()
-        proc.wait()
+        server.close()
 
 
 @pytest.fixture()

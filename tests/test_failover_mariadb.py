@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from chaos.harness import ProxyServer, port_of
 from tests.helpers import jsonl, wait_until_sync
-from tests.serve_proc import Serve
+from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
 
 
@@ -51,27 +50,13 @@ def _ids(tmp: Path) -> list[int]:
 
 def _serve(tmp: Path, port: int, server: MariaDB) -> Serve:
     dsn = server.dsn("shop").replace(f":{server.port}/", f":{port}/")
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "shop"},
-        "spec": {
-            "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
-            "batch": {"max_events": 20, "max_ms": 20},
-            "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
-            "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-        },
-    }
-    (tmp / "shop.yaml").write_text(yaml.safe_dump(doc))
-    serve = Serve(tmp, "--config", str(tmp / "shop.yaml"), "--log-file", str(tmp / "log.jsonl"))
-    try:
-        serve.wait_api()
-        serve.wait_source_open("shop")
-    except BaseException:
-        serve.kill()  # never leave a serve behind a failed start
-        raise
-    return serve
+    return serve_pipeline(tmp, {
+        "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+        "batch": {"max_events": 20, "max_ms": 20},
+        "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
+        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
+    })  # fmt: skip
 
 
 def _halted(serve: Serve, why: str) -> dict[str, object]:

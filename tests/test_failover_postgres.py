@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import yaml
 
 from chaos.harness import ProxyServer, port_of
 from tests.helpers import jsonl, wait_until_sync
-from tests.serve_proc import Serve
+from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.postgres import Postgres, Standby
 
 
@@ -48,28 +47,14 @@ def _ids(tmp: Path) -> list[int]:
 
 
 def _start(tmp: Path, dsn: str) -> Serve:
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "shop"},
-        "spec": {
-            "source": {"type": "postgres", "config": {"id": "pg", "dsn": dsn, "slot": "s", "publication": "p",
-                                                      "heartbeat_ms": 200}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
-            "batch": {"max_events": 20, "max_ms": 20},
-            "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
-            "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-        },
-    }  # fmt: skip
-    (tmp / "shop.yaml").write_text(yaml.safe_dump(doc))
-    serve = Serve(tmp, "--config", str(tmp / "shop.yaml"), "--log-file", str(tmp / "log.jsonl"))
-    try:
-        serve.wait_api()
-        serve.wait_source_open("shop")
-    except BaseException:
-        serve.kill()  # never leave a serve behind a failed start
-        raise
-    return serve
+    return serve_pipeline(tmp, {
+        "source": {"type": "postgres", "config": {"id": "pg", "dsn": dsn, "slot": "s", "publication": "p",
+                                                  "heartbeat_ms": 200}},
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+        "batch": {"max_events": 20, "max_ms": 20},
+        "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
+        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
+    })  # fmt: skip
 
 
 def _fail_over(a: Postgres, b: Standby) -> None:

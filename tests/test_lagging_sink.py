@@ -9,42 +9,25 @@ from typing import Any
 
 import asyncpg
 import orjson
-import yaml
 
 from tests.helpers import jsonl, wait_until_sync
-from tests.serve_proc import Serve
+from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis, restart
 
 
-def _pipeline(tmp: Path, pg: Postgres, rd: Redis) -> Path:
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "shop"},
-        "spec": {
-            "source": {
-                "type": "postgres",
-                "config": {
-                    "id": "pg",
-                    "dsn": pg.dsn(),
-                    "slot": "lag",
-                    "publication": "lag",
-                    "heartbeat_ms": 500,
-                },
-            },
-            "sinks": [
-                {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}},
-                {"type": "redis", "config": {"id": "r", "uri": rd.uri(), "stream": "cdc", "required": False}},
-            ],
-            "batch": {"max_events": 50, "max_ms": 20},
-            "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
-            "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-        },
-    }
-    path = tmp / "shop.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def _spec(tmp: Path, pg: Postgres, rd: Redis) -> dict[str, Any]:
+    return {
+        "source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "slot": "lag", "publication": "lag",
+                                                  "heartbeat_ms": 500}},
+        "sinks": [
+            {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}},
+            {"type": "redis", "config": {"id": "r", "uri": rd.uri(), "stream": "cdc", "required": False}},
+        ],
+        "batch": {"max_events": 50, "max_ms": 20},
+        "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
+        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
+    }  # fmt: skip
 
 
 def _file_ids(tmp: Path) -> list[int]:
@@ -82,10 +65,7 @@ def _write(pg: Postgres, first: int, txs: int, rows: int = 10) -> None:
 def test_a_lagging_optional_sink_catches_up_in_the_run_and_nothing_is_read_twice(tmp_path: Path) -> None:
     with Postgres() as pg, Redis() as rd:
         asyncio.run(_sql(pg, "CREATE TABLE items (id int PRIMARY KEY)"))
-        cfg = _pipeline(tmp_path, pg, rd)
-        with Serve(tmp_path, "--config", str(cfg), "--log-file", str(tmp_path / "log.jsonl")) as serve:
-            serve.wait_api()
-            serve.wait_source_open("shop")
+        with serve_pipeline(tmp_path, _spec(tmp_path, pg, rd)) as serve:
             _write(pg, 1, 10)  # ids 1-100
             wait_until_sync(lambda: len(_redis_ids(rd)) >= 100, timeout=60, what="redis has the first rows")
             rd.kill()

@@ -241,27 +241,6 @@ async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(p
     await conn.close()
 
 
-async def test_relation_messages_drive_added_and_dropped_columns(postgres: Postgres) -> None:
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    src = source(postgres, db)
-    await src.open(None)
-    await conn.execute("INSERT INTO t VALUES (1, 1)")
-    await conn.execute("ALTER TABLE t ADD COLUMN extra text")
-    await conn.execute("INSERT INTO t VALUES (2, 2, 'new')")
-    await conn.execute("ALTER TABLE t DROP COLUMN v")
-    await conn.execute("INSERT INTO t VALUES (3, 'only')")
-    events = await read_n(src, 3)
-    assert [e.after for e in events] == [
-        {"id": 1, "v": 1},
-        {"id": 2, "v": 2, "extra": "new"},
-        {"id": 3, "extra": "only"},
-    ]
-    await src.close()
-    await conn.close()
-
-
 async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -> None:
     first, second = await fresh_db(postgres), await fresh_db(postgres)
     a = source(postgres, first, slot="shared_slot")
@@ -422,6 +401,11 @@ async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_w
     await conn.execute("INSERT INTO t VALUES (3, 'only')")
     first = await read_n(src, 3)
     await src.close()
+    assert [e.after for e in first] == [  # Relation messages drive added and dropped columns
+        {"id": 1, "v": 1},
+        {"id": 2, "v": 2, "extra": "new"},
+        {"id": 3, "extra": "only"},
+    ]
     again = source(postgres, db)
     await again.open(again.load_position(first[0].checkpoint.to_doc()))  # before both DDLs
     rest = await read_n(again, 2)

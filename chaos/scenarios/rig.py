@@ -17,7 +17,6 @@ from chaos.harness import (
     Workload,
     checks,
     file_changes,
-    free_port,
     kafka_changes,
     nats_changes,
     port_of,
@@ -25,7 +24,7 @@ from chaos.harness import (
     redis_changes,
 )
 from chaos.runner import Failed, RunContext
-from tests.serve_proc import Serve
+from tests.serve_proc import Serve, free_port
 from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis

@@ -113,6 +113,8 @@ class MySQLSource(Source):
         )
 
     def _with_connection(self, work: Callable[[Any], T]) -> T:
+        """``work`` on a short connection (blocking: in a worker thread); a server that is down is
+        unavailable, not an error."""
         conn = self.settings.connect()
         try:
             return work(conn)
@@ -147,15 +149,7 @@ class MySQLSource(Source):
         return [DeclaredTable(db, t, tuple(cols)) for (db, t), cols in tables.items()]
 
     def _prepare(self, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
-        conn = self.settings.connect()
-        try:
-            return self._check(conn, resume_after)
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise SourceUnavailable(f"mysql {self.settings.where}: {type(exc).__name__}: {exc}") from None
-            raise
-        finally:
-            conn.close()
+        return self._with_connection(lambda conn: self._check(conn, resume_after))
 
     def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
         info = check_preconditions(conn, self.settings.where)
