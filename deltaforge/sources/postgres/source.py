@@ -108,17 +108,18 @@ class PostgresSource(Source):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A short connection; a server that is down is unavailable, not an error."""
+        """A short connection; a server that goes down, while connecting or while queried, is
+        unavailable, not an error."""
         try:
             conn = await asyncpg.connect(self.dsn, timeout=10)
+            try:
+                yield conn
+            finally:
+                conn.terminate()  # only queries ran on it: nothing to flush, and it may be broken
         except Exception as exc:
             if is_unavailable(exc):
                 raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
             raise
-        try:
-            yield conn
-        finally:
-            await conn.close()
 
     async def _open(self, resume: PgPosition | None) -> None:
         try:
