@@ -43,6 +43,7 @@ _NON_RETRYABLE = {
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._AUTHENTICATION,
     KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION,  # an invalid topic name: a template produced it, retrying cannot help
 }
 IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -190,7 +191,17 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             if self.exactly_once:
                 if position is not None:
                     # In the same transaction: a read_committed reader (this sink, after a crash)
-                    # sees the batch and where it left the source together or not at all.
+                    # sees the batch and where it left the source together or not at all. And only
+                    # once every record of the batch is acknowledged: a broker that shows aborted
+                    # records (Tansu 0.6) could otherwise show a position whose records never landed.
+                    if producer.flush(self.timeout) or errors:
+                        raise (
+                            self._classify(errors[0])
+                            if errors
+                            else RetryableSinkError(
+                                f"kafka sink {self.id!r}: records not acknowledged in time"
+                            )
+                        )
                     record = encode({"position": position.to_doc(), "order": list(position.order)})
                     producer.produce(
                         self.settings.offsets_topic, record, self.position_key, on_delivery=on_delivery
