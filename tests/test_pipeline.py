@@ -51,6 +51,17 @@ async def checkpoint(store: MemoryCheckpointStore, sid: str) -> int | None:
 first_seen = first_occurrences
 
 
+async def test_a_stop_asked_before_the_pipeline_got_going_is_not_forgotten() -> None:
+    """A SIGTERM during start-up: drain() before run() has started the tree stops it all the same."""
+    sink = ScriptedSink("a")
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(),
+                            source=SyntheticSource(N), sinks={"a": sink})  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    await runner.drain()
+    await asyncio.wait_for(task, 30)  # a bound for a hang, not a wait: run() returns at once
+    assert runner.state == "stopped" and not sink.received
+
+
 async def test_failed_required_sink_makes_no_checkpoint_advance() -> None:
     store = MemoryCheckpointStore()
     a = ScriptedSink("a", script=fails())

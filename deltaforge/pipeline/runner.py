@@ -73,6 +73,7 @@ class PipelineRunner:
         self.tree = build_tree(self.ctx, extra)
         self.supervisor = self.tree.supervisor
         self.state = "starting"
+        self._stop_asked = False
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
 
@@ -81,6 +82,11 @@ class PipelineRunner:
         structlog.contextvars.bind_contextvars(pipeline=self.name)
         if self._own_store:
             await self.store.open()
+        if self._stop_asked:
+            self.state = "stopped"
+            if self._own_store:
+                await self.store.close()
+            return
         self.state = "running"
         self.log.info("pipeline_started", source=self.config.source.id, sinks=list(self.sinks))
         try:
@@ -103,6 +109,7 @@ class PipelineRunner:
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop reading, deliver and checkpoint what is buffered, then stop the tree."""
         if self.state != "running":
+            self._stop_asked = True  # before run() got going: it must not start the tree at all
             self.supervisor.request_stop()
             return
         self.state = "draining"
