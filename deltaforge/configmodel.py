@@ -21,7 +21,7 @@ import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic import WithJsonSchema as WithJsonSchema
@@ -241,6 +241,16 @@ class SourceSettings(PluginConfig):
     """What every source's model has."""
 
     id: Text = Field(description="Names this source in checkpoint keys, logs and metrics; keep it stable.")
+
+
+class ServerSourceSettings(SourceSettings):
+    """What a source reading a database server has: what to do when failover changed a schema."""
+
+    on_schema_drift: Literal["adapt", "halt"] = Field(
+        "adapt",
+        description="After a failover, when the new server's tables differ from the schemas last "
+        "recorded: adapt (record the drift, continue with the new schema) or halt.",
+    )
 
 
 class SinkSettings(PluginConfig):

@@ -5,8 +5,7 @@ the checkpoint, and a server whose binlog history was wiped, halt with ``positio
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -25,18 +24,6 @@ def proxies() -> Iterator[ProxyServer]:
     server.close()
 
 
-@contextlib.contextmanager
-def _replica_of(primary: MariaDB) -> Iterator[MariaDB]:
-    """A GTID replica of ``primary`` that logs what it applies (so it can be promoted)."""
-    with MariaDB(extra_args=["--log-slave-updates"], server_id=2) as replica:
-        with replica.root() as conn, conn.cursor() as cur:
-            cur.execute("RESET MASTER")  # only the primary's history from here on
-            cur.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
-                        "MASTER_USER='root', MASTER_USE_GTID=slave_pos")  # fmt: skip
-            cur.execute("START SLAVE")
-        yield replica
-
-
 def _write(server: MariaDB, ids: range) -> None:
     with server.root("shop") as conn, conn.cursor() as cur:
         for i in ids:
@@ -48,10 +35,11 @@ def _ids(tmp: Path) -> list[int]:
     return [int(d["after"]["id"]) for d in jsonl(path) if d["op"] == "c"] if path.exists() else []
 
 
-def _serve(tmp: Path, port: int, server: MariaDB) -> Serve:
+def _serve(tmp: Path, port: int, server: MariaDB, on_schema_drift: str = "adapt") -> Serve:
     dsn = server.dsn("shop").replace(f":{server.port}/", f":{port}/")
+    source = {"id": "my", "dsn": dsn, "tables": ["shop.items"], "on_schema_drift": on_schema_drift}
     return serve_pipeline(tmp, {
-        "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
+        "source": {"type": "mysql", "config": source},
         "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
         "batch": {"max_events": 20, "max_ms": 20},
         "supervision": {"backoff": {"base_ms": 100, "max_ms": 1000}},
@@ -75,7 +63,7 @@ def test_a_replica_that_lagged_behind_the_checkpoint_halts_as_position_lost(
         with a.root() as conn, conn.cursor() as cur:
             cur.execute("CREATE DATABASE shop")
             cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
-        with _replica_of(a) as b:
+        with a.replica() as b:
             proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
             with _serve(tmp_path, port_of(proxy), a) as serve:
                 _write(a, range(1, 21))
@@ -121,38 +109,140 @@ def test_a_wiped_binlog_history_on_the_same_server_halts_as_position_lost(
     assert _ids(tmp_path) == list(range(1, 21))
 
 
-def test_a_caught_up_replica_is_refused_for_now_with_why_never_resumed_at_a_wrong_offset(
+def _replicated(server: MariaDB, count: int) -> Callable[[], bool]:
+    def done() -> bool:
+        with server.root() as conn, conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM shop.items")
+            return bool(cur.fetchone()[0] == count)
+
+    return done
+
+
+def _rows(server: MariaDB) -> dict[int, str]:
+    with server.root("shop") as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, v FROM items")
+        return {int(i): str(v) for i, v in cur.fetchall()}
+
+
+def _replay(tmp: Path) -> dict[int, str]:
+    """The sink's events applied in order: what a consumer of the file ends up with."""
+    state: dict[int, str] = {}
+    for d in jsonl(tmp / "events.jsonl"):
+        if d["op"] == "d":
+            state.pop(int(d["before"]["id"]), None)
+        else:
+            state[int(d["after"]["id"])] = str(d["after"]["v"])
+    return state
+
+
+def _fail_over(a: MariaDB, b: MariaDB, proxies: ProxyServer) -> None:
+    """A stops, B is promoted, the address the DSN names now leads to B."""
+    a.halt()
+    b.promote()
+    url = f"http://{proxies.host}:{proxies.port}/proxies/my"
+    assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+
+
+def test_a_promoted_replica_holding_the_checkpoint_is_streamed_from_in_a_new_generation(
     tmp_path: Path, proxies: ProxyServer
 ) -> None:
-    """Binlog coordinates differ between servers, so resuming there could skip the new server's
-    changes as already held: until positions carry a failover generation it halts, saying so."""
+    """Acceptance 1: the DSN now leads to B, which holds the checkpoint's GTID position: the
+    pipeline says Changed, resumes on B by GTID and keeps delivering; replaying the sink gives
+    B's final state, B's changes included although B's binlog coordinates are smaller than A's."""
     with MariaDB() as a:
         with a.root() as conn, conn.cursor() as cur:
             cur.execute("CREATE DATABASE shop")
             cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
-        with _replica_of(a) as b:
+            cur.execute("FLUSH BINARY LOGS")  # A's binlog numbers run ahead of B's
+            cur.execute("FLUSH BINARY LOGS")
+        with a.replica() as b:
             proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
             with _serve(tmp_path, port_of(proxy), a) as serve:
                 _write(a, range(1, 21))
+                with a.root("shop") as conn, conn.cursor() as cur:
+                    cur.execute("UPDATE items SET v = 'from a' WHERE id <= 5")
                 wait_until_sync(lambda: len(_ids(tmp_path)) == 20, timeout=60, what="rows from the primary")
-
-                def replicated() -> bool:
-                    with b.root() as conn, conn.cursor() as cur:
-                        cur.execute("SELECT COUNT(*) FROM shop.items")
-                        return bool(cur.fetchone()[0] == 20)
-
-                wait_until_sync(replicated, timeout=30, what="the replica caught up")
-                a.halt()
-                with b.root() as conn, conn.cursor() as cur:
-                    cur.execute("STOP SLAVE")
-                    cur.execute("RESET SLAVE ALL")
-                url = f"http://{proxies.host}:{proxies.port}/proxies/my"
-                assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
-                wait_until_sync(
-                    lambda: serve.get("/health").status_code == 503, timeout=60, what="/health 503"
-                )
-                reasons = " ".join(serve.get("/health").json()["reasons"])
-                assert "failover detected" in reasons and "Re-snapshot from the new server" in reasons
+                wait_until_sync(_replicated(b, 20), timeout=30, what="the replica caught up")
+                _fail_over(a, b, proxies)
+                _write(b, range(21, 41))
+                with b.root("shop") as conn, conn.cursor() as cur:
+                    cur.execute("UPDATE items SET v = 'from b' WHERE id IN (3, 30)")
+                    cur.execute("DELETE FROM items WHERE id = 7")
+                final = _rows(b)
+                wait_until_sync(lambda: _replay(tmp_path) == final, timeout=90, what="B's changes delivered")
                 [record] = serve.get("/pipelines/shop/reconcile").json()
-                assert record["kind"] == "failover" and record["result"] == "refused"
-    assert _ids(tmp_path) == list(range(1, 21))
+                assert record["kind"] == "failover" and record["result"] == "reachable", record
+                assert record["previous"]["server_id"] == "1" and record["now"]["server_id"] == "2"
+                assert serve.get("/pipelines/shop/identity").json()["identity"]["server_id"] == "2"
+                assert serve.get("/health").json()["status"] == "ok"
+                assert serve.terminate() == 0
+        events = [
+            e
+            for e in jsonl(tmp_path / "log.jsonl")
+            if e.get("event") in ("failover_detected", "position_adjusted")
+        ]
+        assert [e["event"] for e in events] == ["failover_detected", "position_adjusted"]
+    assert sorted(set(_ids(tmp_path))) == list(range(1, 41))  # nothing skipped
+
+
+@pytest.mark.parametrize("policy", ["adapt", "halt"])
+def test_a_promoted_replica_with_an_extra_column_adapts_or_halts_as_configured(
+    tmp_path: Path, proxies: ProxyServer, policy: str
+) -> None:
+    """Acceptance 3: B got a column A never had (DDL applied on B only). ``adapt`` records the
+    drift and goes on, B's rows carrying the column; ``halt`` records it and stops, saying why,
+    with nothing from B delivered."""
+    with MariaDB() as a:
+        with a.root() as conn, conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
+        with a.replica() as b:
+            proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
+            with _serve(tmp_path, port_of(proxy), a, on_schema_drift=policy) as serve:
+                _write(a, range(1, 11))
+                wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
+                wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+                with b.root() as conn, conn.cursor() as cur:
+                    cur.execute("SET SESSION sql_log_bin = 0")  # on B only, outside any binlog
+                    cur.execute("ALTER TABLE shop.items ADD COLUMN note TEXT")
+                _fail_over(a, b, proxies)
+                with b.root("shop") as conn, conn.cursor() as cur:
+                    for i in range(11, 16):
+                        cur.execute("INSERT INTO items VALUES (%s, 'x', %s)", (i, f"note {i}"))
+                if policy == "adapt":
+                    wait_until_sync(lambda: len(_ids(tmp_path)) == 15, timeout=60, what="B's rows")
+                    assert serve.get("/health").json()["status"] == "ok"
+                else:
+                    wait_until_sync(
+                        lambda: serve.get("/health").status_code == 503, timeout=60, what="halted"
+                    )
+                    reasons = " ".join(serve.get("/health").json()["reasons"])
+                    assert "schema drift detected after failover and on_schema_drift=halt" in reasons, reasons
+                    assert "shop.items: added note" in reasons
+                records = {r["kind"]: r for r in serve.get("/pipelines/shop/reconcile").json()}
+                assert records["failover"]["result"] == "reachable"
+                drift = records["schema_drift"]
+                assert drift["drift"] == {"shop.items": {"added": ["note"]}}
+                assert drift["result"] == ("adapted" if policy == "adapt" else "halted")
+                versions = serve.get("/pipelines/shop/schemas/shop.items/versions").json()
+                names = [[c["name"] for c in v["columns"]] for v in versions]
+                if policy == "adapt":
+                    assert names == [["id", "v"], ["id", "v", "note"]]
+                    assert versions[1]["position"]["gen"] == 1  # recorded where B's rows began
+                    current = serve.get("/pipelines/shop/schemas").json()["tables"]["shop.items"]
+                    assert current["version"] == 2
+                else:
+                    assert names == [["id", "v"]]
+            if policy == "halt":  # started again: the same halt, each record still written once
+                with Serve(tmp_path, "--config", str(tmp_path / "shop.yaml")) as again:
+                    again.wait_api()
+                    wait_until_sync(
+                        lambda: again.get("/health").status_code == 503, timeout=60, what="halted"
+                    )
+                    kinds = sorted(r["kind"] for r in again.get("/pipelines/shop/reconcile").json())
+                    assert kinds == ["failover", "schema_drift"]
+    notes = {int(d["after"]["id"]): d["after"].get("note") for d in jsonl(tmp_path / "events.jsonl")}
+    if policy == "adapt":
+        assert notes == {i: (f"note {i}" if i > 10 else None) for i in range(1, 16)}
+    else:
+        assert sorted(notes) == list(range(1, 11))  # nothing from B

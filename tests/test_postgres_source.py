@@ -412,3 +412,62 @@ async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_w
     await again.close()
     await conn.close()
     assert [e.after for e in rest] == [{"id": 2, "v": 2, "extra": "new"}, {"id": 3, "extra": "only"}]
+
+
+async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_reconnect(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Relation messages are recorded as versions of the table's schema, from the transaction they
+    came with; the Relation messages a new session sends again add nothing."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "ddl"},
+        "spec": {
+            "source": {
+                "type": "postgres",
+                "config": {
+                    "id": "pg",
+                    "dsn": postgres.dsn(db),
+                    "tables": ["public.t"],
+                    "slot": f"s_{db}",
+                    "publication": f"p_{db}",
+                },
+            },
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "events.jsonl")}}],
+        },
+    }
+    store = MemoryCheckpointStore()
+
+    async def run_until(n: int) -> None:
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=store)
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= n, timeout=30, what=f"{n} events")
+        await runner.drain()
+        await task
+
+    slot = source(postgres, db, tables=["public.t"])
+    await slot.open(None)  # the slot and publication exist from here on
+    await slot.close()
+    await conn.execute("INSERT INTO t VALUES (1, 1)")
+    await conn.execute("ALTER TABLE t ADD COLUMN extra text")
+    await conn.execute("INSERT INTO t VALUES (2, 2, 'new')")
+    await run_until(2)
+    await conn.execute("ALTER TABLE t DROP COLUMN v")
+    await conn.execute("INSERT INTO t VALUES (3, 'only')")
+    await run_until(1)  # a new session: Relation messages for t again, one of them new
+    await conn.execute("INSERT INTO t VALUES (4, 'more')")
+    await run_until(1)
+    await conn.close()
+    history = await store.schema_history("pg", "public.t")
+    assert [[c["name"] for c in h["columns"]] for h in history] == [
+        ["id", "v"],
+        ["id", "v", "extra"],
+        ["id", "extra"],
+    ]
+    commits = [h["position"]["commit_lsn"] for h in history]
+    assert commits == sorted(commits) and len(set(commits)) == 3
+    assert [e["after"]["id"] for e in jsonl(tmp_path / "events.jsonl")] == [1, 2, 3, 4]

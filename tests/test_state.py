@@ -145,7 +145,7 @@ async def test_checkpoints_in_the_previous_format_load_as_typed_positions(
     assert isinstance(position, kind)
     assert position.to_doc() == stored  # written back unchanged: older versions can still read it
     expected_order = {
-        "mysql": lambda d: (int(str(d["file"]).rsplit(".", 1)[1]), d["pos"], d["row"]),
+        "mysql": lambda d: (0, int(str(d["file"]).rsplit(".", 1)[1]), d["pos"], d["row"]),
         "postgres": lambda d: (d["commit_lsn"], d["seq"]),
         "turso": lambda d: (d["change_id"],),
     }[source](stored)
@@ -160,6 +160,16 @@ def test_positions_order_across_binlog_files_numerically() -> None:
     assert BinlogPosition.from_doc({"file": "mysql-bin.000002", "pos": 7}) == BinlogPosition(
         "mysql-bin.000002", 7, 0, ""
     )
+
+
+def test_a_failover_generation_orders_after_any_binlog_coordinate_of_the_one_before() -> None:
+    """The new server's binlog may be at file 1 while the old one was at 9: the generation leads."""
+    from deltaforge.sources.mysql.position import BinlogPosition
+
+    old, new = BinlogPosition("mysql-bin.000009", 90_000, 3), BinlogPosition("b-bin.000001", 4, gen=1)
+    assert old.order < new.order
+    assert BinlogPosition.from_doc(new.to_doc()) == new
+    assert "gen" not in old.to_doc()  # positions from before generations read back unchanged
 
 
 async def test_sqlite_store_writes_are_durable_before_they_count(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from chaos.scenarios import (
     crash_recovery,
     cut_mid_stream,
     exactly_once,
+    failover,
     half_open,
     network_partition,
     pg_failover,
@@ -64,8 +65,8 @@ SCENARIOS: list[Scenario] = [
              toxics=("down", "latency", "reset_peer", "kill")),
     Scenario("dlq_poison", "a poison event", "goes to the DLQ with its coordinates", None,
              pending="issue 16 (dead-letter queue)"),
-    Scenario("failover", "MariaDB primary replaced by its replica", "no loss, no skip across the switch", None,
-             pending="issue 15 (resuming MySQL/MariaDB on another server)"),
+    Scenario("failover", "MariaDB primary replaced by its promoted GTID replica behind the same address",
+             "reconciled as reachable; lost 0, order 0 across the switch", failover.run, toxics=("down",)),
     Scenario("pg_failover", "PostgreSQL primary replaced by its promoted standby behind the same address",
              "reconciled as reachable; lost 0, order 0 across the switch", pg_failover.run, toxics=("down",)),
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""REST endpoints: health, pipelines, their actor trees, checkpoints and failover identity."""
+"""REST endpoints: health, pipelines, their actor trees, checkpoints, failover identity, schemas."""
 
 from __future__ import annotations
 
@@ -55,15 +55,18 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
         r = _get(request)
         return r if isinstance(r, Response) else JSONResponse(r.snapshot().to_dict())
 
-    def stored(read: Callable[[PipelineRunner], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
-        """An endpoint answering from the pipeline's state store."""
+    def stored(
+        read: Callable[[PipelineRunner], Awaitable[Any]] | Callable[[PipelineRunner, str], Awaitable[Any]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """An endpoint answering from the pipeline's state store (with the path's ``table``, if any)."""
 
         async def endpoint(request: Request) -> Response:
             r = _get(request)
             if isinstance(r, Response):
                 return r
+            args = [request.path_params["table"]] if "table" in request.path_params else []
             try:
-                return JSONResponse(await read(r))
+                return JSONResponse(await read(r, *args))
             except RuntimeError as exc:  # store closed: the pipeline has stopped
                 return JSONResponse({"error": str(exc)}, status_code=409)
 
@@ -79,5 +82,7 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
             Route("/pipelines/{name}/checkpoints", stored(PipelineRunner.checkpoints)),
             Route("/pipelines/{name}/identity", stored(PipelineRunner.identity)),
             Route("/pipelines/{name}/reconcile", stored(PipelineRunner.reconcile_records)),
+            Route("/pipelines/{name}/schemas", stored(PipelineRunner.schemas)),
+            Route("/pipelines/{name}/schemas/{table}/versions", stored(PipelineRunner.schema_versions)),
         ]
     )

@@ -51,6 +51,7 @@ class SourceReader(Actor):
         self.ctx = ctx
         self.accumulator = accumulator
         self.reconciler = reconciler
+        self.schemas: dict[str, list[dict[str, Any]] | None] = {}  # table -> its latest recorded columns
         self.reading = True
         self.confirmed: Position | None = None
         self.epoch = 0
@@ -85,6 +86,21 @@ class SourceReader(Actor):
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
 
+    async def _record_schema(self, table: str, columns: list[dict[str, Any]], position: Position) -> None:
+        """A new version of ``table``'s schema, unless its columns are those of the latest one: a
+        source announces every table again after each reconnect."""
+        store, source_id = self.ctx.store, self.ctx.source.id
+        if table not in self.schemas:
+            history = await store.schema_history(source_id, table)
+            self.schemas[table] = history[-1]["columns"] if history else None
+        if self.schemas[table] == columns:
+            return
+        await store.record_schema(source_id, table, columns, position.to_doc())
+        self.schemas[table] = columns
+        self.log.info(
+            "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position.to_doc()
+        )
+
     async def receive(self, message: Any) -> Any:
         if isinstance(message, ReadNext):
             if not self.reading:
@@ -101,13 +117,7 @@ class SourceReader(Actor):
                 raise
             self.ctx.availability.up("source")
             for table, columns, position in source.take_schema_changes():
-                await self.ctx.store.record_schema(source.id, table, columns, position.to_doc())
-                self.log.info(
-                    "schema_recorded",
-                    table=table,
-                    columns=[c["name"] for c in columns],
-                    position=position.to_doc(),
-                )
+                await self._record_schema(table, columns, position)
             if events:
                 self.ctx.stats.events_read += len(events)
                 await self.accumulator.tell(EventsRead(events, self.epoch))

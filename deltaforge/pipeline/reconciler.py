@@ -9,9 +9,13 @@ reconnect), so no event flows from a server before it has been reconciled:
 2. With a checkpoint, the source checks it is reachable on this server
    (:meth:`Source.reconcile`): lost halts the pipeline (``position lost: …
    Re-snapshot required.``); undeterminable is a warning, never a halt.
-3. A Changed outcome is recorded (a ReconcileRecord) *before* the new identity is
-   stored: killed in between, the next start finds Changed again, redoes the same
-   checks and rewrites the same record, so it is recorded once.
+3. On Changed, the schemas last recorded are compared with the new server's tables
+   (``drift.py``): drift is recorded, then adapted to (the source decodes with the
+   server's catalog) or, with ``on_schema_drift: halt``, halts the pipeline.
+4. A Changed outcome is recorded (a ReconcileRecord) *before* the new identity is
+   stored, with a new failover generation: killed in between, the next start finds
+   Changed again, redoes the same checks and rewrites the same records, so each is
+   recorded once.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from actors import Actor, Ask, message
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.position import Position, PositionDoc
+from deltaforge.pipeline.drift import HALT_MESSAGE, describe, schema_drift
+from deltaforge.position import Position, PositionDoc, as_int
 from deltaforge.sources.base import PositionLost, SourceMisconfigured, Undeterminable
 from supervision import Unavailable
 
@@ -68,7 +73,9 @@ class FailoverReconciler(Actor):
     async def on_start(self) -> None:
         # What REST shows, also once the pipeline has stopped (its store is closed then).
         ctx = self.ctx
-        ctx.identity = _fields(await ctx.store.get(identity_key(ctx.source.id)))
+        stored = await ctx.store.get(identity_key(ctx.source.id))
+        ctx.identity = _fields(stored)
+        ctx.source.generation = as_int(stored, "generation") if stored is not None else 0
         prefix = f"{ctx.source.id}::reconcile::"
         listed = await ctx.store.list_all()
         records = [{**doc, "key": key} for key, (_, _, doc) in listed.items() if key.startswith(prefix)]
@@ -103,31 +110,74 @@ class FailoverReconciler(Actor):
                 result = "position_lost" if isinstance(exc, PositionLost) else "refused"
                 reason, lost = str(exc), exc
                 self.log.error("position_unreachable", source=source.id, reason=reason, outcome=outcome)
+        previous = known or current
         if outcome == "changed" or lost is not None:
-            await self._record(known or current, current, outcome, result, reason, resume)
+            kind = "failover" if outcome == "changed" else "same_server"
+            await self._record(kind, previous, current, result, reason, resume)
+        if outcome == "changed" and lost is None:
+            lost = await self._check_drift(previous, current, resume)
         if lost is not None:
             raise lost
         if outcome != "same":
-            await ctx.store.put(identity_key(source.id), {"fields": dict(current), "seen_at": time.time()})
-            ctx.identity = current
-            self.log.info("identity_stored", source=source.id, identity=current, outcome=outcome)
+            # A failover starts a new generation, stored with the identity in one write: killed
+            # before it, the next start finds Changed again; after it, Same with the new generation.
+            generation = source.generation + (outcome == "changed")
+            doc: PositionDoc = {"fields": dict(current), "generation": generation, "seen_at": time.time()}
+            await ctx.store.put(identity_key(source.id), doc)
+            ctx.identity, source.generation = current, generation
+            self.log.info(
+                "identity_stored", source=source.id, identity=current, outcome=outcome, generation=generation
+            )
         return outcome
 
+    async def _check_drift(
+        self, previous: dict[str, str], now: dict[str, str], resume: Position | None
+    ) -> Exception | None:
+        """Schema drift on the new server: recorded; the error to halt with under ``halt``."""
+        source = self.ctx.source
+        try:
+            drift = await schema_drift(self.ctx.store, source)
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never halt on uncertainty
+            self.log.warning(
+                "schema_drift_undeterminable", source=source.id, reason=f"{type(exc).__name__}: {exc}"
+            )
+            return None
+        if not drift:
+            return None
+        halt = source.on_schema_drift == "halt"
+        self.log.warning("schema_drift", source=source.id, drift=drift, policy=source.on_schema_drift)
+        result = "halted" if halt else "adapted"
+        await self._record(
+            "schema_drift",
+            previous,
+            now,
+            result,
+            describe(drift),
+            resume,
+            cast(PositionDoc, {"drift": drift}),
+        )
+        return SourceMisconfigured(f"{HALT_MESSAGE} ({describe(drift)})") if halt else None
+
     async def _record(
-        self, previous: dict[str, str], now: dict[str, str], outcome: Outcome, result: str, reason: str,
-        resume: Position | None,
+        self, kind: str, previous: dict[str, str], now: dict[str, str], result: str, reason: str,
+        resume: Position | None, extra: PositionDoc | None = None,
     ) -> None:  # fmt: skip
-        """A ReconcileRecord, keyed by the pair of identities: a rerun rewrites the same one."""
+        """A ReconcileRecord, keyed by its kind and the pair of identities: a rerun rewrites the same one."""
         record: PositionDoc = {
-            "kind": "failover" if outcome == "changed" else "same_server",
+            "kind": kind,
             "previous": dict(previous),
             "now": dict(now),
             "result": result,
             "reason": reason,
             "checkpoint": resume.to_doc() if resume is not None else None,
             "at": time.time(),
+            **(extra or {}),
         }
         key = record_key(self.ctx.source.id, previous, now)
+        if kind == "schema_drift":
+            key += "::drift"
         await self.ctx.store.put(key, record)
         records = [r for r in self.ctx.reconcile_records if r.get("key") != key]
         self.ctx.reconcile_records = [*records, {**record, "key": key}]

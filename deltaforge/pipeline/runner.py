@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, TypedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, TypedDict, TypeVar
 
 import structlog
 
@@ -21,6 +22,8 @@ from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
 from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed
+
+T = TypeVar("T")
 
 
 class StoredCheckpoint(TypedDict):
@@ -170,6 +173,39 @@ class PipelineRunner:
     async def reconcile_records(self) -> list[dict[str, Any]]:
         """What each reconciliation found (failovers, lost positions), oldest first."""
         return list(self.ctx.reconcile_records)
+
+    async def _read_store(self, work: Callable[[CheckpointStore], Awaitable[T]]) -> T:
+        """``work`` on the live store or, once the pipeline has stopped and closed it (a halt is
+        when its records matter most), on a short-lived one over the same storage."""
+        try:
+            return await work(self.store)
+        except RuntimeError:  # not open
+            if not self._own_store:
+                raise
+        store = open_store(self.config.storage.type, self.config.storage.path)
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    async def schemas(self) -> dict[str, Any]:
+        """Each captured table's current schema: its latest recorded version."""
+        source_id = self.config.source.id
+
+        async def latest(store: CheckpointStore) -> dict[str, Any]:
+            tables: dict[str, Any] = {}
+            for table in await store.schema_tables(source_id):
+                history = await store.schema_history(source_id, table)
+                tables[table] = {"version": len(history), **history[-1]}
+            return tables
+
+        return {"source": source_id, "tables": await self._read_store(latest)}
+
+    async def schema_versions(self, table: str) -> list[dict[str, Any]]:
+        """Every schema recorded for ``table``, oldest first, each from the source position it began at."""
+        history = await self._read_store(lambda store: store.schema_history(self.config.source.id, table))
+        return [{"version": n, **doc} for n, doc in enumerate(history, 1)]
 
     async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""

@@ -69,6 +69,12 @@ class Source(ABC):
 
     id: str
     connector: str
+    generation: int = 0
+    """How many failovers to another server reading has gone through (the FailoverReconciler
+    sets it before each ``open``). A source whose positions are server-local, like binlog
+    coordinates, puts it first in its order; one with global positions (LSNs) ignores it."""
+    on_schema_drift: str = "adapt"
+    """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 
     @abstractmethod
     async def open(self, resume_after: Position | None) -> None:

@@ -82,6 +82,10 @@ class CheckpointStore(ABC):
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         """Schemas recorded for ``table``, oldest first: ``{columns, position, recorded_at}``."""
 
+    @abstractmethod
+    async def schema_tables(self, source_id: str) -> list[str]:
+        """The tables with a recorded schema for ``source_id``, by name."""
+
     async def get(self, key: str) -> PositionDoc | None:
         return (await self.get_many([key])).get(key)
 
@@ -105,6 +109,10 @@ class MemoryCheckpointStore(CheckpointStore):
 
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         return list(self._schemas.get(f"{source_id}::{table}", []))
+
+    async def schema_tables(self, source_id: str) -> list[str]:
+        prefix = f"{source_id}::"
+        return sorted(k.removeprefix(prefix) for k in self._schemas if k.startswith(prefix))
 
     async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         return {k: self._data[k][-1].value for k in keys if k in self._data}
@@ -221,6 +229,12 @@ class _SqliteSchemas:
         return [
             {"columns": orjson.loads(c), "position": orjson.loads(p), "recorded_at": t} for c, p, t in rows
         ]
+
+    async def schema_tables(self, source_id: str) -> list[str]:
+        async with self.db.execute(
+            "SELECT DISTINCT tbl FROM schemas WHERE source_id = ? ORDER BY tbl", (source_id,)
+        ) as cur:
+            return [str(r[0]) for r in await cur.fetchall()]
 
 
 class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pymysql
@@ -121,3 +123,25 @@ class MariaDB(ServerProcess):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{gone} was not purged")
                 time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def replica(self) -> Iterator[MariaDB]:
+        """A GTID replica of this server that logs what it applies (so it can be promoted)."""
+        with MariaDB(extra_args=["--log-slave-updates"], server_id=self.server_id + 1) as replica:
+            with replica.root() as conn, conn.cursor() as cur:
+                cur.execute("RESET MASTER")  # only this server's history from here on
+                cur.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.port}, "
+                            "MASTER_USER='root', MASTER_USE_GTID=slave_pos")  # fmt: skip
+                cur.execute("START SLAVE")
+            yield replica
+
+    def promote(self) -> None:
+        """This replica becomes a primary: replication stopped and forgotten."""
+        with self.root() as conn, conn.cursor() as cur:
+            cur.execute("STOP SLAVE")
+            cur.execute("RESET SLAVE ALL")
+
+    def gtid_binlog_pos(self) -> str:
+        with self.root() as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            return str(cur.fetchone()[0] or "")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from deltaforge.configmodel import Hint, PositiveInt, SourceSettings, Text, fail, matching
+from deltaforge.configmodel import Hint, PositiveInt, ServerSourceSettings, Text, fail, matching
 
 
 def _db_tables(value: object) -> list[str]:
@@ -21,7 +21,7 @@ MySQLDsn = Annotated[
 DbTables = Annotated[list[str], BeforeValidator(_db_tables), Hint("a list of db.table names")]
 
 
-class MySQLSourceConfig(SourceSettings):
+class MySQLSourceConfig(ServerSourceSettings):
     """A MySQL 8 or MariaDB server's binlog, read as a replica."""
 
     dsn: MySQLDsn = Field(description="mysql://user:password@host:port/db (${VAR} for the password).")

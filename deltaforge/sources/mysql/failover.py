@@ -6,10 +6,10 @@ Identity: MySQL ``@@server_uuid``; MariaDB (no server UUID) ``@@server_id`` and
 the server's binlog state (not ahead: RESET MASTER, a lagging replica) and not before the
 oldest binlog still on it (purged).
 
-Resuming on *another* server is refused for now, with that message, even when the position
-is reachable: positions order events by binlog file and offset, which differ between
-servers, so a sink could skip the new server's changes as already held. A re-snapshot
-from the new server is the safe path until positions carry a failover generation.
+MariaDB on *another* server, reachable: the source resumes by the GTID position in a new
+failover generation (``BinlogPosition.gen``), since binlog file and offset differ between
+servers. MySQL on another server is refused: resuming there needs a GTID resume, which this
+source does not do for MySQL yet; re-snapshot from the new server.
 """
 
 from __future__ import annotations
@@ -43,15 +43,20 @@ def _domains(gtids: str) -> dict[str, tuple[int, str]]:
 
 
 def check_reachable(conn: Any, checkpoint: BinlogPosition, previous: dict[str, str] | None) -> None:
-    """Raise PositionLost unless the checkpoint's GTID position is on this server; refuse to
-    resume on another server (see the module). On the same server, opening the source checks
-    purged binlogs by file name, which says more."""
+    """Raise PositionLost unless the checkpoint's GTID position is on this server (see the
+    module). On the same server, opening the source checks purged binlogs by file name, which
+    says more."""
     if previous is not None and previous.get("flavor") != "mariadb":
         raise SourceMisconfigured(
             "failover detected: the DSN now leads to another MySQL server; resuming there is not "
             "supported yet (binlog coordinates differ between servers). Re-snapshot from the new server."
         )
     if not checkpoint.gtid:
+        if previous is not None:
+            raise SourceMisconfigured(
+                "failover detected: the checkpoint has no GTID position to resume from on another server. "
+                "Re-snapshot from the new server."
+            )
         return  # file/position only: checked when the source opens
     with conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")
@@ -71,9 +76,3 @@ def check_reachable(conn: Any, checkpoint: BinlogPosition, previous: dict[str, s
             )
         if seq < oldest.get(domain, (0, ""))[0]:
             raise PositionLost(f"the binlogs holding the GTIDs after {gtid} were purged from this server")
-    if previous is not None:
-        raise SourceMisconfigured(
-            f"failover detected: the DSN now leads to another MariaDB server (server_id {previous.get('server_id')} "
-            "before), which holds the checkpoint's GTID position; resuming on another server is not supported "
-            "yet (binlog coordinates differ between servers). Re-snapshot from the new server."
-        )

@@ -21,13 +21,17 @@ class BinlogPosition(NamedTuple):
     event); ``row``: the row's index in that event; ``gtid``: the last committed
     transaction's GTID (MariaDB resumes from it); ``tx_start``: inside a transaction,
     where it began in ``file`` (a resume by file and position starts there and sinks skip
-    what they hold; 0 at a transaction's end)."""
+    what they hold; 0 at a transaction's end); ``gen``: the failover generation, how many
+    times reading moved to another server. Binlog coordinates mean nothing on another
+    server, so the generation leads the order: everything read after a failover sorts after
+    everything read before it."""
 
     file: str
     pos: int
     row: int = 0
     gtid: str = ""
     tx_start: int = 0
+    gen: int = 0
 
     @property
     def resume_pos(self) -> int:
@@ -36,12 +40,14 @@ class BinlogPosition(NamedTuple):
 
     @property
     def order(self) -> tuple[int, ...]:
-        return (binlog_index(self.file), self.pos, self.row)
+        return (self.gen, binlog_index(self.file), self.pos, self.row)
 
     def to_doc(self) -> PositionDoc:
         doc: PositionDoc = {"file": self.file, "pos": self.pos, "row": self.row, "gtid": self.gtid}
         if self.tx_start:
             doc["tx_start"] = self.tx_start
+        if self.gen:
+            doc["gen"] = self.gen
         return doc
 
     @classmethod
@@ -52,4 +58,5 @@ class BinlogPosition(NamedTuple):
             as_int(doc, "row"),
             as_str(doc, "gtid"),
             as_int(doc, "tx_start"),
+            as_int(doc, "gen"),
         )

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import structlog
+
 from actors import BlockingRunner
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc
@@ -46,6 +48,7 @@ from deltaforge.sources.mysql.decoder import DecoderSettings
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 T = TypeVar("T")
+log = structlog.get_logger()
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 
 
@@ -58,12 +61,14 @@ class MySQLSource(Source):
         self.id = config.id
         self.settings = MySQLSettings.from_dsn(config.dsn)
         self.by_file = config.resume_by == "file"
+        self.on_schema_drift = config.on_schema_drift
         self.patterns = [tuple(t.split(".", 1)) for t in config.tables]
         self.server_id = config.server_id or default_server_id(self.id)
         self.chunk = config.read_chunk
         self.tenant = tenant
         self.info: ServerInfo | None = None
         self._decoder: ChildDecoder | None = None
+        self._gen = 0  # the failover generation of this opening's positions
         self._committed = ""
         self._schema_changes: list[SchemaChange] = []
         self._keys: dict[str, tuple[str, ...]] = {}  # "db.table" -> primary-key columns (pump thread)
@@ -81,11 +86,14 @@ class MySQLSource(Source):
     # -- lifecycle ---------------------------------------------------------------
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, BinlogPosition)
+        self._gen = self.generation
+        if resume is not None and resume.gen != self._gen:
+            resume = self._on_another_server(resume)
         info, start = await self._threads.run(self._prepare, resume)
         self.info = info
         if resume is None:
             # No checkpoint: the earliest change still on the server (there is no snapshot yet).
-            resume = start
+            resume = start._replace(gen=self._gen)
         self._committed = resume.gtid
         cfg: DecoderSettings = {
             "connection": self.settings.replication(),
@@ -102,12 +110,34 @@ class MySQLSource(Source):
         )
         self._decoder.start()
 
+    def _on_another_server(self, checkpoint: BinlogPosition) -> BinlogPosition:
+        """The checkpoint was read from the server before a failover (the reconciler found it
+        reachable here): resume by its GTID position alone, in the new generation."""
+        if checkpoint.gen > self._gen:
+            raise SourceMisconfigured(
+                f"the checkpoint is from failover generation {checkpoint.gen}, but the state store "
+                f"knows only {self._gen} (was the identity record removed?)"
+            )
+        if self.by_file or not checkpoint.gtid:
+            raise SourceMisconfigured(
+                "failover detected: the checkpoint has no GTID position to resume from on another server "
+                f"(resume_by: {'file' if self.by_file else 'auto'}). Re-snapshot from the new server."
+            )
+        log.info("position_adjusted", source=self.id, gtid=checkpoint.gtid, generation=self._gen,
+                 checkpoint=checkpoint.to_doc())  # fmt: skip
+        return BinlogPosition("", 0, 0, checkpoint.gtid, 0, self._gen)
+
     async def identity(self) -> dict[str, str] | None:
         return await self._threads.run(self._with_connection, failover.identity)
 
     async def reconcile(self, checkpoint: Position, previous: dict[str, str] | None) -> None:
         cp = own_position(checkpoint, BinlogPosition)
         assert cp is not None
+        if previous is not None and self.by_file:
+            raise SourceMisconfigured(
+                "failover detected: the DSN now leads to another server, and resume_by: file cannot "
+                "resume there (binlog coordinates differ between servers). Re-snapshot from the new server."
+            )
         await self._threads.run(
             self._with_connection, lambda conn: failover.check_reachable(conn, cp, previous)
         )
@@ -184,7 +214,8 @@ class MySQLSource(Source):
         if kind == "schema":
             self._keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
             with self._lock:
-                self._schema_changes.append((frame[1], frame[2], BinlogPosition.from_doc(frame[3])))
+                at = BinlogPosition.from_doc(frame[3])._replace(gen=self._gen)
+                self._schema_changes.append((frame[1], frame[2], at))
             return None
         if frame[1] == "position_lost":
             raise PositionLost(f"the server cannot serve the binlog from the checkpoint ({frame[2]})")
@@ -195,15 +226,16 @@ class MySQLSource(Source):
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
 
     def _heartbeat(self, file: str, fidx: int, end_pos: int, gtid: str) -> Event:
-        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid, 0))
+        gen = self._gen
+        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid, 0, gen))
         return Event(
             "h", None, None, SourceInfo(self.connector, "", "", cp, 0), "heartbeat", True,
-            f"heartbeat:{fidx}:{end_pos}", (fidx, end_pos, 0), cp, self.tenant, 64,
+            f"heartbeat:{_id(gen, fidx, end_pos, 0)}", (gen, fidx, end_pos, 0), cp, self.tenant, 64,
         )  # fmt: skip
 
     def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
         out: list[Event] = []
-        connector, tenant, keys = self.connector, self.tenant, self._keys
+        connector, tenant, keys, gen = self.connector, self.tenant, self._keys, self._gen
         for gtid, state, file, end_pos, began, rows in txs:
             fidx = binlog_index(file)
             if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
@@ -214,7 +246,7 @@ class MySQLSource(Source):
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
                 key = keys.get(f"{schema}.{table}", ())
-                position = new_position(BinlogPosition, (file, pos, i, committed, began))
+                position = new_position(BinlogPosition, (file, pos, i, committed, began, gen))
                 end = n == last
                 out.append(
                     Event(
@@ -224,12 +256,17 @@ class MySQLSource(Source):
                         SourceInfo(connector, schema, table, position, ts * 1000, None, key),
                         tx_id,
                         end,
-                        f"{fidx}:{pos}:{i}",
-                        (fidx, pos, i),
-                        new_position(BinlogPosition, (file, end_pos, 0, state, 0)) if end else position,
+                        f"{fidx}:{pos}:{i}" if not gen else _id(gen, fidx, pos, i),
+                        (gen, fidx, pos, i),
+                        new_position(BinlogPosition, (file, end_pos, 0, state, 0, gen)) if end else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )
                 )
             committed = state
         return out, committed
+
+
+def _id(gen: int, fidx: int, pos: int, row: int) -> str:
+    """An event's id: its binlog coordinates, after the failover generation once there is one."""
+    return f"{fidx}:{pos}:{row}" if not gen else f"g{gen}:{fidx}:{pos}:{row}"

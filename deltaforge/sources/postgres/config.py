@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from deltaforge.configmodel import Bool, Identifier, PositiveInt, PostgresDsn, SourceSettings, TableNames
+from deltaforge.configmodel import (
+    Bool,
+    Identifier,
+    PositiveInt,
+    PostgresDsn,
+    ServerSourceSettings,
+    TableNames,
+)
 
 
-class PostgresSourceConfig(SourceSettings):
+class PostgresSourceConfig(ServerSourceSettings):
     """A logical replication slot (pgoutput) on a server with ``wal_level=logical``."""
 
     dsn: PostgresDsn = Field(description="postgresql://user:password@host:port/db (${VAR} for the password).")

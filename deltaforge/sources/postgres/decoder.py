@@ -25,6 +25,7 @@ import threading
 import time
 from typing import IO, Any, TypedDict
 
+from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, read_frame, write_frame
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
@@ -37,6 +38,7 @@ from deltaforge.sources.postgres.pgoutput import (
     decode,
     parse_lsn,
 )
+from deltaforge.sources.postgres.position import PgPosition
 from deltaforge.sources.postgres.replication import LogicalStream, StreamError
 from deltaforge.sources.postgres.values import converter
 
@@ -85,6 +87,8 @@ class TxDecoder:
         """Each relation's primary-key columns (one list, shared by its changes)."""
         self.unresolved: set[int] = set()
         """Relations whose primary key is still to be read from the catalog."""
+        self.schemas: list[tuple[str, list[dict[str, Any]], PositionDoc]] = []
+        """Relations first seen, or with other columns, since the last call: for the schema history."""
         self.begin: Begin | None = None
         self.skipping = False
         self.changes: list[tuple[Any, ...]] = []
@@ -133,6 +137,11 @@ class TxDecoder:
         self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
         if known is not None and known[0] == msg:
             return  # the same relation again: its key is known
+        # Versioned from the transaction it arrives in (pgoutput sends it before the first change).
+        begin = self.begin
+        at = PgPosition(self.safe, begin.final_lsn if begin is not None else self.safe, 0)
+        cols = [{"name": c.name, "type": c.type_oid, "key": c.key} for c in msg.columns]
+        self.schemas.append((f"{msg.namespace}.{msg.name}", cols, at.to_doc()))
         # The catalog's primary key, in its order, is filled in by stream(); until then (and for a
         # table without one) the replica identity's key flags, unless identity is full (then every
         # column is flagged).
@@ -204,6 +213,9 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
             if pk := [r[0] for r in catalog.execute(PRIMARY_KEY, (relid,)).fetchall()]:
                 tx.keys[relid][:] = pk
         tx.unresolved.clear()
+        for table, cols, at in tx.schemas:
+            write_frame(out, ("schema", table, cols, at))
+        tx.schemas.clear()
         if txs:
             write_frame(out, ("txs", txs))
         if rows or tx.in_transaction:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +31,7 @@ from deltaforge.position import Position, PositionDoc
 from deltaforge.sources.base import (
     DeclaredTable,
     PositionLost,
+    SchemaChange,
     Source,
     SourceError,
     SourceMisconfigured,
@@ -61,6 +63,9 @@ class PostgresSource(Source):
         self.publication = config.publication
         self.tables = list(config.tables)
         self.create = config.create
+        self.on_schema_drift = config.on_schema_drift
+        self._schema_changes: list[SchemaChange] = []
+        self._lock = threading.Lock()  # the schema changes come from the decoder's pump thread
         self.chunk = config.read_chunk
         self.heartbeat_s = config.heartbeat_ms / 1000
         self._idle = config.poll_interval_ms / 1000
@@ -258,6 +263,11 @@ class PostgresSource(Source):
                 await asyncio.sleep(0.1)
         self._confirmed = lsn
 
+    def take_schema_changes(self) -> list[SchemaChange]:
+        with self._lock:
+            changes, self._schema_changes = self._schema_changes, []
+        return changes
+
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"postgres source {self.id!r} is not open")
@@ -271,6 +281,10 @@ class PostgresSource(Source):
         kind = frame[0]
         if kind == "txs":
             return self._events(frame[1])
+        if kind == "schema":
+            with self._lock:
+                self._schema_changes.append((frame[1], frame[2], PgPosition.from_doc(frame[3])))
+            return None
         if kind == "heartbeat":
             return [self._heartbeat(int(frame[1]))]
         if frame[1] == "position_lost":
