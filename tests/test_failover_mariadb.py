@@ -1,10 +1,13 @@
-"""MariaDB failover and lost history through ``serve`` (issue 15, acceptance 2 and 4): the chaos
-proxy stands in for the address that moves to the promoted replica. A replica that lagged behind
-the checkpoint, and a server whose binlog history was wiped, halt with ``position lost``, /health
-503, the ReconcileRecord visible over REST, and nothing delivered from that server."""
+"""MariaDB failover through ``serve`` (issue 15, acceptance 1, 2, 3, 4 and 6): the chaos proxy
+stands in for the address that moves to the promoted replica. A replica holding the checkpoint is
+streamed from in a new failover generation, with its schema drift adapted to or halted on; one
+that lagged behind the checkpoint, and a server whose binlog history was wiped, halt with
+``position lost``, /health 503, the ReconcileRecord visible over REST, and nothing delivered
+from that server; a kill mid-reconciliation is redone on the next start."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import httpx
 import pytest
 
 from chaos.harness import ProxyServer, port_of
-from tests.helpers import jsonl, wait_until_sync
+from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
 
@@ -22,6 +25,18 @@ def proxies() -> Iterator[ProxyServer]:
     server = ProxyServer()
     yield server
     server.close()
+
+
+@contextlib.contextmanager
+def _shop() -> Iterator[MariaDB]:
+    """The primary A, with shop.items; its binlog numbers run ahead of any replica's."""
+    with MariaDB() as a:
+        with a.root() as conn, conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
+            cur.execute("FLUSH BINARY LOGS")
+            cur.execute("FLUSH BINARY LOGS")
+        yield a
 
 
 def _write(server: MariaDB, ids: range) -> None:
@@ -59,38 +74,31 @@ def _halted(serve: Serve, why: str) -> dict[str, object]:
 def test_a_replica_that_lagged_behind_the_checkpoint_halts_as_position_lost(
     tmp_path: Path, proxies: ProxyServer
 ) -> None:
-    with MariaDB() as a:
-        with a.root() as conn, conn.cursor() as cur:
-            cur.execute("CREATE DATABASE shop")
-            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
-        with a.replica() as b:
-            proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
-            with _serve(tmp_path, port_of(proxy), a) as serve:
-                _write(a, range(1, 21))
-                wait_until_sync(lambda: len(_ids(tmp_path)) == 20, timeout=60, what="rows from the primary")
-                with b.root() as conn, conn.cursor() as cur:
-                    cur.execute("STOP SLAVE")  # the replica falls behind here
-                _write(a, range(21, 31))
-                wait_until_sync(lambda: len(_ids(tmp_path)) == 30, timeout=60, what="the primary's last rows")
-                a.halt()
-                with b.root() as conn, conn.cursor() as cur:
-                    cur.execute("RESET SLAVE ALL")  # promoted
-                _write(b, range(100, 105))
-                url = f"http://{proxies.host}:{proxies.port}/proxies/my"
-                assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
-                record = _halted(serve, "is not in this server's binlog state")
-                assert record["kind"] == "failover"
-                assert serve.get("/pipelines/shop/identity").json()["identity"]["server_id"] == "1"
+    with _shop() as a, a.replica() as b:
+        proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
+        with _serve(tmp_path, port_of(proxy), a) as serve:
+            _write(a, range(1, 21))
+            wait_until_sync(lambda: len(_ids(tmp_path)) == 20, timeout=60, what="rows from the primary")
+            with b.root() as conn, conn.cursor() as cur:
+                cur.execute("STOP SLAVE")  # the replica falls behind here
+            _write(a, range(21, 31))
+            wait_until_sync(lambda: len(_ids(tmp_path)) == 30, timeout=60, what="the primary's last rows")
+            a.halt()
+            with b.root() as conn, conn.cursor() as cur:
+                cur.execute("RESET SLAVE ALL")  # promoted
+            _write(b, range(100, 105))
+            url = f"http://{proxies.host}:{proxies.port}/proxies/my"
+            assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+            record = _halted(serve, "is not in this server's binlog state")
+            assert record["kind"] == "failover"
+            assert serve.get("/pipelines/shop/identity").json()["identity"]["server_id"] == "1"
     assert _ids(tmp_path) == list(range(1, 31))  # nothing from the replica
 
 
 def test_a_wiped_binlog_history_on_the_same_server_halts_as_position_lost(
     tmp_path: Path, proxies: ProxyServer
 ) -> None:
-    with MariaDB() as a:
-        with a.root() as conn, conn.cursor() as cur:
-            cur.execute("CREATE DATABASE shop")
-            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
+    with _shop() as a:
         proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
         with _serve(tmp_path, port_of(proxy), a) as serve:
             _write(a, range(1, 21))
@@ -149,12 +157,7 @@ def test_a_promoted_replica_holding_the_checkpoint_is_streamed_from_in_a_new_gen
     """Acceptance 1: the DSN now leads to B, which holds the checkpoint's GTID position: the
     pipeline says Changed, resumes on B by GTID and keeps delivering; replaying the sink gives
     B's final state, B's changes included although B's binlog coordinates are smaller than A's."""
-    with MariaDB() as a:
-        with a.root() as conn, conn.cursor() as cur:
-            cur.execute("CREATE DATABASE shop")
-            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
-            cur.execute("FLUSH BINARY LOGS")  # A's binlog numbers run ahead of B's
-            cur.execute("FLUSH BINARY LOGS")
+    with _shop() as a:
         with a.replica() as b:
             proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
             with _serve(tmp_path, port_of(proxy), a) as serve:
@@ -192,57 +195,81 @@ def test_a_promoted_replica_with_an_extra_column_adapts_or_halts_as_configured(
     """Acceptance 3: B got a column A never had (DDL applied on B only). ``adapt`` records the
     drift and goes on, B's rows carrying the column; ``halt`` records it and stops, saying why,
     with nothing from B delivered."""
-    with MariaDB() as a:
-        with a.root() as conn, conn.cursor() as cur:
-            cur.execute("CREATE DATABASE shop")
-            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v TEXT)")
-        with a.replica() as b:
-            proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
-            with _serve(tmp_path, port_of(proxy), a, on_schema_drift=policy) as serve:
-                _write(a, range(1, 11))
-                wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
-                wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
-                with b.root() as conn, conn.cursor() as cur:
-                    cur.execute("SET SESSION sql_log_bin = 0")  # on B only, outside any binlog
-                    cur.execute("ALTER TABLE shop.items ADD COLUMN note TEXT")
-                _fail_over(a, b, proxies)
-                with b.root("shop") as conn, conn.cursor() as cur:
-                    for i in range(11, 16):
-                        cur.execute("INSERT INTO items VALUES (%s, 'x', %s)", (i, f"note {i}"))
-                if policy == "adapt":
-                    wait_until_sync(lambda: len(_ids(tmp_path)) == 15, timeout=60, what="B's rows")
-                    assert serve.get("/health").json()["status"] == "ok"
-                else:
-                    wait_until_sync(
-                        lambda: serve.get("/health").status_code == 503, timeout=60, what="halted"
-                    )
-                    reasons = " ".join(serve.get("/health").json()["reasons"])
-                    assert "schema drift detected after failover and on_schema_drift=halt" in reasons, reasons
-                    assert "shop.items: added note" in reasons
-                records = {r["kind"]: r for r in serve.get("/pipelines/shop/reconcile").json()}
-                assert records["failover"]["result"] == "reachable"
-                drift = records["schema_drift"]
-                assert drift["drift"] == {"shop.items": {"added": ["note"]}}
-                assert drift["result"] == ("adapted" if policy == "adapt" else "halted")
-                versions = serve.get("/pipelines/shop/schemas/shop.items/versions").json()
-                names = [[c["name"] for c in v["columns"]] for v in versions]
-                if policy == "adapt":
-                    assert names == [["id", "v"], ["id", "v", "note"]]
-                    assert versions[1]["position"]["gen"] == 1  # recorded where B's rows began
-                    current = serve.get("/pipelines/shop/schemas").json()["tables"]["shop.items"]
-                    assert current["version"] == 2
-                else:
-                    assert names == [["id", "v"]]
-            if policy == "halt":  # started again: the same halt, each record still written once
-                with Serve(tmp_path, "--config", str(tmp_path / "shop.yaml")) as again:
-                    again.wait_api()
-                    wait_until_sync(
-                        lambda: again.get("/health").status_code == 503, timeout=60, what="halted"
-                    )
-                    kinds = sorted(r["kind"] for r in again.get("/pipelines/shop/reconcile").json())
-                    assert kinds == ["failover", "schema_drift"]
+    with _shop() as a, a.replica() as b:
+        proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
+        with _serve(tmp_path, port_of(proxy), a, on_schema_drift=policy) as serve:
+            _write(a, range(1, 11))
+            wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
+            wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+            with b.root() as conn, conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")  # on B only, outside any binlog
+                cur.execute("ALTER TABLE shop.items ADD COLUMN note TEXT")
+            _fail_over(a, b, proxies)
+            with b.root("shop") as conn, conn.cursor() as cur:
+                for i in range(11, 16):
+                    cur.execute("INSERT INTO items VALUES (%s, 'x', %s)", (i, f"note {i}"))
+            if policy == "adapt":
+                wait_until_sync(lambda: len(_ids(tmp_path)) == 15, timeout=60, what="B's rows")
+                assert serve.get("/health").json()["status"] == "ok"
+            else:
+                wait_until_sync(lambda: serve.get("/health").status_code == 503, timeout=60, what="halted")
+                reasons = " ".join(serve.get("/health").json()["reasons"])
+                assert "schema drift detected after failover and on_schema_drift=halt" in reasons, reasons
+                assert "shop.items: added note" in reasons
+            records = {r["kind"]: r for r in serve.get("/pipelines/shop/reconcile").json()}
+            assert records["failover"]["result"] == "reachable"
+            drift = records["schema_drift"]
+            assert drift["drift"] == {"shop.items": {"added": ["note"]}}
+            assert drift["result"] == ("adapted" if policy == "adapt" else "halted")
+            versions = serve.get("/pipelines/shop/schemas/shop.items/versions").json()
+            names = [[c["name"] for c in v["columns"]] for v in versions]
+            if policy == "adapt":
+                assert names == [["id", "v"], ["id", "v", "note"]]
+                assert versions[1]["position"]["gen"] == 1  # recorded where B's rows began
+                current = serve.get("/pipelines/shop/schemas").json()["tables"]["shop.items"]
+                assert current["version"] == 2
+            else:
+                assert names == [["id", "v"]]
+        if policy == "halt":  # started again: the same halt, each record still written once
+            with Serve(tmp_path, "--config", str(tmp_path / "shop.yaml")) as again:
+                again.wait_api()
+                wait_until_sync(lambda: again.get("/health").status_code == 503, timeout=60, what="halted")
+                kinds = sorted(r["kind"] for r in again.get("/pipelines/shop/reconcile").json())
+                assert kinds == ["failover", "schema_drift"]
     notes = {int(d["after"]["id"]): d["after"].get("note") for d in jsonl(tmp_path / "events.jsonl")}
     if policy == "adapt":
         assert notes == {i: (f"note {i}" if i > 10 else None) for i in range(1, 16)}
     else:
         assert sorted(notes) == list(range(1, 11))  # nothing from B
+
+
+def test_a_kill_during_reconciliation_redoes_it_on_the_next_start_with_one_record(
+    tmp_path: Path, proxies: ProxyServer
+) -> None:
+    """Acceptance 6: serve is SIGKILLed while the reconciler checks the new server (latency on
+    the proxy holds it there): nothing about B was stored yet, and the next start reaches the
+    same outcome, resumes on B and writes the record once."""
+    with _shop() as a, a.replica() as b:
+        proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
+        with _serve(tmp_path, port_of(proxy), a) as serve:
+            _write(a, range(1, 11))
+            wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
+            wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+            proxy.add_toxic(type="latency", attributes={"latency": 700})
+            _fail_over(a, b, proxies)
+
+            def reconciling() -> bool:
+                return any(e.get("event") == "failover_detected" for e in jsonl(tmp_path / "log.jsonl"))
+
+            wait_until_sync(reconciling, timeout=60, what="the reconciler at work")
+            serve.kill()
+        stored = stored_checkpoint(tmp_path / "cp.db", "my::identity") or {}
+        assert stored["fields"]["server_id"] == "1"  # killed before anything about B was written
+        proxy.destroy_toxic("latency_downstream")
+        _write(b, range(11, 21))
+        with Serve(tmp_path, "--config", str(tmp_path / "shop.yaml")) as again:
+            again.wait_api()
+            wait_until_sync(lambda: len(set(_ids(tmp_path))) == 20, timeout=60, what="B's rows")
+            [record] = again.get("/pipelines/shop/reconcile").json()
+            assert record["kind"] == "failover" and record["result"] == "reachable"
+            assert again.get("/pipelines/shop/identity").json()["identity"]["server_id"] == "2"
