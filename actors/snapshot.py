@@ -18,6 +18,8 @@ class NodeSnapshot:
     mailbox_depth: int | None = None
     mailbox_capacity: int | None = None
     children: tuple[NodeSnapshot, ...] = field(default_factory=tuple)
+    restart_reasons: tuple[tuple[str, int], ...] = ()
+    """Restarts by why: the exception's type, ``unavailable``, ``exit``, or ``group`` (a sibling failed)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (children nested)."""

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 import uvicorn
@@ -43,37 +44,46 @@ def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
     return DemoWorkload(settings.path, w.rows_per_second, w.max_rows)
 
 
-async def _serve(configs: list[PipelineConfig], api_addr: str, workload: bool = True) -> int:
+async def _listen(app: Any, addr: str) -> tuple[_Server, asyncio.Task[None]] | None:
+    """An HTTP server for ``app`` on ``host:port``, once it listens; None if it cannot."""
+    host, _, port = addr.rpartition(":")
+    server = _Server(uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)  # uvicorn has no start-up callback: its own flag, polled
+    return None if task.done() else (server, task)
+
+
+async def _serve(
+    configs: list[PipelineConfig], api_addr: str, workload: bool = True, metrics_addr: str | None = None
+) -> int:
+    from deltaforge.api import build_app, build_metrics_app
+
     log = structlog.get_logger().bind(actor="cli")
     runners = {c.name: PipelineRunner(c, workload=_workload(c, workload)) for c in configs}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server: _Server | None = None
-    api_task: asyncio.Task[None] | None = None
-    if api_addr and api_addr != "off":
-        from deltaforge.api import build_app
-
-        host, _, port = api_addr.rpartition(":")
-        server = _Server(
-            uvicorn.Config(build_app(runners), host=host or "127.0.0.1", port=int(port), log_level="warning")
-        )
-        api_task = asyncio.create_task(server.serve())
-        while not server.started and not api_task.done():
-            await asyncio.sleep(0.01)
-        if api_task.done():
-            log.error("api_failed", reason=f"cannot serve the REST API on {api_addr}")
+    servers: list[tuple[_Server, asyncio.Task[None]]] = []
+    wanted = [(build_app(runners), api_addr, "REST API", "api_listening")] if api_addr != "off" else []
+    if metrics_addr:
+        wanted.append((build_metrics_app(runners), metrics_addr, "metrics", "metrics_listening"))
+    for app, addr, what, event in wanted:
+        started = await _listen(app, addr)
+        if started is None:
+            log.error("api_failed", reason=f"cannot serve the {what} on {addr}")
             return 2
-        log.info("api_listening", addr=api_addr)
+        servers.append(started)
+        log.info(event, addr=addr)
     tasks = [asyncio.create_task(r.run(), name=f"pipeline:{n}") for n, r in runners.items()]
     await stop.wait()
     log.info("shutdown_requested", reason="signal")
     await asyncio.gather(*(r.drain() for r in runners.values()))
     await asyncio.gather(*tasks, return_exceptions=True)
-    if server is not None and api_task is not None:
+    for server, task in servers:
         server.should_exit = True
-        await api_task
+        await task
     log.info("shutdown_complete")
     return 0
 
@@ -95,7 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     gctune.tune()
     try:
-        return asyncio.run(_serve(configs, args.api_addr, workload=not args.no_workload))
+        return asyncio.run(
+            _serve(configs, args.api_addr, workload=not args.no_workload, metrics_addr=args.metrics_addr)
+        )
     except MissingExtra as exc:
         structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
         print(exc, file=sys.stderr)
@@ -172,6 +184,9 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run pipelines (the built-in default when no --config)")
     s.add_argument("--config", help="a pipeline YAML file or a folder of them")
     s.add_argument("--api-addr", default="127.0.0.1:8080", help="REST API host:port, or 'off'")
+    s.add_argument(
+        "--metrics-addr", help="also serve /metrics alone on this host:port (it is on the API too)"
+    )
     s.add_argument("--data-dir", default="./data", help="where the default pipeline keeps its files")
     s.add_argument("--no-workload", action="store_true", help="do not run the built-in demo workload")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

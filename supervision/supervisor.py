@@ -38,6 +38,8 @@ class _Running:
     """Ended and, by its restart type, not to be started again."""
     last_error: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    restart_reasons: dict[str, int] = field(default_factory=dict)
+    """Restarts by why (a short, stable label: see :func:`_reason_kind`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,15 @@ def _describe(exc: BaseException | None) -> str | None:
     if isinstance(exc, Fatal):
         return f"fatal: {exc.reason}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _reason_kind(exc: BaseException | None) -> str:
+    """Why a child restarted, as a metric label: few values, none with a message in it."""
+    if exc is None:
+        return "exit"
+    if isinstance(exc, Unavailable):
+        return "unavailable"
+    return type(exc).__name__
 
 
 class _Started:
@@ -192,7 +203,11 @@ class Supervisor:
             state = snap.state if c.state == "running" else c.state
             kids.append(
                 dataclasses.replace(
-                    snap, state=state, restarts=c.restarts, last_error=c.last_error or snap.last_error
+                    snap,
+                    state=state,
+                    restarts=c.restarts,
+                    last_error=c.last_error or snap.last_error,
+                    restart_reasons=tuple(sorted(c.restart_reasons.items())),
                 )
             )
         return NodeSnapshot(
@@ -288,6 +303,8 @@ class Supervisor:
                 member.done = True
                 continue
             member.restarts += 1
+            kind = _reason_kind(error) if member is child else "group"
+            member.restart_reasons[kind] = member.restart_reasons.get(kind, 0) + 1
             self.log.warning(
                 "child_restarted",
                 actor=member.spec.name,

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from deltaforge.metrics import render
 from deltaforge.pipeline.runner import PipelineRunner
 
 
@@ -74,6 +76,7 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
 
     return Starlette(
         routes=[
+            Route("/metrics", _metrics(pipelines)),
             Route("/health", health),
             Route("/ready", ready),
             Route("/pipelines", list_pipelines),
@@ -86,3 +89,16 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
             Route("/pipelines/{name}/schemas/{table}/versions", stored(PipelineRunner.schema_versions)),
         ]
     )
+
+
+def build_metrics_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
+    """``/metrics`` alone, for ``serve --metrics-addr`` (a port scrapers may reach, the API not)."""
+    return Starlette(routes=[Route("/metrics", _metrics(pipelines))])
+
+
+def _metrics(pipelines: Mapping[str, PipelineRunner]) -> Callable[[Request], Awaitable[Response]]:
+    async def metrics(request: Request) -> Response:
+        """Prometheus text exposition (see ``deltaforge/metrics.py``)."""
+        return Response(render(pipelines), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorRef
 from deltaforge.events import Event
+from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.batching import cut_point
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Batch, DeliverBatch, EventsRead, FlushDue, FlushNow
@@ -41,6 +42,7 @@ class Accumulator(Actor):
         self.first_at: float | None = None
         self.next_id = 0
         self.epoch = 0
+        self.timers = StageTimers(ctx.config.name)
         self._ticker: asyncio.Task[None] | None = None
 
     async def on_start(self) -> None:
@@ -82,9 +84,14 @@ class Accumulator(Actor):
             if n == 0:
                 return
             events, self.buffer = self.buffer[:n], self.buffer[n:]
-            self.first_at = time.monotonic() if self.buffer else None
+            now = time.monotonic()
+            if self.first_at is not None:
+                self.timers.batch.observe(now - self.first_at)
+            self.first_at = now if self.buffer else None
             self.next_id += 1
             batch = Batch(self.next_id, events, sum(e.size for e in events), epoch=self.epoch)
+            self.timers.batch_events.observe(len(events))
+            self.timers.batch_bytes.observe(batch.size_bytes)
             await self.batches.tell(DeliverBatch(batch))
 
     async def on_stop(self) -> None:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from actors import Actor
+from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import CommitCheckpoint
 
@@ -23,13 +24,18 @@ class CheckpointCommitter(Actor):
     def __init__(self, ctx: PipelineContext) -> None:
         super().__init__()
         self.ctx = ctx
+        self.timer = StageTimers(ctx.config.name).checkpoint
 
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, CommitCheckpoint):
             return await super().receive(message)
+        started = time.perf_counter()
         await self.ctx.store.put_many({key: p.to_doc() for key, p in message.checkpoints.items()})
+        self.timer.observe(time.perf_counter() - started)
         by_key = {self.ctx.key(sid): sid for sid in self.ctx.sinks}
+        now = time.time()
         for key, checkpoint in message.checkpoints.items():
             self.ctx.durable[by_key[key]] = checkpoint
-        self.ctx.stats.last_commit_at = time.time()
+            self.ctx.stats.sinks[by_key[key]].checkpoint_at = now
+        self.ctx.stats.last_commit_at = now
         return message.batch_id

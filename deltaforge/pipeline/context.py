@@ -32,6 +32,10 @@ class SinkStats:
     skipped: int = 0
     errors: int = 0
     retries: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    """``retryable`` / ``non_retryable`` failed attempts (the metrics' ``kind`` label)."""
+    checkpoint_at: float | None = None
+    """When this sink's checkpoint was last written in this run (wall clock)."""
     lagging: bool = False
     last_error: str | None = None
 
@@ -41,6 +45,8 @@ class PipelineStats:
     """Counters the REST API shows; written only by the pipeline's own actors."""
 
     events_read: int = 0
+    bytes_read: int = 0
+    source_errors: int = 0
     batches_committed: int = 0
     events_committed: int = 0
     commit_failures: int = 0
@@ -60,6 +66,8 @@ class PipelineStats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "events_read": self.events_read,
+            "bytes_read": self.bytes_read,
+            "source_errors": self.source_errors,
             "batches_committed": self.batches_committed,
             "events_committed": self.events_committed,
             "commit_failures": self.commit_failures,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorRef, ActorStopped
 from deltaforge.config import CommitPolicy
+from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import (
     Barrier,
@@ -75,6 +76,7 @@ class DeliveryCoordinator(Actor):
         self.reader = reader  # built after this actor: looked up when needed
         self.policy = ctx.config.commit_policy
         self.required = {s.id: s.required for s in ctx.config.sinks}
+        self.timers = StageTimers(ctx.config.name)
         sup = ctx.config.supervision
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
         self.lagging: dict[str, int] = {s: ctx.epoch for s, st in ctx.stats.sinks.items() if st.lagging}
@@ -154,6 +156,7 @@ class DeliveryCoordinator(Actor):
         failed: dict[str, str] = {}
         dead: dict[str, str] = {}  # failed in a way retrying cannot fix: not asked again
         attempt = 0
+        started = time.perf_counter()
         while True:
             todo = [s for s in self.required if s not in acked and s not in self.lagging and s not in dead]
             results = await asyncio.gather(*(self._ask(s, batch) for s in todo))
@@ -168,6 +171,7 @@ class DeliveryCoordinator(Actor):
                     if not result.retryable:
                         dead[sink_id] = result.reason
             if policy_satisfied(self.policy, self.required, set(acked)):
+                self.timers.deliver.observe(time.perf_counter() - started)
                 break
             if self.policy.mode == "quorum":
                 able = [s for s in self.required if s not in dead and s not in self.lagging]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from actors import Actor
 from deltaforge.events import Event
+from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverTo, DeliveryFailed, ProbeSink
 from deltaforge.position import Position
@@ -38,6 +40,8 @@ class DeliveryWorker(Actor):
         self.sink_id = sink_id
         self.sink: Sink[Any] = ctx.sinks[sink_id]
         self.stats = ctx.stats.sinks[sink_id]
+        self.latency = SINK_SECONDS.labels(ctx.config.name, sink_id)
+        self.end_to_end = END_TO_END_SECONDS.labels(ctx.config.name, sink_id)
         self.position: Position | None = None
 
     async def on_start(self) -> None:
@@ -116,6 +120,7 @@ class DeliveryWorker(Actor):
                 pass  # the attempts below open again, and report
         events = self._pending(batch)
         self.stats.skipped += len(batch.events) - len(events)
+        started = time.perf_counter()
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
@@ -128,6 +133,8 @@ class DeliveryWorker(Actor):
                     raise
                 except SinkError as exc:
                     self.stats.errors += 1
+                    kind = "retryable" if exc.retryable else "non_retryable"
+                    self.stats.errors_by_kind[kind] = self.stats.errors_by_kind.get(kind, 0) + 1
                     self.stats.last_error = str(exc)
                     if exc.retryable:
                         self.ctx.availability.down(f"sink:{self.sink_id}", exc)
@@ -146,6 +153,10 @@ class DeliveryWorker(Actor):
         self.ctx.availability.up(f"sink:{self.sink_id}")
         if self.position is None or batch.checkpoint.order > self.position.order:
             self.position = batch.checkpoint
+        if events:
+            self.latency.observe(time.perf_counter() - started)
+            if (oldest := events[0].source.ts_ms) > 0:
+                self.end_to_end.observe(max(0.0, time.time() - oldest / 1000))
         self.stats.events += len(events)
         self.stats.bytes += sum(e.size for e in events)
         self.stats.batches += 1

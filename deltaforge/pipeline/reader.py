@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from actors import Actor, ActorRef
+from deltaforge.metrics import StageTimers, observe_lag
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import EventsRead, ReadNext, Rewind, StopReading
 from deltaforge.pipeline.reconciler import Reconcile
@@ -51,6 +53,7 @@ class SourceReader(Actor):
         self.ctx = ctx
         self.accumulator = accumulator
         self.reconciler = reconciler
+        self.timers = StageTimers(ctx.config.name)
         self.schemas: dict[str, list[dict[str, Any]] | None] = {}  # table -> its latest recorded columns
         self.reading = True
         self.confirmed: Position | None = None
@@ -111,15 +114,27 @@ class SourceReader(Actor):
                 if durable is not None and durable is not self.confirmed:
                     await source.confirm(durable)
                     self.confirmed = durable
+                started = time.perf_counter()
                 events = await source.read()
             except Unavailable as exc:
+                self.ctx.stats.source_errors += 1
                 self.ctx.availability.down("source", exc)
+                raise
+            except Exception:
+                self.ctx.stats.source_errors += 1
                 raise
             self.ctx.availability.up("source")
             for table, columns, position in source.take_schema_changes():
                 await self._record_schema(table, columns, position)
             if events:
-                self.ctx.stats.events_read += len(events)
+                stats = self.ctx.stats
+                stats.events_read += len(events)
+                stats.bytes_read += sum(e.size for e in events)
+                self.timers.read.observe(time.perf_counter() - started)  # waiting for the source included
+                last = events[-1]
+                if last.op != "h":
+                    observe_lag(self.timers.pipeline, source.id, f"{last.source.db}.{last.source.table}",
+                                last.source.ts_ms)  # fmt: skip
                 await self.accumulator.tell(EventsRead(events, self.epoch))
             else:
                 await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorRef
+from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, Batch, DeliverBatch, JobDone
 from deltaforge.transform.plan import Plan, ProcessorError, Transformed
@@ -50,6 +51,7 @@ class SparkTransformer(Actor):
         super().__init__()
         self.ctx = ctx
         self.coordinator = coordinator
+        self.timer = StageTimers(ctx.config.name).transform
         self.inflight = max(1, ctx.config.batch.max_inflight)
         self.job_events = ctx.config.spark.max_job_events
         self.waiting: collections.deque[Batch] = collections.deque()
@@ -183,6 +185,7 @@ class SparkTransformer(Actor):
         self.running.popleft()
         stats = self.ctx.stats
         stats.transform_last_ms = round(result.seconds * 1000, 2)
+        self.timer.observe(result.seconds)
         parts = [result.events] if len(group) == 1 else result.split([len(b.events) for b in group])
         for batch, events in zip(group, parts, strict=True):
             stats.transform_batches += 1
