@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,10 +18,12 @@ import structlog
 import uvicorn
 
 from deltaforge import gctune, logsetup
+from deltaforge.api.security import TOKEN_ENV, unsafe_bind
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
+from deltaforge.redact import redact
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
@@ -55,7 +58,11 @@ async def _listen(app: Any, addr: str) -> tuple[_Server, asyncio.Task[None]] | N
 
 
 async def _serve(
-    configs: list[PipelineConfig], api_addr: str, workload: bool = True, metrics_addr: str | None = None
+    configs: list[PipelineConfig],
+    api_addr: str,
+    workload: bool = True,
+    metrics_addr: str | None = None,
+    token: str | None = None,
 ) -> int:
     from deltaforge.api import build_app, build_metrics_app
 
@@ -66,7 +73,7 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     servers: list[tuple[_Server, asyncio.Task[None]]] = []
-    wanted = [(build_app(runners), api_addr, "REST API", "api_listening")] if api_addr != "off" else []
+    wanted = [(build_app(runners, token), api_addr, "REST API", "api_listening")] if api_addr != "off" else []
     if metrics_addr:
         wanted.append((build_metrics_app(runners), metrics_addr, "metrics", "metrics_listening"))
     for app, addr, what, event in wanted:
@@ -88,6 +95,13 @@ async def _serve(
     return 0
 
 
+def _api_token(args: argparse.Namespace) -> str | None:
+    """The API token: ``--api-token-file`` (its first line), else ``DELTAFORGE_API_TOKEN``."""
+    if args.api_token_file:
+        return Path(args.api_token_file).read_text().strip() or None
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level, args.log_file, stderr=not args.quiet)
     try:
@@ -101,16 +115,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
             ]
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(redact(str(exc)), file=sys.stderr)
+        return 2
+    token = _api_token(args)
+    if args.api_addr != "off" and (why := unsafe_bind(args.api_addr, token)):
+        print(why, file=sys.stderr)
         return 2
     gctune.tune()
     try:
-        return asyncio.run(
-            _serve(configs, args.api_addr, workload=not args.no_workload, metrics_addr=args.metrics_addr)
-        )
+        return asyncio.run(_serve(configs, args.api_addr, not args.no_workload, args.metrics_addr, token))
     except MissingExtra as exc:
         structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
-        print(exc, file=sys.stderr)
+        print(redact(str(exc)), file=sys.stderr)
         return 2
 
 
@@ -118,7 +134,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         configs = load(args.file)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(redact(str(exc)), file=sys.stderr)
         return 1
     for c in configs:
         print(f"ok: pipeline {c.name!r}: {c.source.type} -> {', '.join(f'{s.type}:{s.id}' for s in c.sinks)}")
@@ -157,7 +173,7 @@ async def _checkpoints(args: argparse.Namespace) -> int:
             print(f"{key}  v{version}  {when}  {value}")
         return 0
     except KeyError as exc:
-        print(exc.args[0], file=sys.stderr)
+        print(redact(str(exc.args[0])), file=sys.stderr)
         return 1
     finally:
         await store.close()
@@ -184,6 +200,10 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run pipelines (the built-in default when no --config)")
     s.add_argument("--config", help="a pipeline YAML file or a folder of them")
     s.add_argument("--api-addr", default="127.0.0.1:8080", help="REST API host:port, or 'off'")
+    s.add_argument(
+        "--api-token-file",
+        help=f"a file holding the API token (else ${TOKEN_ENV}); changes then need Authorization: Bearer",
+    )
     s.add_argument(
         "--metrics-addr", help="also serve /metrics alone on this host:port (it is on the API too)"
     )

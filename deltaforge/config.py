@@ -35,7 +35,9 @@ from deltaforge.configmodel import (
 )
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig, processor_spec
 
-SPEC_FIELDS = ("source", "processors", "spark", "sinks", "batch", "commit_policy", "supervision", "storage")
+SPEC_FIELDS = (
+    "source", "processors", "spark", "sinks", "batch", "commit_policy", "supervision", "storage", "journal",
+)  # fmt: skip
 
 _VAR = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -121,6 +123,28 @@ class StorageConfig(PluginConfig):
     path: Text = Field("./data/deltaforge.db", description="The store's file.")
 
 
+class DlqConfig(PluginConfig):
+    """``spec.journal.dlq``: how many dead letters are kept, and what happens when it is full."""
+
+    max_entries: PositiveInt = Field(10_000, description="Most entries kept.")
+    max_age_secs: PositiveInt = Field(7 * 24 * 3600, description="Entries older than this are dropped.")
+    overflow_policy: Literal["drop_oldest", "reject", "block"] = Field(
+        "drop_oldest",
+        description="Full: drop the oldest entry, reject (drop) the new one, or block the sink until "
+        "an operator acks or purges.",
+    )
+
+
+class JournalConfig(PluginConfig):
+    """``spec.journal``: the dead-letter queue for poison events (off: a poison event halts)."""
+
+    enabled: Bool = Field(False, description="Send poison events to the DLQ instead of halting.")
+    max_event_bytes: PositiveInt = Field(
+        256 * 1024, description="An event larger than this is kept truncated (and cannot be replayed)."
+    )
+    dlq: DlqConfig = Field(default_factory=DlqConfig, description="The dead-letter queue's bounds.")
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
     """One validated pipeline."""
@@ -135,6 +159,7 @@ class PipelineConfig:
     commit_policy: CommitPolicy = field(default_factory=CommitPolicy)
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
 
 
 def expand_env(value: Any, path: str, env: Mapping[str, str], errors: list[str]) -> Any:
@@ -326,9 +351,10 @@ def parse_pipeline(
             )
     supervision = _section(SupervisionConfig, spec.get("supervision"), "spec.supervision", errors)
     storage = _section(StorageConfig, spec.get("storage"), "spec.storage", errors)
+    journal = _section(JournalConfig, spec.get("journal"), "spec.journal", errors)
     if errors:
         raise ConfigError(errors, source_name)
-    assert meta and source and spark and batch and policy and supervision and storage
+    assert meta and source and spark and batch and policy and supervision and storage and journal
     return PipelineConfig(
         name=meta.name,
         tenant=meta.tenant,
@@ -339,6 +365,7 @@ def parse_pipeline(
         batch=batch,
         commit_policy=policy,
         supervision=supervision,
+        journal=journal,
         storage=storage,
     )
 

@@ -14,6 +14,8 @@ from typing import IO, Any
 import orjson
 import structlog
 
+from deltaforge.redact import redact
+
 
 class _Tee:
     """Writes each rendered line to several streams (stderr and a log file)."""
@@ -38,7 +40,8 @@ class _TeeFactory:
 
 
 def _serialize(obj: Any, **kw: Any) -> str:
-    return orjson.dumps(obj, default=str).decode()
+    # The whole line, tracebacks included: a driver may put a DSN in an error message.
+    return redact(orjson.dumps(obj, default=str).decode())
 
 
 def configure(level: str = "info", log_file: str | Path | None = None, stderr: bool = True) -> None:

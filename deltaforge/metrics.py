@@ -146,8 +146,18 @@ class PipelinesCollector(Collector):
         capacity = GaugeMetricFamily("deltaforge_actor_mailbox_capacity", "Mailbox bound.", labels=a_labels)
         restarts = CounterMetricFamily("deltaforge_actor_restarts", "Restarts, by why.",
                                        labels=[*a_labels, "reason"])  # fmt: skip
+        dlq_entries = GaugeMetricFamily("deltaforge_dlq_entries", "Dead letters kept.", labels=p_labels)
+        dlq_events = CounterMetricFamily("deltaforge_dlq_events", "Dead letters, by what became of them: added, "
+                                         "rejected (full, reject), dropped (full or too old), replayed.",
+                                         labels=[*p_labels, "outcome"])  # fmt: skip
+        sink_dead = CounterMetricFamily("deltaforge_sink_dead_letters", "Poison events a sink sent to the DLQ.",
+                                        labels=k_labels)  # fmt: skip
         now = time.time()
         for name, runner in self.pipelines.items():
+            if (dlq := runner.ctx.dlq) is not None:
+                dlq_entries.add_metric([name], dlq.entries)
+                for outcome in ("added", "rejected", "dropped", "replayed"):
+                    dlq_events.add_metric([name, outcome], getattr(dlq, outcome))
             st = runner.ctx.stats
             state = "degraded" if runner.degraded else runner.state
             status.add_metric([name], STATUS_VALUE.get(state, 0.0))
@@ -166,6 +176,7 @@ class PipelinesCollector(Collector):
                 sink_retries.add_metric(lab, sk.retries)
                 for kind, n in sorted(sk.errors_by_kind.items()):
                     sink_errors.add_metric([*lab, kind], n)
+                sink_dead.add_metric(lab, sk.dead_letters)
                 commits.add_metric(lab, sk.txn_commits)
                 aborts.add_metric(lab, sk.txn_aborts)
                 if sk.checkpoint_at is not None:
@@ -178,7 +189,7 @@ class PipelinesCollector(Collector):
                     restarts.add_metric([name, node.name, reason], n)
         yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects,
                     sink_events, sink_bytes, sink_batches, sink_retries, sink_errors, commits, aborts, age,
-                    depth, capacity, restarts)  # fmt: skip
+                    depth, capacity, restarts, dlq_entries, dlq_events, sink_dead)  # fmt: skip
 
 
 def _walk(node: NodeSnapshot) -> Iterable[NodeSnapshot]:

@@ -18,6 +18,7 @@ from deltaforge.config import (
     SPEC_FIELDS,
     BatchConfig,
     CommitPolicy,
+    JournalConfig,
     Metadata,
     StorageConfig,
     SupervisionConfig,
@@ -46,6 +47,7 @@ def pipeline_schema() -> dict[str, Any]:
         "commit_policy": CommitPolicy,
         "supervision": SupervisionConfig,
         "storage": StorageConfig,
+        "journal": JournalConfig,
     }
     sources = {name: p.config for name, p in SOURCES.items()}
     sinks = {name: p.config for name, p in SINKS.items()}

@@ -44,6 +44,7 @@ def doc(
     supervision: dict[str, Any] | None = None,
     source_path: str = "unused.db",
     storage: dict[str, Any] | None = None,
+    journal: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "source": {"type": "turso", "config": {"id": "src", "path": source_path}},
@@ -54,6 +55,8 @@ def doc(
         spec["batch"] = batch
     if commit_policy:
         spec["commit_policy"] = commit_policy
+    if journal:
+        spec["journal"] = journal
     spec["supervision"] = supervision or {
         "max_restarts": 50,
         "within_seconds": 60,

@@ -195,3 +195,15 @@ def test_a_commit_policy_no_sink_can_satisfy_is_refused() -> None:
     )
     d["spec"]["commit_policy"] = {"mode": "all"}
     parse_pipeline(d, env={})  # all (or quorum) waits for optional sinks too: fine
+
+
+def test_a_wrong_journal_names_each_field_with_what_was_expected() -> None:
+    from tests.kit import doc
+
+    bad = doc(journal={"enabled": True, "dlq": {"overflow_policy": "explode", "max_entries": 0}})
+    with pytest.raises(ConfigError) as exc:
+        parse_pipeline(bad, env={})
+    assert exc.value.errors == [
+        "spec.journal.dlq.max_entries: expected an integer >= 1, got 0",
+        "spec.journal.dlq.overflow_policy: expected one of drop_oldest, reject, block, got 'explode'",
+    ]

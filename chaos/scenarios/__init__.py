@@ -1,7 +1,7 @@
 """Every chaos scenario, one module each; ``SCENARIOS`` is what ``python -m chaos list`` shows.
 
 ``quick`` scenarios form the CI subset: at least one per toxic type, each within a minute.
-A scenario whose feature lands in another issue is listed as pending, by name.
+A scenario whose feature lands in another issue is listed as pending, by name (none now).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from chaos.scenarios import (
     binlog_purge,
     crash_recovery,
     cut_mid_stream,
+    dlq_poison,
     exactly_once,
     failover,
     half_open,
@@ -63,8 +64,9 @@ SCENARIOS: list[Scenario] = [
     Scenario("soak", "a random fault every 1-3 s for --duration (60 s)",
              "lost 0; order 0; Redis duplicates 0; recovers", soak.run,
              toxics=("down", "latency", "reset_peer", "kill")),
-    Scenario("dlq_poison", "a poison event", "goes to the DLQ with its coordinates", None,
-             pending="issue 16 (dead-letter queue)"),
+    Scenario("dlq_poison", "the PostgreSQL target refuses some row versions (CHECK), then is fixed",
+             "refused changes in the DLQ with coordinates; replayed over REST; target equals source",
+             dlq_poison.run),
     Scenario("failover", "MariaDB primary replaced by its promoted GTID replica behind the same address",
              "reconciled as reachable; lost 0, order 0 across the switch", failover.run, toxics=("down",)),
     Scenario("pg_failover", "PostgreSQL primary replaced by its promoted standby behind the same address",

@@ -179,6 +179,10 @@ class Rig:
     def degraded(self) -> bool:
         return bool(self.health().get("status") == "degraded")
 
+    def final_rows(self) -> list[Change]:
+        """The source's rows after every committed change: ("row", id, ver)."""
+        return _final_rows(list(self.workload.committed))
+
     def delivered(self) -> list[Change]:
         return file_changes(self.ctx.workdir / "events.jsonl")
 

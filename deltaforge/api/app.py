@@ -7,22 +7,26 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from deltaforge.api import journal
+from deltaforge.api.security import SafeJSONResponse, TokenGuard
 from deltaforge.metrics import render
 from deltaforge.pipeline.runner import PipelineRunner
 
 
-def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
-    """A Starlette app over the running pipelines (the mapping is read live)."""
+def build_app(pipelines: Mapping[str, PipelineRunner], token: str | None = None) -> Starlette:
+    """A Starlette app over the running pipelines (the mapping is read live); with ``token``,
+    mutating requests need it (see ``security.py``)."""
 
     def _get(request: Request) -> PipelineRunner | Response:
         name = request.path_params["name"]
         runner = pipelines.get(name)
         if runner is None:
-            return JSONResponse({"error": f"no pipeline named {name!r}"}, status_code=404)
+            return SafeJSONResponse({"error": f"no pipeline named {name!r}"}, status_code=404)
         return runner
 
     def states(request: Request) -> dict[str, str]:
@@ -33,29 +37,29 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
         failed = {n: r.failure for n, r in pipelines.items() if r.state == "failed"}
         if failed:
             reasons = [f"{n}: {why}" for n, why in failed.items()]
-            return JSONResponse({"status": "failed", "reasons": reasons}, status_code=503)
+            return SafeJSONResponse({"status": "failed", "reasons": reasons}, status_code=503)
         degraded = {n: r.ctx.availability.view() for n, r in pipelines.items() if r.degraded}
         if degraded:
             body = {"status": "degraded", "pipelines": states(request), "unavailable": degraded}
-            return JSONResponse(body)
-        return JSONResponse({"status": "ok", "pipelines": states(request)})
+            return SafeJSONResponse(body)
+        return SafeJSONResponse({"status": "ok", "pipelines": states(request)})
 
     async def ready(request: Request) -> Response:
         """Doing its job? 200 only while every pipeline runs with its source and sinks reachable."""
         current = states(request)
         ok = all(state == "running" for state in current.values())
-        return JSONResponse({"ready": ok, "pipelines": current}, status_code=200 if ok else 503)
+        return SafeJSONResponse({"ready": ok, "pipelines": current}, status_code=200 if ok else 503)
 
     async def list_pipelines(request: Request) -> Response:
-        return JSONResponse([r.status() for r in pipelines.values()])
+        return SafeJSONResponse([r.status() for r in pipelines.values()])
 
     async def pipeline(request: Request) -> Response:
         r = _get(request)
-        return r if isinstance(r, Response) else JSONResponse(r.status())
+        return r if isinstance(r, Response) else SafeJSONResponse(r.status())
 
     async def actors(request: Request) -> Response:
         r = _get(request)
-        return r if isinstance(r, Response) else JSONResponse(r.snapshot().to_dict())
+        return r if isinstance(r, Response) else SafeJSONResponse(r.snapshot().to_dict())
 
     def stored(
         read: Callable[[PipelineRunner], Awaitable[Any]] | Callable[[PipelineRunner, str], Awaitable[Any]],
@@ -68,13 +72,14 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
                 return r
             args = [request.path_params["table"]] if "table" in request.path_params else []
             try:
-                return JSONResponse(await read(r, *args))
+                return SafeJSONResponse(await read(r, *args))
             except RuntimeError as exc:  # store closed: the pipeline has stopped
-                return JSONResponse({"error": str(exc)}, status_code=409)
+                return SafeJSONResponse({"error": str(exc)}, status_code=409)
 
         return endpoint
 
     return Starlette(
+        middleware=[Middleware(TokenGuard, token=token)],
         routes=[
             Route("/metrics", _metrics(pipelines)),
             Route("/health", health),
@@ -87,7 +92,8 @@ def build_app(pipelines: Mapping[str, PipelineRunner]) -> Starlette:
             Route("/pipelines/{name}/reconcile", stored(PipelineRunner.reconcile_records)),
             Route("/pipelines/{name}/schemas", stored(PipelineRunner.schemas)),
             Route("/pipelines/{name}/schemas/{table}/versions", stored(PipelineRunner.schema_versions)),
-        ]
+            *journal.routes(pipelines),
+        ],
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
@@ -18,6 +18,9 @@ from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
 from deltaforge.state.checkpoints import CheckpointStore, sink_key
 from supervision import Clock, MonotonicClock
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.dlq import DeadLetterQueue
 
 
 @dataclass
@@ -32,6 +35,8 @@ class SinkStats:
     skipped: int = 0
     errors: int = 0
     retries: int = 0
+    dead_letters: int = 0
+    """Poison events this sink sent to the DLQ."""
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     """``retryable`` / ``non_retryable`` failed attempts (the metrics' ``kind`` label)."""
     checkpoint_at: float | None = None
@@ -113,6 +118,8 @@ class PipelineContext:
     """The source server's identity as last reconciled (FailoverReconciler; REST reads it)."""
     reconcile_records: list[dict[str, Any]] = field(default_factory=list)
     """What reconciliations found (FailoverReconciler; REST reads them)."""
+    dlq: DeadLetterQueue | None = None
+    """Where poison events go when ``spec.journal.enabled`` (the runner sets it)."""
 
     def durable_min(self) -> Position | None:
         """The checkpoint every sink holds durably, or None while any sink has none."""

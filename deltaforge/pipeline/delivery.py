@@ -9,9 +9,16 @@ from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import Batch, BatchDelivered, DeliverTo, DeliveryFailed, ProbeSink
+from deltaforge.pipeline.messages import (
+    Batch,
+    BatchDelivered,
+    DeliverTo,
+    DeliveryFailed,
+    ProbeSink,
+    ReplayDeadLetters,
+)
 from deltaforge.position import Position
-from deltaforge.sinks.base import Sink, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, Sink, SinkError
 from supervision import Backoff, Fatal
 
 RETRY = Backoff(base=0.1, max=10.0)
@@ -96,6 +103,40 @@ class DeliveryWorker(Actor):
             return events
         return [e for e in events if e.order > done]
 
+    async def _isolate(self, events: list[Event], end: Position) -> None:
+        """Deliver ``events`` around their poison ones, in order, by halves: what fails alone is
+        poison. Each delivered part moves this worker's position, so a retry after a connection
+        error skips it. A part records its own last position (a sink that keeps positions with
+        the data must never hold one past what it holds); ``end`` is the batch's."""
+        try:
+            await self.sink.deliver(events, end)
+        except PoisonEvent as exc:
+            if len(events) == 1:
+                await self._poisoned(events[0], exc)
+            else:
+                half = len(events) // 2
+                await self._isolate(events[:half], events[half - 1].checkpoint)
+                await self._isolate(events[half:], end)
+                return
+        self.position = end
+
+    async def _poisoned(self, event: Event, error: PoisonEvent) -> None:
+        """To the DLQ, or (journal off) the failure that halts, naming the event."""
+        dlq = self.ctx.dlq
+        if dlq is None or not dlq.enabled:
+            s = event.source
+            raise NonRetryableSinkError(
+                f"{error}; poison event {event.event_id} of {s.db}.{s.table} at {s.position.to_doc()} "
+                "(spec.journal.enabled: true sends such events to the dead-letter queue)"
+            )
+        await dlq.put(self.sink_id, event, error, attempts=1)
+        self.stats.dead_letters += 1
+
+    async def replay(self, events: list[Event]) -> None:
+        """Dead letters again, as they were (their idempotency keys too): no position recorded."""
+        await self._open()
+        await self.sink.deliver(events, None)
+
     async def _probe(self) -> str | None:
         """Whether the sink answers now: None if so, else why not."""
         try:
@@ -110,6 +151,12 @@ class DeliveryWorker(Actor):
     async def receive(self, message: Any) -> Any:
         if isinstance(message, ProbeSink):
             return await self._probe()
+        if isinstance(message, ReplayDeadLetters):
+            try:
+                await self.replay(list(message.events))
+            except SinkError as exc:
+                return str(exc)
+            return None
         if not isinstance(message, DeliverTo):
             return await super().receive(message)
         batch = message.batch
@@ -127,7 +174,10 @@ class DeliveryWorker(Actor):
                     await self._open()
                     events = self._pending(batch)
                     if events:
-                        await self.sink.deliver(events, batch.checkpoint)
+                        try:
+                            await self.sink.deliver(events, batch.checkpoint)
+                        except PoisonEvent:
+                            await self._isolate(events, batch.checkpoint)
                     break
                 except Fatal:
                     raise

@@ -70,6 +70,13 @@ class ProbeSink(Ask[str | None]):
 
 
 @message
+class ReplayDeadLetters(Ask[str | None]):
+    """REST to a worker: deliver these dead letters again; None once they are in the sink, else why not."""
+
+    events: tuple[Event, ...]
+
+
+@message
 class ProbeLagging:
     """Coordinator's timer tick: time to see whether lagging sinks are back."""
 

@@ -13,7 +13,8 @@ from actors import ActorStopped, NodeSnapshot
 from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import Barrier, FlushNow, StopReading
+from deltaforge.pipeline.dlq import DeadLetterQueue
+from deltaforge.pipeline.messages import Barrier, FlushNow, ReplayDeadLetters, StopReading
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
@@ -21,9 +22,14 @@ from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
+from deltaforge.state.deadletters import Select
 from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed
 
 T = TypeVar("T")
+
+
+class ReplayFailed(Exception):
+    """Dead letters could not be delivered again (the entries stay)."""
 
 
 class StoredCheckpoint(TypedDict):
@@ -72,6 +78,9 @@ class PipelineRunner:
             rng=rng or random.Random(),
             availability=Availability(config.name),
         )
+        self.ctx.dlq = DeadLetterQueue(
+            config.name, config.journal, self.store.dead_letters, self.ctx.availability
+        )
         extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
         self.tree = build_tree(self.ctx, extra)
         self.supervisor = self.tree.supervisor
@@ -85,6 +94,8 @@ class PipelineRunner:
         structlog.contextvars.bind_contextvars(pipeline=self.name)
         if self._own_store:
             await self.store.open()
+        assert self.ctx.dlq is not None
+        self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
         if self._stop_asked:
             self.state = "stopped"
             if self._own_store:
@@ -206,6 +217,29 @@ class PipelineRunner:
         """Every schema recorded for ``table``, oldest first, each from the source position it began at."""
         history = await self._read_store(lambda store: store.schema_history(self.config.source.id, table))
         return [{"version": n, **doc} for n, doc in enumerate(history, 1)]
+
+    async def replay_dead_letters(self, which: Select) -> int:
+        """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only
+        once its sink holds it. Raises :class:`ReplayFailed` saying why when a sink refuses."""
+        dlq = self.ctx.dlq
+        assert dlq is not None
+        total = 0
+        for sink, items in (await dlq.take_for_replay(which)).items():
+            worker = self.tree.workers.get(sink)
+            if worker is None:
+                raise ReplayFailed(f"sink {sink!r} is not in this pipeline any more")
+            try:
+                why = await worker.ask(ReplayDeadLetters(tuple(e for _, e in items)), timeout=120)
+            except (ActorStopped, TimeoutError) as exc:
+                raise ReplayFailed(
+                    f"sink {sink!r}: the pipeline is not running ({type(exc).__name__})"
+                ) from None
+            if why is not None:
+                raise ReplayFailed(f"sink {sink!r}: {why}")
+            await dlq.remove(Select(seqs=tuple(seq for seq, _ in items)))
+            dlq.replayed += len(items)
+            total += len(items)
+        return total
 
     async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""

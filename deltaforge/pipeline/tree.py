@@ -65,6 +65,7 @@ class PipelineTree:
     accumulator: ActorRef[Accumulator]
     transformer: ActorRef[SparkTransformer] | None
     coordinator: ActorRef[DeliveryCoordinator]
+    workers: dict[str, ActorRef[DeliveryWorker]]
 
 
 def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> PipelineTree:
@@ -146,7 +147,7 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
         rng=ctx.rng,
         max_unavailable=sup.max_unavailable_s,
     )
-    return PipelineTree(supervisor, reader.ref, accumulator.ref, transformer_ref, coordinator.ref)
+    return PipelineTree(supervisor, reader.ref, accumulator.ref, transformer_ref, coordinator.ref, workers)
 
 
 class _WorkerFactory:

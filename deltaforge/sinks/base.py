@@ -28,6 +28,19 @@ class NonRetryableSinkError(SinkError):
     retryable = False
 
 
+class PoisonEvent(NonRetryableSinkError):
+    """An event of the batch cannot be delivered however often it is tried, by its own fault, not
+    the sink's: a name template that does not resolve for it, a record too large, a row the target
+    refuses. The delivery worker finds which event (see ``pipeline/delivery.py``); with the
+    journal on it goes to the dead-letter queue, else the pipeline halts naming it. Connection,
+    authentication, timeout and fencing errors are never this."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """``routing``, ``too_large``, ``invalid_record`` or ``rejected``: the DLQ's error kind."""
+
+
 class Sink(ABC, Generic[K]):
     """Delivers batches; ``deliver`` returns only when the batch is durable there.
 

@@ -31,19 +31,21 @@ from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSetting
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
+_POISON = {  # the event's fault: to the DLQ, with this kind
+    KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
+    KafkaError.INVALID_RECORD: "invalid_record",
+    KafkaError.TOPIC_EXCEPTION: "routing",  # an invalid topic name: a template produced it
+}
 _NON_RETRYABLE = {
-    KafkaError.MSG_SIZE_TOO_LARGE,
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED,
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._AUTHENTICATION,
-    KafkaError.INVALID_RECORD,
-    KafkaError.TOPIC_EXCEPTION,  # an invalid topic name: a template produced it, retrying cannot help
 }
 IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -183,42 +185,60 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             if err is not None:
                 errors.append(err)
 
+        # Every record's topic, key and value first: an event whose template does not resolve
+        # fails the batch before anything of it is sent.
+        records = [self._record(e) for e in events]
         try:
-            if self.exactly_once:
-                producer.begin_transaction()
-            for e in events:
-                self._produce(producer, e, on_delivery)
-            if self.exactly_once:
-                if position is not None:
-                    # In the same transaction: a read_committed reader (this sink, after a crash)
-                    # sees the batch and where it left the source together or not at all. And only
-                    # once every record of the batch is acknowledged: a broker that shows aborted
-                    # records (Tansu 0.6) could otherwise show a position whose records never landed.
-                    if producer.flush(self.timeout) or errors:
-                        raise (
-                            self._classify(errors[0])
-                            if errors
-                            else RetryableSinkError(
-                                f"kafka sink {self.id!r}: records not acknowledged in time"
+            try:
+                if self.exactly_once:
+                    producer.begin_transaction()
+                for rec in records:
+                    self._produce(producer, rec, on_delivery)
+                if self.exactly_once:
+                    if position is not None:
+                        # In the same transaction: a read_committed reader (this sink, after a crash)
+                        # sees the batch and where it left the source together or not at all. And only
+                        # once every record of the batch is acknowledged: a broker that shows aborted
+                        # records (Tansu 0.6) could otherwise show a position whose records never landed.
+                        if producer.flush(self.timeout) or errors:
+                            raise (
+                                self._classify(errors[0])
+                                if errors
+                                else RetryableSinkError(
+                                    f"kafka sink {self.id!r}: records not acknowledged in time"
+                                )
                             )
+                        held = encode({"position": position.to_doc(), "order": list(position.order)})
+                        producer.produce(
+                            self.settings.offsets_topic, held, self.position_key, on_delivery=on_delivery
                         )
-                    record = encode({"position": position.to_doc(), "order": list(position.order)})
-                    producer.produce(
-                        self.settings.offsets_topic, record, self.position_key, on_delivery=on_delivery
-                    )
-                self._commit(producer)
-                self.commits += 1
-            else:
-                left = producer.flush(self.timeout)
-                if left:
-                    raise RetryableSinkError(
-                        f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
-                    )
-            if errors:
-                raise self._classify(errors[0])
+                    self._commit(producer)
+                    self.commits += 1
+                else:
+                    left = producer.flush(self.timeout)
+                    if left:
+                        raise RetryableSinkError(
+                            f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
+                        )
+                if errors:
+                    raise self._classify(errors[0])
+            except SystemError as exc:
+                # confluent-kafka runs a delivery report while a failing producer call has its
+                # exception set, and the report's append fails on it: that call's failure (the
+                # fence, say) is chained here. Handle it as itself.
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, KafkaException):
+                    raise cause from None
+                self._producer = None
+                raise RetryableSinkError(f"kafka sink {self.id!r}: {exc} (producer recreated)") from None
         except KafkaException as exc:
             err = exc.args[0]
             self._abort(producer, err)
+            if not self.exactly_once and err.code() in _POISON:
+                # What this batch queued before the poison record is not sent: the batch is tried
+                # again around it (pipeline/delivery.py), so sending it now would only duplicate it.
+                producer.purge(in_queue=True, in_flight=False)
+                producer.flush(self.timeout)
             raise self._classify(err) from None
         except SinkError:
             self._abort(producer, None)
@@ -246,19 +266,25 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         f"kafka sink {self.id!r}: commit not confirmed: {err.name()}: {err.str()}"
                     ) from None
 
-    def _produce(self, producer: Producer, e: Event, on_delivery: Any) -> None:
+    def _record(
+        self, e: Event
+    ) -> tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]:
+        """Topic, value, key, headers, and whether a tombstone follows."""
         key = self.key_of(e) if self.key_of is not None else row_key(e)
         headers: list[tuple[str, str | bytes | None]] = [
             ("idempotency_key", e.idempotency_key.encode()),
             ("event_id", e.event_id.encode()),
         ]
-        value = encode(self.envelope(e))
+        return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
+
+    def _produce(self, producer: Producer, record: tuple[Any, ...], on_delivery: Any) -> None:
+        topic, value, key, headers, tombstone = record
         while True:
             try:
-                producer.produce(self.topic_of(e), value, key, headers=headers, on_delivery=on_delivery)
-                if e.op == "d" and self.tombstones:
+                producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                if tombstone:
                     # Compaction then forgets the key: the null value after the delete.
-                    producer.produce(self.topic_of(e), None, key, headers=headers, on_delivery=on_delivery)
+                    producer.produce(topic, None, key, headers=headers, on_delivery=on_delivery)
                 return
             except BufferError:
                 producer.poll(0.1)  # queue full: let deliveries drain, then go on
@@ -289,6 +315,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # restart) ends that producer only: start a new one and retry the batch.
             self._producer = None
             return RetryableSinkError(f"{text} (producer recreated)")
+        if err.code() in _POISON:
+            return PoisonEvent(text, _POISON[err.code()])
         if err.code() in _NON_RETRYABLE:
             return NonRetryableSinkError(text)
         return RetryableSinkError(text)

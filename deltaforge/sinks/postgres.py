@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.events import Event
 from deltaforge.position import Position
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
+from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -32,9 +32,10 @@ _PERMANENT = (
     asyncpg.UndefinedColumnError,
     asyncpg.InvalidAuthorizationSpecificationError,
     asyncpg.InsufficientPrivilegeError,
-    asyncpg.DataError,
     asyncpg.InvalidColumnReferenceError,
 )
+_REFUSED = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+"""A row the target refuses (a value out of range, a constraint): the event's fault, not the sink's."""
 
 
 def _q(name: str) -> str:
@@ -201,6 +202,8 @@ class PostgresSink(Sink[PostgresSinkConfig]):
                         await conn.execute(sql)
                     else:
                         await conn.executemany(sql, rows)
+        except _REFUSED as exc:
+            raise PoisonEvent(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}", "rejected") from None
         except _PERMANENT as exc:
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:

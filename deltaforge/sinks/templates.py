@@ -10,9 +10,17 @@ from pydantic import AfterValidator
 
 from deltaforge.configmodel import Text, fail
 from deltaforge.events import Event
+from deltaforge.sinks.base import PoisonEvent
 
 _PART = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\}")
 _SOURCE = {"table", "db", "schema", "connector"}
+
+
+class TemplateUnresolved(PoisonEvent):
+    """A template names a column this event's row does not have."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "routing")
 
 
 def _getter(path: str) -> Callable[[Event], Any]:
@@ -23,7 +31,10 @@ def _getter(path: str) -> Callable[[Event], Any]:
         # a delete has no after image: fall back to before, so keys stay stable per row
         def image(e: Event) -> Any:
             row = getattr(e, head) if getattr(e, head) is not None else (e.before or e.after)
-            return (row or {}).get(rest, "")
+            if not row or rest not in row:
+                # Routing it anywhere else (an empty name) would deliver it where nobody looks.
+                raise TemplateUnresolved(f"${{{path}}} does not resolve: the row has no column {rest!r}")
+            return row[rest]
 
         return image
     raise ValueError(

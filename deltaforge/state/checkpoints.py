@@ -24,6 +24,8 @@ import anyio
 import orjson
 
 from deltaforge.position import PositionDoc
+from deltaforge.state.deadletters import SCHEMA as DEAD_LETTERS_SCHEMA
+from deltaforge.state.deadletters import DeadLetterStore, MemoryDeadLetters, SqliteDeadLetters
 
 HISTORY = 200  # versions kept per key
 
@@ -82,6 +84,11 @@ class CheckpointStore(ABC):
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         """Schemas recorded for ``table``, oldest first: ``{columns, position, recorded_at}``."""
 
+    @property
+    @abstractmethod
+    def dead_letters(self) -> DeadLetterStore:
+        """The dead-letter queue's entries (``state/deadletters.py``)."""
+
     @abstractmethod
     async def schema_tables(self, source_id: str) -> list[str]:
         """The tables with a recorded schema for ``source_id``, by name."""
@@ -99,6 +106,11 @@ class MemoryCheckpointStore(CheckpointStore):
     def __init__(self) -> None:
         self._data: dict[str, list[VersionInfo]] = {}
         self._schemas: dict[str, list[dict[str, Any]]] = {}
+        self._dead = MemoryDeadLetters(self._persist)
+
+    @property
+    def dead_letters(self) -> MemoryDeadLetters:
+        return self._dead
 
     async def record_schema(
         self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
@@ -155,6 +167,8 @@ class FileCheckpointStore(MemoryCheckpointStore):
             raw = orjson.loads(self.path.read_bytes())
             self._data = {k: [VersionInfo(**v) for v in hist] for k, hist in raw["checkpoints"].items()}
             self._schemas = raw.get("schemas", {})
+            dlq = raw.get("dead_letters", {})
+            self._dead.entries, self._dead.next_seq = dlq.get("entries", []), dlq.get("next_seq", 1)
 
     async def _persist(self) -> None:
         checkpoints = {
@@ -169,7 +183,8 @@ class FileCheckpointStore(MemoryCheckpointStore):
             ]
             for k, hist in self._data.items()
         }
-        doc = {"checkpoints": checkpoints, "schemas": self._schemas}
+        dead = {"entries": self._dead.entries, "next_seq": self._dead.next_seq}
+        doc = {"checkpoints": checkpoints, "schemas": self._schemas, "dead_letters": dead}
         await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(doc))
 
 
@@ -249,6 +264,11 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._db: aiosqlite.Connection | None = None
+        self._dead = SqliteDeadLetters(lambda: self.db)
+
+    @property
+    def dead_letters(self) -> SqliteDeadLetters:
+        return self._dead
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +277,7 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
         await db.execute("PRAGMA synchronous=FULL")
         await db.execute("PRAGMA busy_timeout=5000")
         await db.executescript(_SCHEMA)
+        await db.executescript(DEAD_LETTERS_SCHEMA)
         await db.commit()
         self._db = db
 
