@@ -186,6 +186,12 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return asyncio.run(_checkpoints(args))
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from deltaforge import top
+
+    return top.run(args.api, args.interval, once=args.once)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from deltaforge import logview
 
@@ -229,6 +235,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--rollback", metavar="KEY", help="make an older version current")
     c.add_argument("--to", type=int, metavar="VERSION")
     c.set_defaults(fn=cmd_checkpoints)
+
+    tp = sub.add_parser("top", help="a live view of a running serve: rates, lag, sinks, DLQ, the actor tree")
+    tp.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--once", action="store_true", help="print one frame (two samples apart) and exit")
+    tp.set_defaults(fn=cmd_top)
 
     lg = sub.add_parser("logs", help="show JSON logs readably (from FILE or stdin)")
     lg.add_argument("file", nargs="?")

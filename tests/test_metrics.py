@@ -141,3 +141,43 @@ def test_serve_exposes_metrics_on_the_api_and_on_its_own_address(tmp_path: Path)
             assert "deltaforge_process_resident_memory_bytes" in families
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 404  # metrics only there
         assert serve.terminate() == 0
+
+
+async def test_the_grafana_dashboard_queries_only_metrics_deltaforge_exports() -> None:
+    """compose/grafana/dashboards/deltaforge.json: every deltaforge_* series in its queries is one
+    /metrics serves once a pipeline has run (histograms by their _bucket/_sum/_count series)."""
+    import json
+    import re
+
+    runner = PipelineRunner(config(sinks=[sink_doc("a")], name="g", journal={"enabled": True}),
+                            store=MemoryCheckpointStore(), source=SyntheticSource(100, chunk=50),
+                            sinks={"a": ScriptedSink("a")})  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 100, what="all committed")
+    await runner.drain()
+    await task
+    app = build_app({"g": runner})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://df") as client:
+        text = (await client.get("/metrics")).text
+    suffixes = {
+        "counter": [""],  # its TYPE line already names the _total series
+        "histogram": ["_bucket", "_sum", "_count"],
+        "gauge": [""],
+        "info": ["_info"],
+    }
+    exported = {
+        name + suffix
+        for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
+        for suffix in suffixes.get(kind, [""])
+    }
+    dashboard = json.loads(
+        (Path(__file__).parents[1] / "compose/grafana/dashboards/deltaforge.json").read_text()
+    )
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"deltaforge_[a-z_]+", target["expr"])
+    }
+    assert len(queried) >= 12
+    assert queried <= exported, queried - exported

@@ -1,0 +1,62 @@
+"""``deltaforge top`` under a pseudo-terminal against a running serve (issue 16, acceptance 5):
+the screen holds the pipeline, a non-zero rate and the actor tree."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import wait_until_sync
+from tests.serve_proc import Serve
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
+    with Serve(tmp_path, "--quiet") as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/pipelines/demo").json()["counters"]["events_read"] > 0,
+                        what="events flowing")  # fmt: skip
+        leader, follower = pty.openpty()
+        top = subprocess.Popen(
+            [sys.executable, "-m", "deltaforge", "top", "--api", serve.url(""), "--interval", "0.5"],
+            stdin=follower, stdout=follower, stderr=follower, close_fds=True,
+            env={**os.environ, "COLUMNS": "120", "LINES": "60", "TERM": "xterm"},
+        )  # fmt: skip
+        os.close(follower)
+        screen = ""
+        rate = re.compile(r"running\s+([0-9,]+)\s+([0-9,]+)")
+
+        def shows_a_rate() -> bool:
+            nonlocal screen
+            while select.select([leader], [], [], 0)[0]:
+                try:
+                    screen += ANSI.sub("", os.read(leader, 65536).decode(errors="replace"))
+                except OSError:
+                    break
+            found = rate.findall(screen)
+            return any(int(read.replace(",", "")) > 0 for read, _ in found)
+
+        try:
+            wait_until_sync(shows_a_rate, timeout=30, what="a frame with a rate")
+        finally:
+            top.terminate()
+            top.wait(10)
+            os.close(leader)
+        assert serve.terminate() == 0
+    assert "demo" in screen and "read/s" in screen and "committed/s" in screen
+    for node in ("PipelineSupervisor[demo]", "SourceReader", "DeliveryWorker[events-file]", "Accumulator"):
+        assert node in screen, node
+    assert re.search(r"\d+/\d+", screen)  # a mailbox's fill
+    assert "events-file" in screen and "checkpoint age" in screen
+
+
+def test_top_says_when_the_api_is_not_there() -> None:
+    proc = subprocess.run([sys.executable, "-m", "deltaforge", "top", "--api", "http://127.0.0.1:1", "--once"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "cannot reach the deltaforge API at http://127.0.0.1:1" in proc.stdout
