@@ -24,6 +24,7 @@ from deltaforge.defaults import default_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
 from deltaforge.redact import redact
+from deltaforge.service.client import VERBS as PIPELINE_VERBS
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
@@ -63,17 +64,29 @@ async def _serve(
     workload: bool = True,
     metrics_addr: str | None = None,
     token: str | None = None,
+    data_dir: str = "./data",
 ) -> int:
     from deltaforge.api import build_app, build_metrics_app
+    from deltaforge.service.manager import PipelineManager
+    from deltaforge.service.registry import PipelineRegistry
 
     log = structlog.get_logger().bind(actor="cli")
-    runners = {c.name: PipelineRunner(c, workload=_workload(c, workload)) for c in configs}
+    registry = PipelineRegistry(Path(data_dir) / "pipelines.json")
+    manager = PipelineManager(registry, lambda c: PipelineRunner(c, workload=_workload(c, workload)))
+    for c in configs:
+        manager.add(c)
+    manager.restore()  # the pipelines created over REST before
+    runners = manager.pipelines
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     servers: list[tuple[_Server, asyncio.Task[None]]] = []
-    wanted = [(build_app(runners, token), api_addr, "REST API", "api_listening")] if api_addr != "off" else []
+    wanted = (
+        [(build_app(runners, token, manager), api_addr, "REST API", "api_listening")]
+        if api_addr != "off"
+        else []
+    )
     if metrics_addr:
         wanted.append((build_metrics_app(runners), metrics_addr, "metrics", "metrics_listening"))
     for app, addr, what, event in wanted:
@@ -83,11 +96,10 @@ async def _serve(
             return 2
         servers.append(started)
         log.info(event, addr=addr)
-    tasks = [asyncio.create_task(r.run(), name=f"pipeline:{n}") for n, r in runners.items()]
+    manager.start_all()
     await stop.wait()
     log.info("shutdown_requested", reason="signal")
-    await asyncio.gather(*(r.drain() for r in runners.values()))
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await manager.drain_all()
     for server, task in servers:
         server.should_exit = True
         await task
@@ -123,7 +135,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     gctune.tune()
     try:
-        return asyncio.run(_serve(configs, args.api_addr, not args.no_workload, args.metrics_addr, token))
+        return asyncio.run(
+            _serve(configs, args.api_addr, not args.no_workload, args.metrics_addr, token, args.data_dir)
+        )
     except MissingExtra as exc:
         structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
         print(redact(str(exc)), file=sys.stderr)
@@ -186,6 +200,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return asyncio.run(_checkpoints(args))
 
 
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from deltaforge.service import client
+
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    return client.run(args.api, token or None, args.verb, args.name, args.file, args.delete_checkpoints)
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from deltaforge import top
 
@@ -235,6 +256,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--rollback", metavar="KEY", help="make an older version current")
     c.add_argument("--to", type=int, metavar="VERSION")
     c.set_defaults(fn=cmd_checkpoints)
+
+    pl = sub.add_parser("pipelines", help="list, get, create, patch, pause, resume, stop or delete pipelines")
+    pl.add_argument("verb", choices=PIPELINE_VERBS)
+    pl.add_argument("name", nargs="?", help="the pipeline (all verbs but list and create)")
+    pl.add_argument(
+        "-f", "--file", help="the document for create (YAML or JSON) or the merge patch; - for stdin"
+    )
+    pl.add_argument("--delete-checkpoints", action="store_true", help="delete: forget its checkpoints too")
+    pl.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")
+    pl.add_argument("--token-file", help=f"a file holding the API token (else ${TOKEN_ENV})")
+    pl.set_defaults(fn=cmd_pipelines)
 
     tp = sub.add_parser("top", help="a live view of a running serve: rates, lag, sinks, DLQ, the actor tree")
     tp.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")

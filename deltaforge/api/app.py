@@ -12,15 +12,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deltaforge.api import journal
+from deltaforge.api import journal, lifecycle
 from deltaforge.api.security import SafeJSONResponse, TokenGuard
 from deltaforge.metrics import render
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.service.manager import PipelineManager
 
 
-def build_app(pipelines: Mapping[str, PipelineRunner], token: str | None = None) -> Starlette:
+def build_app(
+    pipelines: Mapping[str, PipelineRunner], token: str | None = None, manager: PipelineManager | None = None
+) -> Starlette:
     """A Starlette app over the running pipelines (the mapping is read live); with ``token``,
-    mutating requests need it (see ``security.py``)."""
+    mutating requests need it (see ``security.py``); with ``manager``, the lifecycle endpoints too."""
 
     def _get(request: Request) -> PipelineRunner | Response:
         name = request.path_params["name"]
@@ -93,6 +96,7 @@ def build_app(pipelines: Mapping[str, PipelineRunner], token: str | None = None)
             Route("/pipelines/{name}/schemas", stored(PipelineRunner.schemas)),
             Route("/pipelines/{name}/schemas/{table}/versions", stored(PipelineRunner.schema_versions)),
             *journal.routes(pipelines),
+            *(lifecycle.routes(manager) if manager is not None else []),
         ],
     )
 

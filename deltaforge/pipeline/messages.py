@@ -70,6 +70,11 @@ class ProbeSink(Ask[str | None]):
 
 
 @message
+class ResumeReading(Ask[bool]):
+    """Runner to the reader, after StopReading (a pause): read again from where it stopped."""
+
+
+@message
 class ReplayDeadLetters(Ask[str | None]):
     """REST to a worker: deliver these dead letters again; None once they are in the sink, else why not."""
 

@@ -10,7 +10,7 @@ import anyio
 from actors import Actor, ActorRef
 from deltaforge.metrics import StageTimers, observe_lag
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import EventsRead, ReadNext, Rewind, StopReading
+from deltaforge.pipeline.messages import EventsRead, ReadNext, ResumeReading, Rewind, StopReading
 from deltaforge.pipeline.reconciler import Reconcile
 from deltaforge.position import Position
 from supervision import Unavailable
@@ -148,6 +148,11 @@ class SourceReader(Actor):
             return None
         if isinstance(message, StopReading):
             self.reading = False
+            return True
+        if isinstance(message, ResumeReading):
+            if not self.reading:  # the source stayed open: go on where reading stopped
+                self.reading = True
+                await self.ref.tell(ReadNext())
             return True
         return await super().receive(message)
 

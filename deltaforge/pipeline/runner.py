@@ -14,7 +14,8 @@ from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
-from deltaforge.pipeline.messages import Barrier, FlushNow, ReplayDeadLetters, StopReading
+from deltaforge.pipeline.messages import Barrier, FlushNow, ReplayDeadLetters, ResumeReading, StopReading
+from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
@@ -26,6 +27,10 @@ from deltaforge.state.deadletters import Select
 from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed
 
 T = TypeVar("T")
+
+
+class BadState(Exception):
+    """An operation the pipeline's state does not allow (pause a stopped pipeline, say)."""
 
 
 class ReplayFailed(Exception):
@@ -120,9 +125,25 @@ class PipelineRunner:
         self.failure = reason
         self.log.error("pipeline_failed", reason=reason)
 
+    async def pause(self) -> None:
+        """Stop reading; the source stays open, what was read is still delivered."""
+        if self.state != "running":
+            raise BadState(f"pipeline {self.name!r} is {self.state}, not running")
+        await self.tree.reader.ask(StopReading(), timeout=30)
+        self.state = "paused"
+        self.log.info("pipeline_paused")
+
+    async def resume(self) -> None:
+        """Read again after :meth:`pause`."""
+        if self.state != "paused":
+            raise BadState(f"pipeline {self.name!r} is {self.state}, not paused")
+        await self.tree.reader.ask(ResumeReading(), timeout=30)
+        self.state = "running"
+        self.log.info("pipeline_resumed")
+
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop reading, deliver and checkpoint what is buffered, then stop the tree."""
-        if self.state != "running":
+        if self.state not in ("running", "paused"):
             self._stop_asked = True  # before run() got going: it must not start the tree at all
             self.supervisor.request_stop()
             return
@@ -217,6 +238,12 @@ class PipelineRunner:
         """Every schema recorded for ``table``, oldest first, each from the source position it began at."""
         history = await self._read_store(lambda store: store.schema_history(self.config.source.id, table))
         return [{"version": n, **doc} for n, doc in enumerate(history, 1)]
+
+    async def forget_checkpoints(self) -> None:
+        """Delete this pipeline's checkpoints (and the source's failover identity): a pipeline
+        created again under this name starts from the beginning."""
+        keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(self.config.source.id)]
+        await self._read_store(lambda store: store.delete_keys(keys))
 
     async def replay_dead_letters(self, which: Select) -> int:
         """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only

@@ -84,6 +84,10 @@ class CheckpointStore(ABC):
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         """Schemas recorded for ``table``, oldest first: ``{columns, position, recorded_at}``."""
 
+    @abstractmethod
+    async def delete_keys(self, keys: list[str]) -> None:
+        """Forget these checkpoints, their versions too (a deleted pipeline's)."""
+
     @property
     @abstractmethod
     def dead_letters(self) -> DeadLetterStore:
@@ -136,6 +140,11 @@ class MemoryCheckpointStore(CheckpointStore):
             version = hist[-1].version + 1 if hist else 1
             hist.append(VersionInfo(version, now, len(orjson.dumps(value)), value))
             del hist[:-HISTORY]
+        await self._persist()
+
+    async def delete_keys(self, keys: list[str]) -> None:
+        for key in keys:
+            self._data.pop(key, None)
         await self._persist()
 
     async def _persist(self) -> None:
@@ -291,6 +300,12 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
         if self._db is None:
             raise RuntimeError(f"checkpoint store {self.path} is not open")
         return self._db
+
+    async def delete_keys(self, keys: list[str]) -> None:
+        marks = ",".join("?" * len(keys))
+        await self.db.execute(f"DELETE FROM checkpoints WHERE key IN ({marks})", keys)
+        await self.db.execute(f"DELETE FROM checkpoint_versions WHERE key IN ({marks})", keys)
+        await self.db.commit()
 
     async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         if not keys:

@@ -1,0 +1,1 @@
+"""The running service: the pipelines ``serve`` manages, and those created over REST."""

@@ -1,0 +1,193 @@
+"""PipelineManager: the pipelines of one ``serve``, and their lifecycle.
+
+Pipelines come from the config files (read-only here: edit the file) and from REST
+(``create``), which are kept in the :class:`PipelineRegistry` and come back after a
+restart. Every change of state goes through here:
+
+* ``create`` — validate, refuse a name in use, keep the document, start it.
+* ``pause`` / ``resume`` — the reader stops reading (the source stays connected);
+  ``resume`` also starts a stopped pipeline again, from its checkpoints.
+* ``stop`` — drain: what was read is delivered and checkpointed, then the tree stops.
+* ``patch`` — merge into the document, validate, stop, start again from the checkpoints.
+* ``delete`` — stop, forget it, and optionally its checkpoints.
+
+Errors are :class:`LifecycleError` with a stable ``code`` (``not_found``, ``exists``,
+``invalid``, ``read_only``, ``bad_state``) for the API to return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from deltaforge.config import ConfigError, PipelineConfig, parse_pipeline
+from deltaforge.pipeline.runner import BadState, PipelineRunner
+
+
+class LifecycleError(Exception):
+    """A lifecycle request refused, with a stable code and, for ``invalid``, every error."""
+
+    def __init__(self, code: str, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.errors = errors or []
+
+
+def merge(base: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386): mappings merge key by key, ``null`` removes, the rest replaces."""
+    if not isinstance(patch, dict) or not isinstance(base, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge(out.get(key), value)
+    return out
+
+
+class PipelineManager:
+    """Owns the runners ``serve`` runs; ``pipelines`` is the live mapping the API reads."""
+
+    def __init__(
+        self,
+        registry: Any,
+        make_runner: Callable[[PipelineConfig], PipelineRunner],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.make_runner = make_runner
+        self.env = env if env is not None else os.environ
+        self.pipelines: dict[str, PipelineRunner] = {}
+        self.docs: dict[str, dict[str, Any]] = {}  # pipelines created over REST: their documents
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.log = structlog.get_logger().bind(actor="PipelineManager")
+
+    # -- start-up and shutdown --------------------------------------------------------------
+    def add(self, config: PipelineConfig) -> None:
+        """A pipeline from a config file (not created over REST)."""
+        self.pipelines[config.name] = self.make_runner(config)
+
+    def restore(self) -> None:
+        """The pipelines created over REST before, as they were kept."""
+        for name, doc in self.registry.load().items():
+            if name in self.pipelines:
+                self.log.warning("pipeline_shadowed", pipeline=name, reason="a config file defines it too")
+                continue
+            try:
+                config = parse_pipeline(doc, self.env, f"registry:{name}")
+            except ConfigError as exc:
+                self.log.error("pipeline_not_restored", pipeline=name, errors=exc.errors)
+                continue
+            self.docs[name] = doc
+            self.pipelines[name] = self.make_runner(config)
+
+    def start_all(self) -> None:
+        for name in self.pipelines:
+            self._start(name)
+
+    async def drain_all(self) -> None:
+        await asyncio.gather(*(r.drain() for r in self.pipelines.values()))
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def _start(self, name: str) -> None:
+        runner = self.pipelines[name]
+        self.tasks[name] = asyncio.create_task(runner.run(), name=f"pipeline:{name}")
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _runner(self, name: str) -> PipelineRunner:
+        runner = self.pipelines.get(name)
+        if runner is None:
+            raise LifecycleError("not_found", f"no pipeline named {name!r}")
+        return runner
+
+    def _parse(self, doc: Any, label: str) -> PipelineConfig:
+        try:
+            return parse_pipeline(doc, self.env, label)
+        except ConfigError as exc:
+            raise LifecycleError(
+                "invalid", f"{label}: the pipeline document is invalid", exc.errors
+            ) from None
+
+    async def create(self, doc: Any) -> PipelineRunner:
+        config = self._parse(doc, "request")
+        if config.name in self.pipelines:
+            raise LifecycleError("exists", f"a pipeline named {config.name!r} exists already")
+        await self.registry.put(config.name, doc)
+        self.docs[config.name] = doc
+        self.pipelines[config.name] = self.make_runner(config)
+        self._start(config.name)
+        self.log.info("pipeline_created", pipeline=config.name)
+        return self.pipelines[config.name]
+
+    async def pause(self, name: str) -> PipelineRunner:
+        runner = self._runner(name)
+        try:
+            await runner.pause()
+        except BadState as exc:
+            raise LifecycleError("bad_state", str(exc)) from None
+        return runner
+
+    async def resume(self, name: str) -> PipelineRunner:
+        runner = self._runner(name)
+        if runner.state == "paused":
+            await runner.resume()
+            return runner
+        if runner.state in ("stopped", "failed"):
+            return await self._restart(name, runner.config)
+        raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state}, not paused or stopped")
+
+    async def stop(self, name: str) -> PipelineRunner:
+        runner = self._runner(name)
+        if runner.state not in ("running", "paused", "starting"):
+            raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state} already")
+        await self._stop(name)
+        self.log.info("pipeline_stopped_by_request", pipeline=name)
+        return runner
+
+    async def patch(self, name: str, change: Any) -> PipelineRunner:
+        self._runner(name)
+        doc = self.docs.get(name)
+        if doc is None:
+            raise LifecycleError("read_only", f"pipeline {name!r} comes from a config file: edit the file")
+        if not isinstance(change, dict):
+            raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
+        merged = merge(doc, change)
+        config = self._parse(merged, "patched document")
+        if config.name != name:
+            raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
+        await self.registry.put(name, merged)
+        self.docs[name] = merged
+        self.log.info("pipeline_patched", pipeline=name)
+        return await self._restart(name, config)
+
+    async def delete(self, name: str, keep_checkpoints: bool = True) -> None:
+        runner = self._runner(name)
+        if name not in self.docs:
+            raise LifecycleError("read_only", f"pipeline {name!r} comes from a config file: remove it there")
+        await self._stop(name)
+        if not keep_checkpoints:
+            await runner.forget_checkpoints()
+        await self.registry.delete(name)
+        del self.docs[name], self.pipelines[name]
+        self.tasks.pop(name, None)
+        self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
+
+    async def _stop(self, name: str) -> None:
+        runner = self.pipelines[name]
+        if runner.state in ("running", "paused", "starting", "draining"):
+            await runner.drain()
+        task = self.tasks.get(name)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _restart(self, name: str, config: PipelineConfig) -> PipelineRunner:
+        await self._stop(name)
+        self.pipelines[name] = self.make_runner(config)
+        self._start(name)
+        return self.pipelines[name]
