@@ -196,10 +196,12 @@ def change_of(doc: dict[str, Any]) -> Change | None:
 
 
 def file_changes(path: Path) -> list[Change]:
+    """The file sink's changes; a last line still being written (no newline yet) is not one."""
     if not path.exists():
         return []
+    data = path.read_bytes()
     out = []
-    for line in path.read_bytes().splitlines():
+    for line in data[: data.rfind(b"\n") + 1].splitlines():
         if line.strip() and (c := change_of(orjson.loads(line))) is not None:
             out.append(c)
     return out

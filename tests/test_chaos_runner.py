@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pkgutil
+from pathlib import Path
 
 import chaos.scenarios
 from chaos.harness import checks, order_violations
@@ -39,3 +40,12 @@ def test_every_scenario_module_is_listed_and_pending_ones_say_why() -> None:
 def test_the_ci_subset_covers_every_toxic_type_and_a_proxy_down() -> None:
     covered = {t for s in SCENARIOS if s.quick for t in s.toxics}
     assert covered >= {*TYPES, "down"}, f"no quick scenario for {set(TYPES) | {'down'} - covered}"
+
+
+def test_the_file_reader_leaves_out_a_line_still_being_written(tmp_path: Path) -> None:
+    from chaos.harness import file_changes
+
+    path = tmp_path / "events.jsonl"
+    whole = b'{"op": "c", "source": {"table": "items"}, "after": {"id": 1, "ver": 1}}\n'
+    path.write_bytes(whole + whole[:40])  # the sink is mid-write
+    assert file_changes(path) == [("c", 1, 1)]
