@@ -148,3 +148,32 @@ async def test_config_file_pipelines_are_read_only_and_unknown_names_not_found(t
         with pytest.raises(LifecycleError) as exc:
             await call
         assert exc.value.code == code
+
+
+async def test_a_paused_pipeline_stays_paused_when_its_tree_restarts() -> None:
+    import asyncio
+
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.state.checkpoints import MemoryCheckpointStore
+    from tests.helpers import wait_until
+    from tests.kit import PacedSource, ScriptedSink, config, sink_doc
+
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(),
+                            source=PacedSource(1_000_000, chunk=100, delay=0.005), sinks={"a": ScriptedSink("a")})  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_read > 500, what="reading")
+    await runner.pause()
+    await runner.tree.accumulator.tell(object())  # it crashes: the whole tree restarts (one_for_all)
+
+    def reader_restarted() -> bool:
+        node = runner.snapshot().find("SourceReader")
+        return node is not None and node.restarts >= 1 and node.state == "running"
+
+    await wait_until(reader_restarted, what="the reader restarted")
+    read = runner.ctx.stats.events_read
+    await asyncio.sleep(0.5)  # an observation window: unpaused, this source reads 100 events per 5 ms
+    assert runner.ctx.stats.events_read == read and runner.state == "paused"
+    await runner.resume()
+    await wait_until(lambda: runner.ctx.stats.events_read > read, what="reading again")
+    await runner.drain()
+    await task

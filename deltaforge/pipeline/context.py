@@ -118,6 +118,8 @@ class PipelineContext:
     """The source server's identity as last reconciled (FailoverReconciler; REST reads it)."""
     reconcile_records: list[dict[str, Any]] = field(default_factory=list)
     """What reconciliations found (FailoverReconciler; REST reads them)."""
+    paused: bool = False
+    """Paused by an operator: the reader reads nothing, also after a restart, until resumed."""
     dlq: DeadLetterQueue | None = None
     """Where poison events go when ``spec.journal.enabled`` (the runner sets it)."""
 

@@ -65,7 +65,10 @@ class SourceReader(Actor):
         ctx.durable.clear()
         ctx.durable.update(found)
         await self._open()
-        await self.ref.tell(ReadNext())
+        # A pipeline paused before this (re)start stays paused: only a resume reads again.
+        self.reading = not ctx.paused
+        if self.reading:
+            await self.ref.tell(ReadNext())
 
     async def _open(self) -> None:
         ctx = self.ctx

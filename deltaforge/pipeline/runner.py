@@ -129,6 +129,7 @@ class PipelineRunner:
         """Stop reading; the source stays open, what was read is still delivered."""
         if self.state != "running":
             raise BadState(f"pipeline {self.name!r} is {self.state}, not running")
+        self.ctx.paused = True
         await self.tree.reader.ask(StopReading(), timeout=30)
         self.state = "paused"
         self.log.info("pipeline_paused")
@@ -137,6 +138,7 @@ class PipelineRunner:
         """Read again after :meth:`pause`."""
         if self.state != "paused":
             raise BadState(f"pipeline {self.name!r} is {self.state}, not paused")
+        self.ctx.paused = False
         await self.tree.reader.ask(ResumeReading(), timeout=30)
         self.state = "running"
         self.log.info("pipeline_resumed")
