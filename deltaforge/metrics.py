@@ -107,6 +107,17 @@ def observe_lag(pipeline: str, source: str, table: str, ts_ms: int) -> None:
         SOURCE_LAG_SECONDS.labels(pipeline, source, table).set(max(0.0, time.time() - ts_ms / 1000))
 
 
+_SINK_COUNTERS = (  # deltaforge_sink_<name>_total: (name, help, SinkStats attribute)
+    ("events", "Events delivered.", "events"),
+    ("bytes", "Bytes delivered.", "bytes"),
+    ("batches", "Batches delivered.", "batches"),
+    ("retries", "Delivery attempts retried.", "retries"),
+    ("transaction_commits", "Sink transactions committed.", "txn_commits"),
+    ("transaction_aborts", "Sink transactions aborted.", "txn_aborts"),
+    ("dead_letters", "Poison events a sink sent to the DLQ.", "dead_letters"),
+)
+
+
 class PipelinesCollector(Collector):
     """The pipelines' own counters and tree, read at scrape time."""
 
@@ -128,17 +139,12 @@ class PipelinesCollector(Collector):
         src_reconnects = CounterMetricFamily("deltaforge_source_reconnects", "Openings of the source after "
                                              "the first.", labels=s_labels)  # fmt: skip
         k_labels = ["pipeline", "sink"]
-        sink_events = CounterMetricFamily("deltaforge_sink_events", "Events delivered.", labels=k_labels)
-        sink_bytes = CounterMetricFamily("deltaforge_sink_bytes", "Bytes delivered.", labels=k_labels)
-        sink_batches = CounterMetricFamily("deltaforge_sink_batches", "Batches delivered.", labels=k_labels)
-        sink_retries = CounterMetricFamily("deltaforge_sink_retries", "Delivery attempts retried.",
-                                           labels=k_labels)  # fmt: skip
+        sink_counters = {
+            attr: CounterMetricFamily(f"deltaforge_sink_{name}", doc, labels=k_labels)
+            for name, doc, attr in _SINK_COUNTERS
+        }
         sink_errors = CounterMetricFamily("deltaforge_sink_errors", "Failed delivery attempts, by kind.",
                                           labels=[*k_labels, "kind"])  # fmt: skip
-        commits = CounterMetricFamily("deltaforge_sink_transaction_commits", "Sink transactions committed.",
-                                      labels=k_labels)  # fmt: skip
-        aborts = CounterMetricFamily("deltaforge_sink_transaction_aborts", "Sink transactions aborted.",
-                                     labels=k_labels)  # fmt: skip
         age = GaugeMetricFamily("deltaforge_checkpoint_age_seconds", "Since the sink's checkpoint was last "
                                 "written in this run.", labels=k_labels)  # fmt: skip
         a_labels = ["pipeline", "actor"]
@@ -150,8 +156,6 @@ class PipelinesCollector(Collector):
         dlq_events = CounterMetricFamily("deltaforge_dlq_events", "Dead letters, by what became of them: added, "
                                          "rejected (full, reject), dropped (full or too old), replayed.",
                                          labels=[*p_labels, "outcome"])  # fmt: skip
-        sink_dead = CounterMetricFamily("deltaforge_sink_dead_letters", "Poison events a sink sent to the DLQ.",
-                                        labels=k_labels)  # fmt: skip
         now = time.time()
         for name, runner in self.pipelines.items():
             if (dlq := runner.ctx.dlq) is not None:
@@ -170,15 +174,10 @@ class PipelinesCollector(Collector):
             src_reconnects.add_metric(src, max(0, runner.ctx.epoch - 1))
             for sid, sk in st.sinks.items():
                 lab = [name, sid]
-                sink_events.add_metric(lab, sk.events)
-                sink_bytes.add_metric(lab, sk.bytes)
-                sink_batches.add_metric(lab, sk.batches)
-                sink_retries.add_metric(lab, sk.retries)
+                for attr, family in sink_counters.items():
+                    family.add_metric(lab, getattr(sk, attr))
                 for kind, n in sorted(sk.errors_by_kind.items()):
                     sink_errors.add_metric([*lab, kind], n)
-                sink_dead.add_metric(lab, sk.dead_letters)
-                commits.add_metric(lab, sk.txn_commits)
-                aborts.add_metric(lab, sk.txn_aborts)
                 if sk.checkpoint_at is not None:
                     age.add_metric(lab, max(0.0, now - sk.checkpoint_at))
             for node in _walk(runner.snapshot()):
@@ -188,8 +187,8 @@ class PipelinesCollector(Collector):
                 for reason, n in node.restart_reasons:
                     restarts.add_metric([name, node.name, reason], n)
         yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects,
-                    sink_events, sink_bytes, sink_batches, sink_retries, sink_errors, commits, aborts, age,
-                    depth, capacity, restarts, dlq_entries, dlq_events, sink_dead)  # fmt: skip
+                    *sink_counters.values(), sink_errors, age,
+                    depth, capacity, restarts, dlq_entries, dlq_events)  # fmt: skip
 
 
 def _walk(node: NodeSnapshot) -> Iterable[NodeSnapshot]:
