@@ -207,6 +207,13 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     return client.run(args.api, token or None, args.verb, args.name, args.file, args.delete_checkpoints)
 
 
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from deltaforge.service import client
+
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    return client.snapshot(args.api, token or None, args.pipeline, args.tables)
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from deltaforge import top
 
@@ -267,6 +274,15 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")
     pl.add_argument("--token-file", help=f"a file holding the API token (else ${TOKEN_ENV})")
     pl.set_defaults(fn=cmd_pipelines)
+
+    sn = sub.add_parser("snapshot", help="snapshot tables of a running pipeline while it streams")
+    sn.add_argument("pipeline")
+    sn.add_argument(
+        "tables", nargs="+", metavar="table", help="db.table (MySQL) or schema.table (PostgreSQL)"
+    )
+    sn.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")
+    sn.add_argument("--token-file", help=f"a file holding the API token (else ${TOKEN_ENV})")
+    sn.set_defaults(fn=cmd_snapshot)
 
     tp = sub.add_parser("top", help="a live view of a running serve: rates, lag, sinks, DLQ, the actor tree")
     tp.add_argument("--api", default="http://127.0.0.1:8080", help="the serve's API (its --api-addr)")

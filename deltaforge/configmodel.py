@@ -243,8 +243,31 @@ class SourceSettings(PluginConfig):
     id: Text = Field(description="Names this source in checkpoint keys, logs and metrics; keep it stable.")
 
 
+class SnapshotSettings(PluginConfig):
+    """``spec.source.config.snapshot``: copying the rows already in the tables (see docs/snapshots.md)."""
+
+    mode: Literal["initial", "never", "always", "when_needed"] = Field(
+        "never",
+        description="initial: when the pipeline has no checkpoint yet; never: only on request; always: "
+        "at every start; when_needed: initial, and again instead of halting when the position is lost.",
+    )
+    tables: TableNames | None = Field(None, description="Tables to snapshot (default: all captured).")
+    chunk_size: PositiveInt = Field(10_000, description="Rows per chunk (one primary-key range).")
+    max_parallel_tables: PositiveInt = Field(1, description="Tables whose chunks are read at the same time.")
+    signal_table: Text | None = Field(
+        None,
+        description="MySQL/MariaDB: the table watermarks and signal rows are written to (created when "
+        "missing; default: deltaforge_signal in the DSN's database). PostgreSQL: a Debezium-style "
+        "signal table to watch (watermarks use pg_logical_emit_message).",
+    )
+
+
 class ServerSourceSettings(SourceSettings):
     """What a source reading a database server has: what to do when failover changed a schema."""
+
+    snapshot: SnapshotSettings = Field(
+        default_factory=SnapshotSettings, description="Snapshots of the rows already there."
+    )
 
     on_schema_drift: Literal["adapt", "halt"] = Field(
         "adapt",

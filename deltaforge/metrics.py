@@ -156,8 +156,24 @@ class PipelinesCollector(Collector):
         dlq_events = CounterMetricFamily("deltaforge_dlq_events", "Dead letters, by what became of them: added, "
                                          "rejected (full, reject), dropped (full or too old), replayed.",
                                          labels=[*p_labels, "outcome"])  # fmt: skip
+        snap_rows = CounterMetricFamily("deltaforge_snapshot_rows", "Snapshot rows emitted by this process.",
+                                        labels=p_labels)  # fmt: skip
+        snap_running = GaugeMetricFamily(
+            "deltaforge_snapshot_running", "1 while a snapshot runs.", labels=p_labels
+        )
+        t_labels = ["pipeline", "table"]
+        snap_done = GaugeMetricFamily("deltaforge_snapshot_table_rows", "Rows of the running snapshot's "
+                                      "table delivered so far (checkpointed or not).", labels=t_labels)  # fmt: skip
+        snap_estimate = GaugeMetricFamily("deltaforge_snapshot_table_rows_estimate", "The server's estimate "
+                                          "of the table's rows.", labels=t_labels)  # fmt: skip
         now = time.time()
         for name, runner in self.pipelines.items():
+            snap = runner.ctx.snapshot
+            snap_rows.add_metric([name], snap.rows_total)
+            snap_running.add_metric([name], 1.0 if snap.running else 0.0)
+            for table, progress in snap.tables.items():
+                snap_done.add_metric([name, table], progress.rows)
+                snap_estimate.add_metric([name, table], max(progress.estimate, progress.rows))
             if (dlq := runner.ctx.dlq) is not None:
                 dlq_entries.add_metric([name], dlq.entries)
                 for outcome in ("added", "rejected", "dropped", "replayed"):
@@ -188,7 +204,8 @@ class PipelinesCollector(Collector):
                     restarts.add_metric([name, node.name, reason], n)
         yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects,
                     *sink_counters.values(), sink_errors, age,
-                    depth, capacity, restarts, dlq_entries, dlq_events)  # fmt: skip
+                    depth, capacity, restarts, dlq_entries, dlq_events,
+                    snap_rows, snap_running, snap_done, snap_estimate)  # fmt: skip
 
 
 def _walk(node: NodeSnapshot) -> Iterable[NodeSnapshot]:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deltaforge.api import journal, lifecycle
+from deltaforge.api import journal, lifecycle, snapshots
 from deltaforge.api.security import SafeJSONResponse, TokenGuard
 from deltaforge.metrics import render
 from deltaforge.pipeline.runner import PipelineRunner
@@ -96,6 +96,7 @@ def build_app(
             Route("/pipelines/{name}/schemas", stored(PipelineRunner.schemas)),
             Route("/pipelines/{name}/schemas/{table}/versions", stored(PipelineRunner.schema_versions)),
             *journal.routes(pipelines),
+            *snapshots.routes(pipelines),
             *(lifecycle.routes(manager) if manager is not None else []),
         ],
     )

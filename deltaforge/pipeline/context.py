@@ -15,6 +15,7 @@ from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
 from deltaforge.position import Position
 from deltaforge.sinks.base import Sink
+from deltaforge.snapshot.status import SnapshotStatus
 from deltaforge.sources.base import Source
 from deltaforge.state.checkpoints import CheckpointStore, sink_key
 from supervision import Clock, MonotonicClock
@@ -120,6 +121,8 @@ class PipelineContext:
     """What reconciliations found (FailoverReconciler; REST reads them)."""
     paused: bool = False
     """Paused by an operator: the reader reads nothing, also after a restart, until resumed."""
+    snapshot: SnapshotStatus = field(default_factory=SnapshotStatus)
+    """Snapshot progress (the SourceReader's SnapshotDriver writes it; REST and metrics read it)."""
     dlq: DeadLetterQueue | None = None
     """Where poison events go when ``spec.journal.enabled`` (the runner sets it)."""
 

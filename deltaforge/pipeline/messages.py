@@ -75,6 +75,15 @@ class ResumeReading(Ask[bool]):
 
 
 @message
+class TakeSnapshot(Ask["dict[str, object] | Exception"]):
+    """REST or CLI to the reader: snapshot ``tables`` while streaming goes on. The reply is the
+    snapshot's status, or why it cannot be taken (for the caller to show, not a crash)."""
+
+    tables: tuple[str, ...]
+    by: str = "api"
+
+
+@message
 class ReplayDeadLetters(Ask[str | None]):
     """REST to a worker: deliver these dead letters again; None once they are in the sink, else why not."""
 

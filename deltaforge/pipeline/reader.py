@@ -10,9 +10,19 @@ import anyio
 from actors import Actor, ActorRef
 from deltaforge.metrics import StageTimers, observe_lag
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.messages import EventsRead, ReadNext, ResumeReading, Rewind, StopReading
+from deltaforge.pipeline.messages import (
+    EventsRead,
+    ReadNext,
+    ResumeReading,
+    Rewind,
+    StopReading,
+    TakeSnapshot,
+)
 from deltaforge.pipeline.reconciler import Reconcile
 from deltaforge.position import Position
+from deltaforge.snapshot.chunks import SnapshotRefused
+from deltaforge.snapshot.driver import SnapshotDriver
+from deltaforge.sources.base import PositionLost
 from supervision import Unavailable
 
 if TYPE_CHECKING:
@@ -39,6 +49,10 @@ class SourceReader(Actor):
     :class:`Rewind` (a lagging sink is back) it opens the source again from the
     minimum durable checkpoint, and the coordinator lets that sink rejoin at the
     first batch of the new epoch — no gap, and the other sinks skip what they hold.
+
+    Snapshots run inside its reads (:class:`SnapshotDriver`): chunks are selected between
+    watermarks in the same stream, so a snapshot row and a change of that row reach sinks
+    in the order they happened.
     """
 
     mailbox_size = 2
@@ -58,9 +72,11 @@ class SourceReader(Actor):
         self.reading = True
         self.confirmed: Position | None = None
         self.epoch = 0
+        self.snapshots = SnapshotDriver(ctx, self.log)
 
     async def on_start(self) -> None:
         ctx = self.ctx
+        self.snapshots.log = self.log  # bound to this actor's name now
         found = await ctx.load_checkpoints()
         ctx.durable.clear()
         ctx.durable.update(found)
@@ -82,12 +98,20 @@ class SourceReader(Actor):
             resume_after=resume.to_doc() if resume else None,
             epoch=self.epoch,
         )
+        self.snapshots.before_open(resume)
         try:
-            if self.reconciler is not None:
-                outcome = await self.reconciler.ask(Reconcile(resume), timeout=RECONCILE_TIMEOUT)
-                if isinstance(outcome, Exception):
-                    raise outcome
-            await ctx.source.open(resume)
+            try:
+                if self.reconciler is not None:
+                    outcome = await self.reconciler.ask(Reconcile(resume), timeout=RECONCILE_TIMEOUT)
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                await ctx.source.open(resume)
+            except PositionLost as lost:
+                if not self.snapshots.recovers:
+                    raise
+                await self.snapshots.recover(lost)
+                return
+            await self.snapshots.opened(resume)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
@@ -116,9 +140,16 @@ class SourceReader(Actor):
                 durable = self.ctx.durable_min()
                 if durable is not None and durable is not self.confirmed:
                     await source.confirm(durable)
+                    await self.snapshots.confirm(durable)
                     self.confirmed = durable
                 started = time.perf_counter()
-                events = await source.read()
+                try:
+                    events = await self.snapshots.read()
+                except PositionLost as lost:
+                    if not self.snapshots.recovers:
+                        raise
+                    await self.snapshots.recover(lost)
+                    events = []
             except Unavailable as exc:
                 self.ctx.stats.source_errors += 1
                 self.ctx.availability.down("source", exc)
@@ -146,9 +177,16 @@ class SourceReader(Actor):
             return None
         if isinstance(message, Rewind):
             if self.reading:
+                await self.snapshots.close()
                 await self.ctx.source.close()
                 await self._open()
             return None
+        if isinstance(message, TakeSnapshot):
+            try:
+                await self.snapshots.request(list(message.tables), message.by)
+            except SnapshotRefused as exc:
+                return exc
+            return self.ctx.snapshot.to_dict()
         if isinstance(message, StopReading):
             self.reading = False
             return True
@@ -160,4 +198,5 @@ class SourceReader(Actor):
         return await super().receive(message)
 
     async def on_stop(self) -> None:
+        await self.snapshots.close()
         await self.ctx.source.close()

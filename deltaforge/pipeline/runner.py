@@ -14,7 +14,14 @@ from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
-from deltaforge.pipeline.messages import Barrier, FlushNow, ReplayDeadLetters, ResumeReading, StopReading
+from deltaforge.pipeline.messages import (
+    Barrier,
+    FlushNow,
+    ReplayDeadLetters,
+    ResumeReading,
+    StopReading,
+    TakeSnapshot,
+)
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
@@ -198,7 +205,17 @@ class PipelineRunner:
                 "quorum": self.config.commit_policy.quorum,
             },
             "counters": self.ctx.stats.to_dict(),
+            "snapshot": self.ctx.snapshot.to_dict(),
         }
+
+    async def take_snapshot(self, tables: list[str], by: str = "api") -> dict[str, Any]:
+        """Snapshot ``tables`` while streaming goes on (the reader takes it up between reads)."""
+        if self.state not in ("running", "paused"):
+            raise BadState(f"pipeline {self.name!r} is {self.state}, not running")
+        reply = await self.tree.reader.ask(TakeSnapshot(tuple(tables), by), timeout=60)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def identity(self) -> dict[str, Any]:
         """The identity of the source's server as last reconciled (FailoverReconciler)."""

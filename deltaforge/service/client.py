@@ -56,3 +56,16 @@ def run(api: str, token: str | None, verb: str, name: str | None, file: str | No
         return 2
     print(json.dumps(body, indent=2))
     return 0 if status < 300 else 1
+
+
+def snapshot(api: str, token: str | None, pipeline: str, tables: list[str]) -> int:
+    """``deltaforge snapshot PIPELINE TABLE…``: POST /pipelines/{name}/snapshots."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.post(f"{api.rstrip('/')}/pipelines/{pipeline}/snapshots", json={"tables": tables},
+                          headers=headers, timeout=120)  # fmt: skip
+    except httpx.HTTPError as exc:
+        print(f"cannot reach the deltaforge API at {api}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(resp.json(), indent=2))
+    return 0 if resp.status_code < 300 else 1

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
 from supervision import Fatal, Unavailable
+
+if TYPE_CHECKING:
+    from deltaforge.configmodel import SnapshotSettings
+    from deltaforge.snapshot.chunks import ChunkReader
 
 SchemaChange = tuple[str, list[dict[str, Any]], Position]
 """A table's columns as first seen: ``(table, [{name, type}, ...], position)``."""
@@ -73,6 +77,9 @@ class Source(ABC):
     """How many failovers to another server reading has gone through (the FailoverReconciler
     sets it before each ``open``). A source whose positions are server-local, like binlog
     coordinates, puts it first in its order; one with global positions (LSNs) ignores it."""
+    from_now: bool = False
+    """With no checkpoint, start at the newest change instead of the oldest kept: a snapshot is about
+    to copy the tables (set by the SnapshotDriver before ``open``)."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 
@@ -113,6 +120,10 @@ class Source(ABC):
         It opens its own short connection: it may run before ``open``.
         """
         return []
+
+    def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader | None:
+        """This source's side of snapshots (None: it cannot take them)."""
+        return None
 
     @staticmethod
     @abstractmethod

@@ -26,6 +26,7 @@ import time
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
+from deltaforge.snapshot.chunks import WATERMARK_PREFIX
 from deltaforge.sources.childproc import child_setup, read_frame, write_frame
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
@@ -33,6 +34,7 @@ from deltaforge.sources.postgres.pgoutput import (
     Change,
     Commit,
     DecodeError,
+    LogicalMessage,
     Relation,
     Truncate,
     decode,
@@ -125,6 +127,10 @@ class TxDecoder:
                 before = row(names, convs, msg.old) if msg.old is not None else None
                 after = row(names, convs, msg.new) if msg.new is not None else None
                 self.changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
+            elif isinstance(msg, LogicalMessage):
+                if msg.prefix == WATERMARK_PREFIX:  # a snapshot watermark (others are not ours)
+                    content = msg.content.decode(errors="replace")
+                    self.changes.append(("m", "", msg.prefix, None, {"content": content}, []))
             elif isinstance(msg, Truncate):
                 for relid in msg.relids:
                     rel = self._relation(relid, lsn)[0]

@@ -86,12 +86,21 @@ class Truncate:
 
 @dataclass(frozen=True, slots=True)
 class Other:
-    """Origin, Type and logical messages: decoded, carry nothing a CDC event needs."""
+    """Origin and Type messages: decoded, carry nothing a CDC event needs."""
 
     kind: str
 
 
-Message = Begin | Commit | Relation | Change | Truncate | Other
+@dataclass(frozen=True, slots=True)
+class LogicalMessage:
+    """``pg_logical_emit_message``: snapshot watermarks are written as these."""
+
+    transactional: bool
+    prefix: str
+    content: bytes
+
+
+Message = Begin | Commit | Relation | Change | Truncate | Other | LogicalMessage
 
 
 class _Reader:
@@ -273,15 +282,16 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
         r.string()
         msg = Other("type")
     elif tag == 0x4D:  # M logical message
-        r.u8()
+        flags = r.u8()
         r.u64()
-        r.string()
+        prefix = r.string()
         size = r.i32()
         if size < 0:
             raise DecodeError(lsn, f"negative message length {size}")
         r.need(size)
+        content = bytes(r.buf[r.pos : r.pos + size])
         r.pos += size
-        msg = Other("message")
+        msg = LogicalMessage(bool(flags & 1), prefix, content)
     else:
         raise DecodeError(lsn, f"unknown message type {chr(tag)!r}")
     r.done()

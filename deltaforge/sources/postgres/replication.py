@@ -74,7 +74,7 @@ class LogicalStream:
         pub = publication.replace("'", "''").replace('"', '""')
         command = (
             f'START_REPLICATION SLOT "{slot}" LOGICAL {from_lsn >> 32:X}/{from_lsn & 0xFFFFFFFF:X} '
-            f"(proto_version '1', publication_names '\"{pub}\"')"
+            f"(proto_version '1', publication_names '\"{pub}\"', messages 'true')"
         )
         self.pg.send_query(command.encode())
         result = self.pg.get_result()

@@ -26,8 +26,10 @@ import asyncpg
 import structlog
 
 from actors import BlockingRunner
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc
+from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
     DeclaredTable,
     PositionLost,
@@ -63,6 +65,7 @@ class PostgresSource(Source):
         self.publication = config.publication
         self.tables = list(config.tables)
         self.create = config.create
+        self.signal_table = config.snapshot.signal_table
         self.on_schema_drift = config.on_schema_drift
         self._schema_changes: list[SchemaChange] = []
         self._lock = threading.Lock()  # the schema changes come from the decoder's pump thread
@@ -77,6 +80,11 @@ class PostgresSource(Source):
         self._decoder: ChildDecoder | None = None
         self._threads = BlockingRunner(1)
         self._failover = False  # set by reconcile(): the next open must not advance the slot
+
+    def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader:
+        from deltaforge.sources.postgres.snapshot import PostgresChunks
+
+        return PostgresChunks(self, settings)
 
     @staticmethod
     def load_position(doc: PositionDoc) -> PgPosition:
@@ -224,10 +232,9 @@ class PostgresSource(Source):
             "SELECT 1 FROM pg_publication WHERE pubname = $1", self.publication
         )
         if not exists:
+            listed = [*self.tables, *([self.signal_table] if self.signal_table else [])]
             target = (
-                "FOR TABLE " + ", ".join(_quote_table(t) for t in self.tables)
-                if self.tables
-                else "FOR ALL TABLES"
+                "FOR TABLE " + ", ".join(_quote_table(t) for t in listed) if self.tables else "FOR ALL TABLES"
             )
             await self._conn.execute(f'CREATE PUBLICATION "{self.publication}" {target}')
         await self._conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", self.slot)

@@ -1,0 +1,90 @@
+"""What a source provides for snapshots: chunk reads, watermarks, and how to tell them apart."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+from deltaforge.events import Event, Row, SourceInfo
+from deltaforge.position import Position
+from deltaforge.snapshot.window import TableRef
+from supervision import Fatal
+
+WATERMARK_PREFIX = "deltaforge.snapshot"
+"""The prefix of PostgreSQL watermark messages, and the ``type`` of MySQL watermark rows is
+``snapshot-window-open`` / ``snapshot-window-close`` (Debezium's names)."""
+
+
+class SnapshotRefused(Fatal):
+    """A snapshot that cannot be taken as asked (unknown table, no primary key): say why, read nothing."""
+
+
+class ChunkReader(ABC):
+    """A source's side of snapshots, on connections of its own (async: no threads).
+
+    Tables are named as the source's events name them (``db.table``, ``schema.table``);
+    a chunk is the next ``limit`` rows after a key, in key order, with values as the
+    source's change events carry them, so a snapshot row and a change of the same row
+    look the same to sinks.
+    """
+
+    @abstractmethod
+    async def open(self, parallel: int) -> None:
+        """Connect (``parallel`` connections: chunks of that many tables are read at once)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def tables(self, names: list[str] | None) -> list[TableRef]:
+        """The captured tables called ``names`` (None: all), with their primary keys; raise
+        :class:`SnapshotRefused` for a table that is not there or has no primary key."""
+
+    @abstractmethod
+    async def estimate(self, table: TableRef) -> int:
+        """About how many rows ``table`` has (the server's statistics; for progress only)."""
+
+    @abstractmethod
+    async def chunk(
+        self, table: TableRef, after: list[Any] | None, limit: int
+    ) -> tuple[list[Row], list[Any] | None]:
+        """Up to ``limit`` rows with a key after ``after`` (None: from the first), in key order,
+        and the last one's key as it is stored in the progress (JSON)."""
+
+    @abstractmethod
+    async def watermark(self, kind: str, window: str) -> None:
+        """Write the ``open`` or ``close`` watermark of ``window`` into the change stream."""
+
+    @abstractmethod
+    def name_of(self, e: Event) -> str:
+        """The table of a change event, named as :meth:`tables` names it."""
+
+    @abstractmethod
+    def is_signal(self, e: Event) -> bool:
+        """A watermark or signal-table event: never delivered."""
+
+    @abstractmethod
+    def mark_of(self, e: Event) -> tuple[str, str] | None:
+        """``(open|close, window id)`` of a watermark event, else None."""
+
+    @abstractmethod
+    def signal_of(self, e: Event) -> list[str] | None:
+        """The tables of a Debezium ``execute-snapshot`` signal row, else None."""
+
+    @abstractmethod
+    def source_info(self, table: TableRef, at: Position, ts_ms: int) -> SourceInfo:
+        """What a snapshot row of ``table`` says of its origin (as the table's changes do)."""
+
+
+def debezium_signal(e: Event) -> list[str] | None:
+    """The tables of a Debezium signal row ``(id, type, data)`` with type ``execute-snapshot`` and
+    data ``{"data-collections": [...]}`` (inserted; other kinds and malformed data are not ours)."""
+    if e.op not in ("c", "r") or e.after is None or e.after.get("type") != "execute-snapshot":
+        return None
+    try:
+        data = json.loads(str(e.after.get("data") or "{}"))
+        tables = data.get("data-collections")
+    except (ValueError, AttributeError):
+        return None
+    return [str(t) for t in tables] if isinstance(tables, list) and tables else None

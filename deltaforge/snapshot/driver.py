@@ -1,0 +1,250 @@
+"""SnapshotDriver: runs snapshots inside the SourceReader's reads (see the package docstring).
+
+The reader owns it: every read first opens a window when a snapshot has chunks to go
+and none is pending (low watermark, one chunk per active table, high watermark), then
+passes the source's events through :meth:`SnapshotDriver.through`, which swallows
+watermarks and signal rows, drops rows the window's changes made stale, and emits what
+is left right after the high watermark. Streaming goes on between windows, so changes
+are at most one chunk select late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from deltaforge.configmodel import SnapshotSettings
+from deltaforge.events import Event, Row, SourceInfo, with_images
+from deltaforge.position import Position
+from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
+from deltaforge.snapshot.progress import ProgressLog, SnapshotState
+from deltaforge.snapshot.window import Chunk, TableRef, Window, key_of, watch
+from deltaforge.sources.base import PositionLost
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.context import PipelineContext
+
+
+class SnapshotDriver:
+    """Snapshots of one pipeline's source; the SourceReader calls it, nothing else does."""
+
+    def __init__(self, ctx: PipelineContext, log: Any) -> None:
+        self.ctx = ctx
+        self.source = ctx.source
+        settings = getattr(ctx.config.source.config, "snapshot", None)
+        self.settings = settings if isinstance(settings, SnapshotSettings) else SnapshotSettings()
+        self.reader: ChunkReader | None = self.source.chunk_reader(self.settings)
+        self.progress = ProgressLog(ctx.store, self.source.id)
+        self.state: SnapshotState | None = None
+        self.refs: dict[str, TableRef] = {}
+        self.window: Window | None = None
+        self.log = log
+        self.status = ctx.snapshot
+
+    @property
+    def recovers(self) -> bool:
+        """``when_needed``: a lost position means a new snapshot, not a halt."""
+        return self.reader is not None and self.settings.mode == "when_needed"
+
+    def before_open(self, resume: Position | None) -> None:
+        """No checkpoint and a snapshot to come: stream from now, not from the oldest change kept."""
+        self.source.from_now = resume is None and self.reader is not None and self.settings.mode != "never"
+
+    async def opened(self, resume: Position | None) -> None:
+        """The source is open after ``resume``: go on with a snapshot in progress, or start one."""
+        self.window = None
+        if self.reader is None:
+            return
+        await self.reader.open(self.settings.max_parallel_tables)
+        state = await self.progress.load(resume.order if resume is not None else None)
+        if state is not None and state.done:
+            await self.progress.clear()
+            state = None
+        mode = self.settings.mode
+        if state is None and (mode == "always" or (resume is None and mode in ("initial", "when_needed"))):
+            state = await self._new(self.settings.tables, "initial")
+        await self._take(state)
+
+    async def recover(self, lost: PositionLost) -> None:
+        """``when_needed`` and the position is gone: read from now, and snapshot everything again."""
+        self.log.warning("position_lost_resnapshot", reason=str(lost))
+        await self.close()
+        await self.source.close()
+        self.source.from_now = True
+        await self.source.open(None)
+        await self.progress.clear()
+        await self.opened(None)
+
+    async def request(self, names: list[str], how: str) -> SnapshotState:
+        """Snapshot ``names`` now (``how``: api, cli, signal), beside a snapshot already running."""
+        if self.reader is None:
+            raise SnapshotRefused(
+                f"source {self.source.id!r} ({self.source.connector}) cannot take snapshots"
+            )
+        tables = await self.reader.tables(names)
+        if self.state is None:
+            state = await self._new([t.name for t in tables], "incremental", tables)
+        else:
+            state = self.state
+            added = [t for t in tables if t.name not in state.pending]
+            estimates = {t.name: await self.reader.estimate(t) for t in added}
+            await self.progress.extend([t.name for t in added], estimates)
+            for t in added:
+                state.pending.append(t.name)
+                state.cursors.pop(t.name, None)
+                state.rows[t.name] = 0
+                state.estimates[t.name] = estimates[t.name]
+                self.refs[t.name] = t
+        self.log.info("snapshot_requested", tables=[t.name for t in tables], by=how, snapshot=state.id)
+        await self._take(state)
+        return state
+
+    async def _new(
+        self, names: list[str] | None, kind: str, tables: list[TableRef] | None = None
+    ) -> SnapshotState:
+        assert self.reader is not None
+        if tables is None:
+            tables = await self.reader.tables(names)
+        state = SnapshotState(uuid.uuid4().hex[:12], kind, [t.name for t in tables])
+        for t in tables:
+            state.estimates[t.name] = await self.reader.estimate(t)
+        await self.progress.begin(state)
+        self.log.info("snapshot_started", snapshot=state.id, kind=kind, tables=state.pending)
+        return state
+
+    async def _take(self, state: SnapshotState | None) -> None:
+        """Make ``state`` the running snapshot."""
+        self.state = state
+        if state is None:
+            return
+        assert self.reader is not None
+        missing = [n for n in state.pending if n not in self.refs]
+        if missing:
+            for t in await self.reader.tables(missing):
+                self.refs[t.name] = t
+        self.status.follow(state)
+
+    async def read(self) -> list[Event]:
+        """The source's next events with snapshot rows woven in."""
+        if self.state is not None and self.window is None and self.state.pending:
+            await self._open_window(self.state)
+        events = await self.source.read()
+        return events if self.reader is None else await self.through(events)
+
+    async def _open_window(self, state: SnapshotState) -> None:
+        reader = self.reader
+        assert reader is not None
+        size = self.settings.chunk_size
+        active = [self.refs[n] for n in state.pending[: self.settings.max_parallel_tables]]
+        for t in active:
+            progress = self.status.tables.get(t.name)
+            if progress is not None and progress.started_at is None:
+                progress.started_at = time.time()
+                self.log.info("snapshot_table_started", snapshot=state.id, table=t.name,
+                              rows=state.rows.get(t.name, 0), estimate=state.estimates.get(t.name, 0))  # fmt: skip
+        wid = uuid.uuid4().hex[:16]
+        await reader.watermark("open", wid)
+        results = await asyncio.gather(*(reader.chunk(t, state.cursors.get(t.name), size) for t in active))
+        await reader.watermark("close", wid)
+        chunks = {}
+        for t, (rows, last) in zip(active, results, strict=True):
+            chunks[t.name] = Chunk(t, {key_of(r, t.key): r for r in rows}, last, len(rows) >= size)
+        self.window = Window(wid, chunks)
+
+    async def through(self, events: list[Event]) -> list[Event]:
+        """Swallow watermarks and signals (as heartbeats: they still move checkpoints), watch the
+        window's changes, and emit its rows at its high watermark."""
+        reader = self.reader
+        assert reader is not None
+        out: list[Event] = []
+        for e in events:
+            if reader.is_signal(e):
+                window = self.window
+                mark = reader.mark_of(e)
+                if mark is not None and window is not None and mark[1] == window.id:
+                    if mark[0] == "open":
+                        window.opened = True
+                    else:
+                        out.extend(await self._close(window, e))
+                        continue
+                elif (names := reader.signal_of(e)) is not None:
+                    await self._signalled(names)
+                out.append(with_images(e, "h", None, None))
+                continue
+            if self.window is not None and self.window.opened:
+                watch(self.window, reader.name_of(e), e)
+            out.append(e)
+        return out
+
+    async def _signalled(self, names: list[str]) -> None:
+        try:
+            await self.request(names, "signal")
+        except SnapshotRefused as exc:  # a bad signal row is the user's input: say so, go on
+            self.log.error("snapshot_signal_refused", tables=names, error=str(exc))
+
+    async def _close(self, window: Window, high: Event) -> list[Event]:
+        """The rows left in ``window``, just after its high watermark, then a heartbeat that moves
+        checkpoints past the watermark once every row is in."""
+        reader, state = self.reader, self.state
+        assert reader is not None and state is not None
+        self.window = None
+        at, base, ts = high.source.position, high.order, int(time.time() * 1000)
+        survivors = window.survivors()
+        n = len(survivors)
+        tx_id, tenant = f"snapshot:{state.kind}:{window.id}", self.ctx.config.tenant
+        wid = window.id
+        out = [_row(reader.source_info(t, at, ts), row, tx_id, f"{wid}:{i}", i == n - 1, (*base, i), at, tenant)
+               for i, (t, row) in enumerate(survivors)]  # fmt: skip
+        closing = replace(high, op="h", before=None, after=None, order=(*base, n))
+        counts: dict[str, int] = {}
+        for t, _ in survivors:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        for name, chunk in window.chunks.items():
+            state.rows[name] = state.rows.get(name, 0) + counts.get(name, 0)
+            if chunk.last is not None:
+                state.cursors[name] = chunk.last
+            progress = self.status.tables.get(name)
+            if progress is not None:
+                progress.rows_this_run += counts.get(name, 0)
+            if not chunk.full:
+                state.pending.remove(name)
+                self.log.info("snapshot_table_finished", snapshot=state.id, table=name, rows=state.rows[name])
+        if state.done and out:
+            out[-1] = replace(out[-1], event_id=f"{out[-1].event_id}:last")
+        self.status.rows_total += n
+        await self.progress.mark(closing.order, state)
+        self.status.follow(state)
+        if state.done:
+            self.log.info(
+                "snapshot_finished", snapshot=state.id, kind=state.kind, rows=sum(state.rows.values())
+            )
+            self.status.end(state)
+            self.state = None
+        return [*out, closing]
+
+    async def confirm(self, durable: Position) -> None:
+        if self.reader is not None:
+            await self.progress.confirm(durable.order)
+
+    async def close(self) -> None:
+        self.window = None
+        if self.reader is not None:
+            await self.reader.close()
+
+
+def _row(
+    info: SourceInfo,
+    row: Row,
+    tx_id: str,
+    event_id: str,
+    end: bool,
+    order: tuple[int, ...],
+    at: Position,
+    tenant: str,
+) -> Event:
+    """A snapshot row: ``op: r`` with the high watermark's position (resume from there re-reads
+    the window) and an order just after it."""
+    return Event("r", None, row, info, tx_id, end, event_id, order, at, tenant, 128 + 32 * len(row))

@@ -1,0 +1,86 @@
+"""One DBLog window: chunks selected between a low and a high watermark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltaforge.events import Event, Row
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TableRef:
+    """A table a snapshot reads: its name as users write it (``db.table`` or ``schema.table``)
+    and its primary-key columns, in index order (chunks are key ranges)."""
+
+    name: str
+    key: tuple[str, ...]
+
+
+def key_of(row: Row, columns: tuple[str, ...]) -> Key:
+    return tuple(row.get(c) for c in columns)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """The rows of one key range of a table, as selected; ``last`` is the range's last key as
+    read (the next chunk starts after it, whatever the window removes)."""
+
+    table: TableRef
+    rows: dict[Key, Row]
+    last: list[Any] | None
+    """The last key read, as stored in the progress (the next chunk starts after it)."""
+    full: bool
+    """As many rows as asked for: the table may have more."""
+
+
+@dataclass(slots=True)
+class Window:
+    """Chunks read between the watermarks ``open:{id}`` and ``close:{id}``.
+
+    While the stream is between the two (``opened``), a change to a key of a chunk removes that
+    row: the change is at least as new as what the select saw, and it is delivered itself.
+
+        >>> t = TableRef("shop.items", ("id",))
+        >>> w = Window("w1", {t.name: Chunk(t, {(1,): {"id": 1}, (2,): {"id": 2}}, [2], False)})
+        >>> w.opened = True
+        >>> w.saw("shop.items", ({"id": 1},))
+        >>> [row for _, row in w.survivors()]
+        [{'id': 2}]
+    """
+
+    id: str
+    chunks: dict[str, Chunk]
+    opened: bool = False
+    removed: int = field(default=0)
+
+    def saw(self, table: str, images: tuple[Row | None, ...]) -> None:
+        """A change read inside the window, with its row images (before and after: an update of a
+        primary key removes both keys)."""
+        chunk = self.chunks.get(table)
+        if chunk is None or not self.opened:
+            return
+        for image in images:
+            if image is not None and chunk.rows.pop(key_of(image, chunk.table.key), None) is not None:
+                self.removed += 1
+
+    def truncated(self, table: str) -> None:
+        """A TRUNCATE inside the window: nothing selected from that table may be emitted."""
+        chunk = self.chunks.get(table)
+        if chunk is not None and self.opened:
+            self.removed += len(chunk.rows)
+            chunk.rows.clear()
+
+    def survivors(self) -> list[tuple[TableRef, Row]]:
+        """The rows left, table by table in key order (as selected)."""
+        return [(c.table, row) for c in self.chunks.values() for row in c.rows.values()]
+
+
+def watch(window: Window, name: str, e: Event) -> None:
+    """Apply one change event read while ``window`` is pending."""
+    if e.op == "t":
+        window.truncated(name)
+    elif e.op in ("c", "u", "d", "r"):
+        window.saw(name, (e.before, e.after))

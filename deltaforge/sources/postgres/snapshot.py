@@ -1,0 +1,185 @@
+"""PostgreSQL's side of snapshots: chunks with asyncpg, watermarks as logical messages.
+
+Watermarks are ``pg_logical_emit_message(true, 'deltaforge.snapshot', 'open:<id>')``:
+transactional, so they sit in the commit order every change is read in, and they need no
+table. Chunk rows are selected as text and converted by the same functions pgoutput values
+go through (with the decoder's session settings), so a snapshot row and a change of the
+same row carry equal values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import asyncpg
+
+from deltaforge.configmodel import SnapshotSettings
+from deltaforge.events import Event, Row, SourceInfo
+from deltaforge.position import Position
+from deltaforge.snapshot.chunks import WATERMARK_PREFIX, ChunkReader, SnapshotRefused, debezium_signal
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION, row
+from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.values import converter
+
+if TYPE_CHECKING:
+    from deltaforge.sources.postgres.source import PostgresSource
+
+T = TypeVar("T")
+
+_COLUMNS = (
+    "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
+    "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+)
+_PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class _Table:
+    """How one table is read: its select, and its columns' converters."""
+
+    def __init__(self, ref: TableRef, oid: int, columns: list[tuple[str, int, str]]) -> None:
+        self.ref, self.oid = ref, oid
+        self.names = [c[0] for c in columns]
+        self.convs = [None if (f := converter(c[1])) is str else f for c in columns]
+        key_types = {c[0]: c[2] for c in columns}
+        self.key_at = [self.names.index(k) for k in ref.key]
+        schema, _, table = ref.name.partition(".")
+        target = f"{_ident(schema)}.{_ident(table)}"
+        cols = ", ".join(f"{_ident(n)}::text" for n in self.names)
+        # Qualified: ORDER BY a bare name would sort by the output column, the text cast.
+        keys = ", ".join(f"t.{_ident(k)}" for k in ref.key)
+        params = ", ".join(f"${i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
+        self.first = f"SELECT {cols} FROM {target} t ORDER BY {keys} LIMIT $1"
+        self.after = f"SELECT {cols} FROM {target} t WHERE ({keys}) > ({params}) ORDER BY {keys} LIMIT ${len(ref.key) + 1}"
+
+
+class PostgresChunks(ChunkReader):
+    """Chunks and watermarks of a :class:`PostgresSource` (see the module)."""
+
+    def __init__(self, source: PostgresSource, settings: SnapshotSettings) -> None:
+        self.source = source
+        self.signal = _qualified(settings.signal_table) if settings.signal_table else None
+        self.pool: asyncpg.Pool | None = None
+        self.known: dict[str, _Table] = {}
+
+    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``work`` on a pooled connection; a server that went away is unavailable, not an error."""
+        if self.pool is None:
+            raise RuntimeError("snapshot reader is not open")
+        try:
+            async with self.pool.acquire() as conn:
+                return await work(conn)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None
+            raise
+
+    async def open(self, parallel: int) -> None:
+        try:
+            self.pool = await asyncpg.create_pool(
+                self.source.dsn, min_size=1, max_size=parallel, timeout=10, server_settings=SESSION
+            )
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None
+            raise
+
+    async def close(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.terminate()
+
+    async def tables(self, names: list[str] | None) -> list[TableRef]:
+        return await self._run(lambda conn: self._tables(conn, names))
+
+    async def _tables(self, conn: asyncpg.Connection, names: list[str] | None) -> list[TableRef]:
+        published = [
+            f"{r[0]}.{r[1]}"
+            for r in await conn.fetch(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2",
+                self.source.publication,
+            )
+        ]
+        wanted = [_qualified(n) for n in names] if names else [t for t in published if t != self.signal]
+        out = []
+        for name in wanted:
+            if name not in published:
+                raise SnapshotRefused(
+                    f"snapshot of {name!r}: no such table in publication {self.source.publication!r} "
+                    f"(it has {', '.join(published) or 'none'})"
+                )
+            oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", _quoted(name))
+            columns = [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid)]
+            key = tuple(str(r[0]) for r in await conn.fetch(_PRIMARY_KEY, oid))
+            if not key:
+                raise SnapshotRefused(
+                    f"snapshot of {name!r}: the table has no primary key, and snapshots read tables in "
+                    "primary-key ranges; add a primary key, or leave the table out of snapshot.tables"
+                )
+            ref = TableRef(name, key)
+            self.known[name] = _Table(ref, int(oid), columns)
+            out.append(ref)
+        return out
+
+    async def estimate(self, table: TableRef) -> int:
+        oid = self.known[table.name].oid
+        found = await self._run(
+            lambda conn: conn.fetchval("SELECT reltuples::bigint FROM pg_class WHERE oid = $1", oid)
+        )
+        return max(int(found or 0), 0)
+
+    async def chunk(
+        self, table: TableRef, after: list[Any] | None, limit: int
+    ) -> tuple[list[Row], list[Any] | None]:
+        t = self.known[table.name]
+        if after is None:
+            records = await self._run(lambda conn: conn.fetch(t.first, limit))
+        else:
+            records = await self._run(lambda conn: conn.fetch(t.after, *after, limit))
+        if not records:
+            return [], after
+        names, convs = t.names, t.convs
+        rows = [row(names, convs, list(r)) for r in records]
+        return rows, [records[-1][i] for i in t.key_at]
+
+    async def watermark(self, kind: str, window: str) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                "SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK_PREFIX, f"{kind}:{window}"
+            )
+        )
+
+    def name_of(self, e: Event) -> str:
+        return f"{e.source.schema}.{e.source.table}"
+
+    def is_signal(self, e: Event) -> bool:
+        return e.op == "m" or (self.signal is not None and self.name_of(e) == self.signal)
+
+    def mark_of(self, e: Event) -> tuple[str, str] | None:
+        if e.op != "m" or e.after is None:
+            return None
+        kind, _, window = str(e.after.get("content", "")).partition(":")
+        return (kind, window) if kind in ("open", "close") else None
+
+    def signal_of(self, e: Event) -> list[str] | None:
+        return debezium_signal(e)
+
+    def source_info(self, table: TableRef, at: Position, ts_ms: int) -> SourceInfo:
+        schema, _, name = table.name.partition(".")
+        return SourceInfo(self.source.connector, self.source.db, name, at, ts_ms, schema, table.key)
+
+
+def _qualified(name: str) -> str:
+    schema, _, table = name.rpartition(".")
+    return f"{schema or 'public'}.{table}"
+
+
+def _quoted(name: str) -> str:
+    schema, _, table = name.partition(".")
+    return f"{_ident(schema)}.{_ident(table)}"
