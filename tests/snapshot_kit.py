@@ -11,21 +11,29 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import jsonl
+from tests.serve_proc import Serve
 
 Execute = Callable[[str, tuple[Any, ...]], None]
 
 
 class Writer(threading.Thread):
-    """Random writes on ``items`` through ``connect()``'s ``execute`` (autocommit), one at a time."""
+    """Random writes on ``items`` through ``connect()``'s ``execute`` (autocommit), one at a time,
+    ``rate`` a second: a busy application, not one that takes every CPU cycle the pipeline needs
+    (then no stream keeps up, and every snapshot chunk waits for a lag that only grows)."""
 
     def __init__(
-        self, connect: Callable[[], tuple[Execute, Callable[[], None]]], rows: int, seed: int
+        self,
+        connect: Callable[[], tuple[Execute, Callable[[], None]]],
+        rows: int,
+        seed: int,
+        rate: float = 1500,
     ) -> None:
         super().__init__(daemon=True)
         self.connect = connect
@@ -36,13 +44,19 @@ class Writer(threading.Thread):
         self.stop = threading.Event()
         self.ops: dict[str, int] = {"insert": 0, "update": 0, "delete": 0, "move": 0}
         self.error: BaseException | None = None
+        self.rate = rate
 
     def run(self) -> None:
         try:
             execute, close = self.connect()
             try:
+                started, done = time.monotonic(), 0
                 while not self.stop.is_set():
                     self._one(execute)
+                    done += 1
+                    ahead = started + done / self.rate - time.monotonic()
+                    if ahead > 0:
+                        self.stop.wait(ahead)  # pacing the workload, not waiting for anything
             finally:
                 close()
         except BaseException as exc:  # noqa: BLE001 - the test reads it
@@ -132,3 +146,24 @@ def check_handoff(sink: Path, table: dict[int, int], crashes: bool) -> int:
         bad = out_of_order(per_key)
         assert not bad, f"{len(bad)} keys out of order, e.g. {list(bad.items())[:3]}"
     return sum(1 for d in lines if d["op"] == "r")
+
+
+def snapshot_status(serve: Serve, pipeline: str = "shop") -> dict[str, Any]:
+    return dict(serve.get(f"/pipelines/{pipeline}").json()["snapshot"])
+
+
+def snapshot_done(serve: Serve, pipeline: str = "shop") -> bool:
+    """A snapshot has finished in this serve and none runs."""
+    s = snapshot_status(serve, pipeline)
+    return not s["running"] and bool(s["finished"])
+
+
+def snapshot_rows_in(path: Path) -> int:
+    """How many snapshot rows a sink file holds so far (cheap: no JSON parsing while polling)."""
+    return path.read_bytes().count(b'"op":"r"') if path.exists() else 0
+
+
+def kill_points(seed: int, rows: int, kills: int) -> list[int]:
+    """Snapshot-row counts to SIGKILL serve at: random, all inside the snapshot."""
+    rng = random.Random(seed)
+    return sorted(rng.sample(range(rows // 20, rows * 3 // 4, 1000), kills))

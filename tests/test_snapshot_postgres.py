@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +12,17 @@ import psycopg
 import pytest
 
 from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
-from tests.serve_proc import Serve, serve_pipeline
+from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
-from tests.snapshot_kit import Execute, Writer, check_handoff
+from tests.snapshot_kit import (
+    Execute,
+    Writer,
+    check_handoff,
+    kill_points,
+    snapshot_done,
+    snapshot_rows_in,
+    snapshot_status,
+)
 from tests.test_postgres_source import fresh_db
 
 ROWS = 200_000
@@ -77,15 +83,6 @@ def wal_now(pg: Postgres, db: str) -> int:
     return asyncio.run(get())
 
 
-def snapshot_status(serve: Serve) -> dict[str, Any]:
-    return dict(serve.get("/pipelines/shop").json()["snapshot"])
-
-
-def snapshot_done(serve: Serve) -> bool:
-    s = snapshot_status(serve)
-    return not s["running"] and bool(s["finished"])
-
-
 def caught_up(tmp: Path, target: int) -> bool:
     cp = stored_checkpoint(tmp / "cp.db", "pg::sink::f")
     return cp is not None and int(cp["lsn"]) >= target
@@ -122,17 +119,14 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(postgres: Postgres,
     db = prepare(postgres, ROWS)
     doc = spec(tmp_path, postgres, db)
     out = tmp_path / "events.jsonl"
-    rng = random.Random(7)
     work = writer(postgres, db, ROWS, seed=2)
     kills = 3
     try:
-        for n in range(kills):
-            before = len(jsonl(out))
+        for n, at in enumerate(kill_points(seed=7, rows=ROWS, kills=kills)):
             with serve_pipeline(tmp_path, doc) as serve:
                 if n == 0:
                     work.start()
-                wait_until_sync(lambda: len(jsonl(out)) > before + 10_000, timeout=120, what="snapshot rows")  # noqa: B023
-                time.sleep(rng.uniform(0.0, 1.0))  # a random moment of the snapshot, not a synchronisation
+                wait_until_sync(lambda: snapshot_rows_in(out) >= at, timeout=120, what=f"{at} snapshot rows")  # noqa: B023
                 serve.kill()
         with serve_pipeline(tmp_path, doc) as serve:
             wait_until_sync(lambda: snapshot_done(serve), timeout=300, what="snapshot finished")

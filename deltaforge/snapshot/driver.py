@@ -41,6 +41,7 @@ class SnapshotDriver:
         self.state: SnapshotState | None = None
         self.refs: dict[str, TableRef] = {}
         self.window: Window | None = None
+        self.window_at = 0.0  # when the open window's chunks were read (monotonic)
         self.log = log
         self.status = ctx.snapshot
 
@@ -153,6 +154,7 @@ class SnapshotDriver:
         for t, (rows, last) in zip(active, results, strict=True):
             chunks[t.name] = Chunk(t, {key_of(r, t.key): r for r in rows}, last, len(rows) >= size)
         self.window = Window(wid, chunks)
+        self.window_at = time.monotonic()
 
     async def through(self, events: list[Event]) -> list[Event]:
         """Swallow watermarks and signals (as heartbeats: they still move checkpoints), watch the
@@ -215,6 +217,8 @@ class SnapshotDriver:
         if state.done and out:
             out[-1] = replace(out[-1], event_id=f"{out[-1].event_id}:last")
         self.status.rows_total += n
+        self.log.debug("snapshot_chunk", snapshot=state.id, rows=n, removed=window.removed,
+                       waited_ms=round((time.monotonic() - self.window_at) * 1000, 1))  # fmt: skip
         await self.progress.mark(closing.order, state)
         self.status.follow(state)
         if state.done:

@@ -188,3 +188,17 @@ def earliest_position(conn: Any, info: ServerInfo) -> BinlogPosition:
             cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest,))
             gtid = str(cur.fetchone()[0] or "")
     return BinlogPosition(oldest, 4, 0, gtid)
+
+
+def current_position(conn: Any, info: ServerInfo) -> BinlogPosition:
+    """Where the binlog ends now, as a resume position (a snapshot copies what came before)."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        found = cur.fetchone()
+        if found is None:
+            raise SourceMisconfigured("SHOW MASTER STATUS is empty; enable log_bin")
+        gtid = ""
+        if info.is_mariadb:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            gtid = str(cur.fetchone()[0] or "")
+    return BinlogPosition(str(found[0]), int(found[1]), 0, gtid)

@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 import structlog
 
 from actors import BlockingRunner
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc
+from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
     DeclaredTable,
     PositionLost,
@@ -39,6 +41,7 @@ from deltaforge.sources.mysql.checks import (
     ServerInfo,
     check_position,
     check_preconditions,
+    current_position,
     default_server_id,
     earliest_position,
     is_unavailable,
@@ -62,7 +65,12 @@ class MySQLSource(Source):
         self.settings = MySQLSettings.from_dsn(config.dsn)
         self.by_file = config.resume_by == "file"
         self.on_schema_drift = config.on_schema_drift
-        self.patterns = [tuple(t.split(".", 1)) for t in config.tables]
+        self.captured = [tuple(t.split(".", 1)) for t in config.tables]
+        db = self.settings.database
+        self.signal_table = config.snapshot.signal_table or (f"{db}.deltaforge_signal" if db else None)
+        # Watermarks are rows of the signal table: it is read like a captured table, never delivered.
+        signal = [tuple(self.signal_table.split(".", 1))] if self.signal_table and self.captured else []
+        self.patterns = [*self.captured, *signal]
         self.server_id = config.server_id or default_server_id(self.id)
         self.chunk = config.read_chunk
         self.tenant = tenant
@@ -74,6 +82,28 @@ class MySQLSource(Source):
         self._keys: dict[str, tuple[str, ...]] = {}  # "db.table" -> primary-key columns (pump thread)
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
+
+    def captures(self, db: str, table: str) -> bool:
+        """Whether ``db.table`` is one of the tables this source delivers changes of."""
+        return not self.captured or any(
+            fnmatch.fnmatchcase(db, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.captured
+        )
+
+    def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader | None:
+        from deltaforge.sources.mysql.snapshot import MySQLChunks
+
+        if self.signal_table is None:
+            if settings.mode == "never":
+                return None  # snapshots cannot be asked for; nothing else needs them
+            raise SourceMisconfigured(
+                f"mysql source {self.id!r}: snapshot.signal_table: required when the DSN names no database "
+                "(expected db.table, where watermarks are written)"
+            )
+        if "." not in self.signal_table:
+            raise SourceMisconfigured(
+                f"mysql source {self.id!r}: snapshot.signal_table: expected db.table, got {self.signal_table!r}"
+            )
+        return MySQLChunks(self, self.signal_table)
 
     @staticmethod
     def load_position(doc: PositionDoc) -> BinlogPosition:
@@ -92,7 +122,8 @@ class MySQLSource(Source):
         info, start = await self._threads.run(self._prepare, resume)
         self.info = info
         if resume is None:
-            # No checkpoint: the earliest change still on the server (there is no snapshot yet).
+            # No checkpoint: the earliest change still on the server, or, when a snapshot is about to
+            # copy the tables, the newest (``start`` is then the current position).
             resume = start._replace(gen=self._gen)
         self._committed = resume.gtid
         cfg: DecoderSettings = {
@@ -172,9 +203,7 @@ class MySQLSource(Source):
             conn.close()
         tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for schema, table, column, typ in rows:
-            if not self.patterns or any(
-                fnmatch.fnmatchcase(schema, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.patterns
-            ):
+            if self.captures(schema, table):
                 tables.setdefault((schema, table), []).append((column, str(typ)))
         return [DeclaredTable(db, t, tuple(cols)) for (db, t), cols in tables.items()]
 
@@ -185,6 +214,8 @@ class MySQLSource(Source):
         info = check_preconditions(conn, self.settings.where)
         if resume_after:
             check_position(conn, resume_after, info)
+        if resume_after is None and self.from_now:
+            return info, current_position(conn, info)
         return info, earliest_position(conn, info)
 
     async def close(self) -> None:

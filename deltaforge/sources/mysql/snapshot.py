@@ -1,0 +1,225 @@
+"""MySQL/MariaDB's side of snapshots: chunks with aiomysql, watermarks as signal-table rows.
+
+The signal table (Debezium's shape: ``id``, ``type``, ``data``) is created when missing and
+captured like any table; the reader never delivers its rows. A watermark is an upsert of
+one of two rows (``type`` ``snapshot-window-open`` / ``snapshot-window-close``, ``data`` the
+window's id), so the table stays two rows long. Users may insert Debezium
+``execute-snapshot`` rows into it to ask for snapshots from SQL.
+
+The connection's time zone is UTC and TIMESTAMP values are made aware, as the binlog
+decoder makes them, so a snapshot row and a change of the same row carry equal values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import aiomysql
+import pymysql
+
+from deltaforge.events import Event, Row, SourceInfo
+from deltaforge.position import Position
+from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, debezium_signal
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.mysql.checks import is_unavailable
+
+if TYPE_CHECKING:
+    from deltaforge.sources.mysql.source import MySQLSource
+
+T = TypeVar("T")
+SYSTEM = ("mysql", "sys", "information_schema", "performance_schema")
+OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class _Table:
+    def __init__(self, ref: TableRef, instants: list[str]) -> None:
+        self.ref = ref
+        self.instants = instants
+        db, _, table = ref.name.partition(".")
+        target = f"{_ident(db)}.{_ident(table)}"
+        keys = ", ".join(_ident(k) for k in ref.key)
+        marks = ", ".join(["%s"] * len(ref.key))
+        self.first = f"SELECT * FROM {target} ORDER BY {keys} LIMIT %s"
+        self.after = f"SELECT * FROM {target} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT %s"
+
+
+class MySQLChunks(ChunkReader):
+    """Chunks and watermarks of a :class:`MySQLSource` (see the module)."""
+
+    def __init__(self, source: MySQLSource, signal_table: str) -> None:
+        self.source = source
+        self.signal = signal_table
+        self.pool: aiomysql.Pool | None = None
+        self.known: dict[str, _Table] = {}
+        self.signal_ready = False
+
+    async def _run(self, work: Callable[[aiomysql.Cursor], Awaitable[T]]) -> T:
+        if self.pool is None:
+            raise RuntimeError("snapshot reader is not open")
+        try:
+            async with self.pool.acquire() as conn, conn.cursor(aiomysql.DictCursor) as cur:
+                return await work(cur)
+        except Exception as exc:
+            if is_unavailable(exc):
+                where = self.source.settings.where
+                raise SourceUnavailable(
+                    f"mysql source {self.source.id!r} ({where}): {type(exc).__name__}: {exc}"
+                ) from None
+            raise
+
+    async def open(self, parallel: int) -> None:
+        s = self.source.settings
+        try:
+            self.pool = await aiomysql.create_pool(
+                host=s.host, port=s.port, user=s.user, password=s.password, autocommit=True,
+                minsize=1, maxsize=parallel, connect_timeout=10, init_command="SET time_zone = '+00:00'",
+            )  # fmt: skip
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise SourceUnavailable(
+                    f"mysql source {self.source.id!r}: {type(exc).__name__}: {exc}"
+                ) from None
+            raise
+        self.signal_ready = False
+
+    async def close(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.terminate()
+            await pool.wait_closed()
+
+    async def _ensure_signal_table(self) -> None:
+        if self.signal_ready:
+            return
+        db, _, table = self.signal.partition(".")
+        try:
+            await self._run(lambda cur: cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {_ident(db)}.{_ident(table)} "
+                "(id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048) NULL)"
+            ))  # fmt: skip
+        except pymysql.err.MySQLError as exc:
+            raise SnapshotRefused(
+                f"snapshots write watermarks to the signal table {self.signal!r}, and creating it failed "
+                f"({exc.args[-1]}): create it, or grant the source's user CREATE, INSERT and UPDATE on it"
+            ) from None
+        self.signal_ready = True
+
+    async def tables(self, names: list[str] | None) -> list[TableRef]:
+        await self._ensure_signal_table()
+        rows = await self._run(self._catalog)
+        captured: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            name = f"{r['TABLE_SCHEMA']}.{r['TABLE_NAME']}"
+            if name != self.signal and self.source.captures(r["TABLE_SCHEMA"], r["TABLE_NAME"]):
+                captured.setdefault(name, []).append(r)
+        out = []
+        for name in names or sorted(captured):
+            cols = captured.get(name)
+            if cols is None:
+                raise SnapshotRefused(f"snapshot of {name!r}: no such table among the captured ones "
+                                      f"({', '.join(sorted(captured)) or 'none'})")  # fmt: skip
+            key = tuple(
+                c["COLUMN_NAME"] for c in sorted((c for c in cols if c["KEY_AT"]), key=lambda c: c["KEY_AT"])
+            )
+            if not key:
+                raise SnapshotRefused(
+                    f"snapshot of {name!r}: the table has no primary key, and snapshots read tables in "
+                    "primary-key ranges; add a primary key, or leave the table out of snapshot.tables"
+                )
+            ref = TableRef(name, key)
+            self.known[name] = _Table(ref, [c["COLUMN_NAME"] for c in cols if c["DATA_TYPE"] == "timestamp"])
+            out.append(ref)
+        return out
+
+    @staticmethod
+    async def _catalog(cur: aiomysql.Cursor) -> list[dict[str, Any]]:
+        await cur.execute(
+            "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, c.DATA_TYPE, COALESCE(k.ORDINAL_POSITION, 0) AS KEY_AT "
+            "FROM information_schema.COLUMNS c JOIN information_schema.TABLES t "
+            "ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME AND t.TABLE_TYPE = 'BASE TABLE' "
+            "LEFT JOIN information_schema.KEY_COLUMN_USAGE k ON k.TABLE_SCHEMA = c.TABLE_SCHEMA "
+            "AND k.TABLE_NAME = c.TABLE_NAME AND k.COLUMN_NAME = c.COLUMN_NAME AND k.CONSTRAINT_NAME = 'PRIMARY' "
+            f"WHERE c.TABLE_SCHEMA NOT IN {SYSTEM!r} ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION"
+        )
+        return list(await cur.fetchall())
+
+    async def estimate(self, table: TableRef) -> int:
+        db, _, name = table.name.partition(".")
+
+        async def read(cur: aiomysql.Cursor) -> int:
+            await cur.execute(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                (db, name),
+            )
+            found = await cur.fetchone()
+            return int((found or {}).get("TABLE_ROWS") or 0)
+
+        return await self._run(read)
+
+    async def chunk(
+        self, table: TableRef, after: list[Any] | None, limit: int
+    ) -> tuple[list[Row], list[Any] | None]:
+        t = self.known[table.name]
+
+        async def read(cur: aiomysql.Cursor) -> list[Row]:
+            if after is None:
+                await cur.execute(t.first, (limit,))
+            else:
+                await cur.execute(t.after, (*after, limit))
+            return list(await cur.fetchall())
+
+        rows = await self._run(read)
+        if not rows:
+            return [], after
+        for name in t.instants:
+            for r in rows:
+                v = r.get(name)
+                if isinstance(v, datetime):
+                    r[name] = v.replace(tzinfo=UTC)
+        return rows, [_json_key(rows[-1][k]) for k in table.key]
+
+    async def watermark(self, kind: str, window: str) -> None:
+        db, _, table = self.signal.partition(".")
+        typ = OPEN if kind == "open" else CLOSE
+        await self._run(lambda cur: cur.execute(
+            f"INSERT INTO {_ident(db)}.{_ident(table)} (id, type, data) VALUES (%s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE data = VALUES(data)", (f"deltaforge-{kind}", typ, window),
+        ))  # fmt: skip
+
+    def name_of(self, e: Event) -> str:
+        return f"{e.source.db}.{e.source.table}"
+
+    def is_signal(self, e: Event) -> bool:
+        return e.op != "h" and self.name_of(e) == self.signal
+
+    def mark_of(self, e: Event) -> tuple[str, str] | None:
+        row = e.after
+        if row is None or e.op not in ("c", "u"):
+            return None
+        typ = row.get("type")
+        if typ in (OPEN, CLOSE):
+            return ("open" if typ == OPEN else "close", str(row.get("data")))
+        return None
+
+    def signal_of(self, e: Event) -> list[str] | None:
+        return debezium_signal(e)
+
+    def source_info(self, table: TableRef, at: Position, ts_ms: int) -> SourceInfo:
+        db, _, name = table.name.partition(".")
+        return SourceInfo(self.source.connector, db, name, at, ts_ms, None, table.key)
+
+
+def _json_key(value: Any) -> Any:
+    """A key value as the progress stores it (JSON); aiomysql takes it back as a parameter."""
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, int | str | float) or value is None:
+        return value
+    return str(value)
