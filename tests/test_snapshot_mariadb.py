@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ from tests.snapshot_kit import (
     Writer,
     check_handoff,
     kill_points,
+    replay,
     snapshot_done,
     snapshot_rows_in,
     snapshot_status,
@@ -122,3 +127,71 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(mariadb: MariaDB, t
         work.stop.set()
     snapshot_rows = check_handoff(out, table_state(mariadb, db), crashes=True)
     assert snapshot_rows < ROWS + kills * 10 * 5000, snapshot_rows  # never the whole table again
+
+
+def test_when_needed_resnapshots_a_purged_binlog_instead_of_halting(mariadb: MariaDB, tmp_path: Path) -> None:
+    db = prepare(mariadb, 2000)
+    doc = spec(tmp_path, mariadb, db, mode="when_needed", chunk_size=300)
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+        wait_until_sync(lambda: caught_up(tmp_path, mariadb), timeout=60, what="sink caught up")
+        assert serve.terminate() == 0
+    initial = snapshot_rows_in(out)
+    assert initial == 2000
+    cp = stored_checkpoint(tmp_path / "cp.db", "my::sink::f")
+    assert cp is not None
+    with mariadb.root(db) as c, c.cursor() as cur:  # changes the purge takes away from the stream
+        cur.execute("UPDATE items SET v = v + 1000000 WHERE id <= 10")
+        cur.execute("DELETE FROM items WHERE id BETWEEN 11 AND 20")
+    mariadb.purge_all_but_newest(str(cp["file"]))
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the snapshot taken again")
+        wait_until_sync(lambda: caught_up(tmp_path, mariadb), timeout=60, what="sink caught up")
+        assert serve.get("/pipelines/shop").json()["state"] == "running"
+        assert serve.terminate() == 0
+    assert "position_lost_resnapshot" in (tmp_path / "log.jsonl").read_text()
+    # Every row is read again, with the updates of the gap. The deletes of the gap are gone with the
+    # binlog: no snapshot can deliver them (docs/snapshots.md says how a consumer finds such rows).
+    table = table_state(mariadb, db)
+    got = replay(jsonl(out))
+    assert {k: v for k, v in got.items() if k in table} == table
+    assert set(got) - set(table) == set(range(11, 21))
+    assert snapshot_rows_in(out) == initial + 1990
+
+
+def test_a_signal_row_and_the_cli_ask_for_snapshots_while_streaming(mariadb: MariaDB, tmp_path: Path) -> None:
+    db = prepare(mariadb, 1000)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE other (k varchar(20) PRIMARY KEY, n int)")
+        cur.execute("INSERT INTO other SELECT concat('k', seq), seq FROM seq_1_to_400")
+    doc = spec(tmp_path, mariadb, db, mode="never", chunk_size=150)
+    doc["source"]["config"]["tables"] = [f"{db}.*"]
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        with mariadb.root(db) as c, c.cursor() as cur:  # Debezium's signal, from SQL
+            cur.execute(
+                "INSERT INTO deltaforge_signal (id, type, data) VALUES ('ad-hoc-1', 'execute-snapshot', "
+                f'\'{{"data-collections": ["{db}.other"], "type": "incremental"}}\')'
+            )
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="snapshot by signal row")
+        other = snapshot_status(serve)["finished"][0]["tables"][f"{db}.other"]
+        assert (other["rows"], other["estimate"], other["done"]) == (400, 400, True)
+        token_env = {k: v for k, v in os.environ.items() if k != "DELTAFORGE_API_TOKEN"}
+        cli = subprocess.run(
+            [sys.executable, "-m", "deltaforge", "snapshot", "shop", f"{db}.items", "--api", serve.url("")],
+            capture_output=True, text=True, timeout=60, env=token_env,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout)["running"] is True
+        wait_until_sync(lambda: snapshot_rows_in(out) == 1400, timeout=60, what="snapshot by the CLI")
+        nope = subprocess.run(
+            [sys.executable, "-m", "deltaforge", "snapshot", "shop", f"{db}.nope", "--api", serve.url("")],
+            capture_output=True, text=True, timeout=60, env=token_env,
+        )  # fmt: skip
+        assert nope.returncode == 1 and "no such table" in nope.stdout
+        assert serve.terminate() == 0
+    rows = [d for d in jsonl(out) if d["op"] == "r"]
+    assert sorted(d["after"]["n"] for d in rows if d["source"]["table"] == "other") == list(range(1, 401))
+    assert sorted(d["after"]["id"] for d in rows if d["source"]["table"] == "items") == list(range(1, 1001))
+    assert "deltaforge_signal" not in {d["source"]["table"] for d in jsonl(out)}

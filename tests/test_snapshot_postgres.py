@@ -172,3 +172,31 @@ def test_on_demand_snapshot_over_rest_while_streaming(postgres: Postgres, tmp_pa
     rows = [d for d in jsonl(out) if d["op"] == "r"]
     assert sorted(d["after"]["n"] for d in rows) == list(range(1, 501))
     assert {d["source"]["table"] for d in rows} == {"other"}
+
+
+def test_when_needed_resnapshots_a_dropped_slot_instead_of_halting(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    db = prepare(postgres, 2000)
+    doc = spec(tmp_path, postgres, db, mode="when_needed", chunk_size=300)
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+        target = wal_now(postgres, db)
+        wait_until_sync(lambda: caught_up(tmp_path, target), timeout=60, what="sink caught up")
+        assert serve.terminate() == 0
+    assert snapshot_rows_in(out) == 2000
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"s_{db}",))
+        conn.execute("UPDATE items SET v = v + 1000000 WHERE id <= 10")  # lost with the slot
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the snapshot taken again")
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute("UPDATE items SET v = v + 2000000 WHERE id = 2000")  # streaming goes on after it
+        target = wal_now(postgres, db)
+        wait_until_sync(lambda: caught_up(tmp_path, target), timeout=60, what="sink caught up")
+        assert serve.get("/pipelines/shop").json()["state"] == "running"
+        assert serve.terminate() == 0
+    assert "position_lost_resnapshot" in (tmp_path / "log.jsonl").read_text()
+    check_handoff(out, table_state(postgres, db), crashes=True)
+    assert snapshot_rows_in(out) == 4000

@@ -36,6 +36,11 @@ class ChunkReader(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    async def prepare(self) -> str | None:
+        """Make what snapshots need (a signal table) where possible; why not, else None. Called at
+        each open: a snapshot asked for later is refused with the reason, streaming goes on."""
+        return None
+
     @abstractmethod
     async def tables(self, names: list[str] | None) -> list[TableRef]:
         """The captured tables called ``names`` (None: all), with their primary keys; raise

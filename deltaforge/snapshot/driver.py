@@ -60,6 +60,8 @@ class SnapshotDriver:
         if self.reader is None:
             return
         await self.reader.open(self.settings.max_parallel_tables)
+        if (unprepared := await self.reader.prepare()) is not None:
+            self.log.warning("snapshot_unavailable", reason=unprepared)
         state = await self.progress.load(resume.order if resume is not None else None)
         if state is not None and state.done:
             await self.progress.clear()

@@ -111,6 +111,13 @@ class MySQLChunks(ChunkReader):
             ) from None
         self.signal_ready = True
 
+    async def prepare(self) -> str | None:
+        try:
+            await self._ensure_signal_table()
+        except SnapshotRefused as exc:
+            return exc.reason
+        return None
+
     async def tables(self, names: list[str] | None) -> list[TableRef]:
         await self._ensure_signal_table()
         rows = await self._run(self._catalog)
