@@ -97,7 +97,14 @@ async def _serve(
         servers.append(started)
         log.info(event, addr=addr)
     manager.start_all()
+    bars = None
+    if sys.stderr.isatty():  # a person watching: draw snapshot progress
+        from deltaforge.snapshot.terminal import SnapshotProgress
+
+        bars = asyncio.create_task(SnapshotProgress(runners).run())
     await stop.wait()
+    if bars is not None:
+        bars.cancel()
     log.info("shutdown_requested", reason="signal")
     await manager.drain_all()
     for server, task in servers:

@@ -31,6 +31,17 @@ class _Tee:
     log = debug = info = warn = warning = error = critical = exception = msg
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write: the snapshot progress bar swaps it for a proxy that
+    prints log lines above the bar."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 class _TeeFactory:
     def __init__(self, streams: list[IO[str]]) -> None:
         self.tee = _Tee(streams)
@@ -48,7 +59,7 @@ def configure(level: str = "info", log_file: str | Path | None = None, stderr: b
     """JSON lines to stderr and/or ``log_file``, at ``level`` and above."""
     streams: list[IO[str]] = []
     if stderr:
-        streams.append(sys.stderr)
+        streams.append(_Stderr())  # type: ignore[arg-type]
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
