@@ -21,7 +21,7 @@ from deltaforge.events import Event, Row, SourceInfo, with_images
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
-from deltaforge.snapshot.window import Chunk, TableRef, Window, key_of, watch
+from deltaforge.snapshot.window import Chunk, TableRef, Window, watch
 from deltaforge.sources.base import PositionLost
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class SnapshotDriver:
         await reader.watermark("close", wid)
         chunks = {}
         for t, (rows, last) in zip(active, results, strict=True):
-            chunks[t.name] = Chunk(t, {key_of(r, t.key): r for r in rows}, last, len(rows) >= size)
+            chunks[t.name] = Chunk(t, rows, last, len(rows) >= size)
         self.window = Window(wid, chunks)
         self.window_at = time.monotonic()
 
@@ -196,16 +196,20 @@ class SnapshotDriver:
         assert reader is not None and state is not None
         self.window = None
         at, base, ts = high.source.position, high.order, int(time.time() * 1000)
-        survivors = window.survivors()
-        n = len(survivors)
-        tx_id, tenant = f"snapshot:{state.kind}:{window.id}", self.ctx.config.tenant
-        wid = window.id
-        out = [_row(reader.source_info(t, at, ts), row, tx_id, f"{wid}:{i}", i == n - 1, (*base, i), at, tenant)
-               for i, (t, row) in enumerate(survivors)]  # fmt: skip
-        closing = replace(high, op="h", before=None, after=None, order=(*base, n))
+        tx_id, tenant, wid = f"snapshot:{state.kind}:{window.id}", self.ctx.config.tenant, window.id
+        out: list[Event] = []
         counts: dict[str, int] = {}
-        for t, _ in survivors:
-            counts[t.name] = counts.get(t.name, 0) + 1
+        for t, rows in window.survivors():
+            info, i0 = reader.source_info(t, at, ts), len(out)  # one origin for the table's rows
+            out += [
+                _row(info, row, tx_id, f"{wid}:{i0 + i}", (*base, i0 + i), at, tenant)
+                for i, row in enumerate(rows)
+            ]
+            counts[t.name] = len(rows)
+        n = len(out)
+        if n:
+            out[-1] = replace(out[-1], tx_end=True)
+        closing = replace(high, op="h", before=None, after=None, order=(*base, n))
         for name, chunk in window.chunks.items():
             state.rows[name] = state.rows.get(name, 0) + counts.get(name, 0)
             if chunk.last is not None:
@@ -242,15 +246,8 @@ class SnapshotDriver:
 
 
 def _row(
-    info: SourceInfo,
-    row: Row,
-    tx_id: str,
-    event_id: str,
-    end: bool,
-    order: tuple[int, ...],
-    at: Position,
-    tenant: str,
+    info: SourceInfo, row: Row, tx_id: str, event_id: str, order: tuple[int, ...], at: Position, tenant: str
 ) -> Event:
     """A snapshot row: ``op: r`` with the high watermark's position (resume from there re-reads
     the window) and an order just after it."""
-    return Event("r", None, row, info, tx_id, end, event_id, order, at, tenant, 128 + 32 * len(row))
+    return Event("r", None, row, info, tx_id, False, event_id, order, at, tenant, 128 + 32 * len(row))

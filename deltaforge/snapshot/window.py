@@ -29,11 +29,14 @@ class Chunk:
     read (the next chunk starts after it, whatever the window removes)."""
 
     table: TableRef
-    rows: dict[Key, Row]
+    rows: list[Row]
     last: list[Any] | None
     """The last key read, as stored in the progress (the next chunk starts after it)."""
     full: bool
     """As many rows as asked for: the table may have more."""
+    stale: set[Key] = field(default_factory=set)
+    """Keys changed inside the window (rows are keyed only when a change asks: most windows see
+    none of their chunk's keys change)."""
 
 
 @dataclass(slots=True)
@@ -44,11 +47,11 @@ class Window:
     row: the change is at least as new as what the select saw, and it is delivered itself.
 
         >>> t = TableRef("shop.items", ("id",))
-        >>> w = Window("w1", {t.name: Chunk(t, {(1,): {"id": 1}, (2,): {"id": 2}}, [2], False)})
+        >>> w = Window("w1", {t.name: Chunk(t, [{"id": 1}, {"id": 2}], [2], False)})
         >>> w.opened = True
         >>> w.saw("shop.items", ({"id": 1},))
-        >>> [row for _, row in w.survivors()]
-        [{'id': 2}]
+        >>> [rows for _, rows in w.survivors()]
+        [[{'id': 2}]]
     """
 
     id: str
@@ -63,19 +66,27 @@ class Window:
         if chunk is None or not self.opened:
             return
         for image in images:
-            if image is not None and chunk.rows.pop(key_of(image, chunk.table.key), None) is not None:
-                self.removed += 1
+            if image is not None:
+                chunk.stale.add(key_of(image, chunk.table.key))
 
     def truncated(self, table: str) -> None:
         """A TRUNCATE inside the window: nothing selected from that table may be emitted."""
         chunk = self.chunks.get(table)
         if chunk is not None and self.opened:
             self.removed += len(chunk.rows)
-            chunk.rows.clear()
+            chunk.rows = []
 
-    def survivors(self) -> list[tuple[TableRef, Row]]:
+    def survivors(self) -> list[tuple[TableRef, list[Row]]]:
         """The rows left, table by table in key order (as selected)."""
-        return [(c.table, row) for c in self.chunks.values() for row in c.rows.values()]
+        out = []
+        for c in self.chunks.values():
+            rows = c.rows
+            if c.stale:
+                key, stale = c.table.key, c.stale
+                rows = [r for r in rows if key_of(r, key) not in stale]
+                self.removed += len(c.rows) - len(rows)
+            out.append((c.table, rows))
+        return out
 
 
 def watch(window: Window, name: str, e: Event) -> None:

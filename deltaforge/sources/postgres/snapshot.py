@@ -36,6 +36,11 @@ _COLUMNS = (
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
 
 
+NATIVE = {16, 20, 21, 23, 25, 1043}
+"""bool, int8, int2, int4, text, varchar: asyncpg decodes these to exactly what pgoutput's text
+conversion gives, without the text round trip (a third of a chunk's cost)."""
+
+
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -46,12 +51,15 @@ class _Table:
     def __init__(self, ref: TableRef, oid: int, columns: list[tuple[str, int, str]]) -> None:
         self.ref, self.oid = ref, oid
         self.names = [c[0] for c in columns]
-        self.convs = [None if (f := converter(c[1])) is str else f for c in columns]
+        self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
+        self.native = all(c is None for c in self.convs)
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
         schema, _, table = ref.name.partition(".")
         target = f"{_ident(schema)}.{_ident(table)}"
-        cols = ", ".join(f"{_ident(n)}::text" for n in self.names)
+        cols = ", ".join(
+            _ident(c[0]) if c[1] in NATIVE else f"{_ident(c[0])}::text AS {_ident(c[0])}" for c in columns
+        )
         # Qualified: ORDER BY a bare name would sort by the output column, the text cast.
         keys = ", ".join(f"t.{_ident(k)}" for k in ref.key)
         params = ", ".join(f"${i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
@@ -145,8 +153,8 @@ class PostgresChunks(ChunkReader):
         if not records:
             return [], after
         names, convs = t.names, t.convs
-        rows = [row(names, convs, list(r)) for r in records]
-        return rows, [records[-1][i] for i in t.key_at]
+        rows = [dict(r) for r in records] if t.native else [row(names, convs, list(r)) for r in records]
+        return rows, [v if isinstance(v, str) else str(v) for v in (records[-1][i] for i in t.key_at)]
 
     async def watermark(self, kind: str, window: str) -> None:
         await self._run(

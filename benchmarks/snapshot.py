@@ -1,0 +1,116 @@
+"""Snapshot a table: the pipeline (chunks between watermarks → file sink) vs a bare SELECT.
+
+    python benchmarks/snapshot.py [--rows 1000000] [--chunk 10000] [--server postgres|mariadb|both]
+
+Starts private servers (tests/servers), fills ``items(id, v, payload)``, then in the same run
+measures (1) one bare ``SELECT *`` of the table with the same driver the snapshot uses
+(asyncpg, aiomysql), rows fetched into Python, and (2) the whole pipeline taking an initial
+snapshot and delivering every row to a JSONL file with checkpoints. The ratio is the figure
+(the issue's target: at least 50 %); absolute rates depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiomysql
+import asyncpg
+import structlog
+from drain import drain_rate
+
+from deltaforge.sources.postgres.decoder import SESSION
+from tests.servers.mariadb import CDC_USER, MariaDB
+from tests.servers.postgres import Postgres
+
+
+def sink_doc(out: Path) -> list[dict[str, Any]]:
+    return [{"type": "file", "config": {"id": "f", "path": str(out)}}]
+
+
+async def postgres(rows: int, chunk: int, out: Path) -> tuple[float, float]:
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint, payload text)")
+        await conn.execute(
+            "INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, $1::int) g", rows
+        )
+        await conn.execute("ANALYZE items")
+        await conn.close()
+        conn = await asyncpg.connect(pg.dsn(), server_settings=SESSION)
+        t0 = time.perf_counter()
+        got = len(await conn.fetch("SELECT * FROM items"))
+        bare = got / (time.perf_counter() - t0)
+        await conn.close()
+        source = {"id": "b", "dsn": pg.dsn(), "slot": "bench", "publication": "bench", "tables": ["public.items"],
+                  "snapshot": {"mode": "initial", "chunk_size": chunk}}  # fmt: skip
+        pipe = await drain_rate(
+            _doc("postgres", source, out), rows, done=lambda st: st.sinks["f"].events >= rows
+        )
+        return bare, pipe
+
+
+async def mariadb(rows: int, chunk: int, out: Path) -> tuple[float, float]:
+    with MariaDB() as my:
+        with my.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE bench")
+        with my.root("bench") as c, c.cursor() as cur:
+            cur.execute(f"GRANT CREATE, INSERT, UPDATE ON bench.* TO '{CDC_USER}'@'%'")
+            cur.execute("CREATE TABLE bench.items (id bigint PRIMARY KEY, v bigint, payload varchar(64))")
+            cur.execute(f"INSERT INTO bench.items SELECT seq, seq, repeat('x', 40) FROM seq_1_to_{rows}")
+            cur.execute("ANALYZE TABLE bench.items")
+        conn = await aiomysql.connect(host="127.0.0.1", port=my.port, user="root", password="", db="bench")
+        t0 = time.perf_counter()
+        async with conn.cursor(aiomysql.DictCursor) as cur:
+            await cur.execute("SELECT * FROM items")
+            got = len(await cur.fetchall())
+        bare = got / (time.perf_counter() - t0)
+        conn.close()
+        source = {"id": "b", "dsn": my.dsn("bench"), "tables": ["bench.items"],
+                  "snapshot": {"mode": "initial", "chunk_size": chunk}}  # fmt: skip
+        pipe = await drain_rate(
+            _doc("mysql", source, out), rows, done=lambda st: st.sinks["f"].events >= rows
+        )
+        return bare, pipe
+
+
+def _doc(kind: str, source: dict[str, Any], out: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "source": {"type": kind, "config": source},
+            "sinks": sink_doc(out),
+            "batch": {"max_events": 10000, "max_ms": 50},
+        },
+    }
+
+
+def main() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--chunk", type=int, default=10_000, help="snapshot.chunk_size")
+    ap.add_argument("--server", choices=["postgres", "mariadb", "both"], default="both")
+    args = ap.parse_args()
+    runs = {"postgres": postgres, "mariadb": mariadb}
+    for name in ["postgres", "mariadb"] if args.server == "both" else [args.server]:
+        with tempfile.TemporaryDirectory() as tmp:
+            bare, pipe = asyncio.run(runs[name](args.rows, args.chunk, Path(tmp) / "events.jsonl"))
+        print(
+            f"{name:>8} {args.rows:,} rows, chunks of {args.chunk:,}: snapshot {pipe:>9,.0f} rows/s | "
+            f"bare SELECT {bare:>9,.0f} rows/s | ratio {pipe / bare:.0%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
