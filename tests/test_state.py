@@ -147,7 +147,7 @@ async def test_checkpoints_in_the_previous_format_load_as_typed_positions(
     expected_order = {
         "mysql": lambda d: (0, int(str(d["file"]).rsplit(".", 1)[1]), d["pos"], d["row"]),
         "postgres": lambda d: (d["commit_lsn"], d["seq"]),
-        "turso": lambda d: (d["change_id"],),
+        "turso": lambda d: (d["change_id"], 0),  # then snapshot rows at it, then after_snapshot 1
     }[source](stored)
     assert position.order == expected_order
 

@@ -29,6 +29,9 @@ class ChunkReader(ABC):
     look the same to sinks.
     """
 
+    parallel = True
+    """Whether chunks of several tables may share a window."""
+
     @abstractmethod
     async def open(self, parallel: int) -> None:
         """Connect (``parallel`` connections: chunks of that many tables are read at once)."""

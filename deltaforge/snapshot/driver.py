@@ -141,7 +141,8 @@ class SnapshotDriver:
         reader = self.reader
         assert reader is not None
         size = self.settings.chunk_size
-        active = [self.refs[n] for n in state.pending[: self.settings.max_parallel_tables]]
+        width = self.settings.max_parallel_tables if reader.parallel else 1
+        active = [self.refs[n] for n in state.pending[:width]]
         for t in active:
             progress = self.status.tables.get(t.name)
             if progress is not None and progress.started_at is None:

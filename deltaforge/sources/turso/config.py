@@ -10,6 +10,7 @@ from deltaforge.configmodel import (
     PluginConfig,
     PositiveInt,
     PositiveNumber,
+    SnapshotSettings,
     SourceSettings,
     TableNames,
     Text,
@@ -32,3 +33,6 @@ class TursoSourceConfig(SourceSettings):
     poll_interval_ms: PositiveInt = Field(50, description="Wait after a read that found nothing new.")
     read_chunk: PositiveInt = Field(2000, description="Changes read per query.")
     workload: DemoWorkloadConfig | None = Field(None, description="The demo writer (the default pipeline's).")
+    snapshot: SnapshotSettings = Field(
+        default_factory=SnapshotSettings, description="Snapshots of the rows already there."
+    )

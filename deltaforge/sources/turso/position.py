@@ -13,15 +13,20 @@ class TursoPosition(NamedTuple):
     ``txn`` and ``at`` are that row's ``change_txn_id`` and ``change_time``: on resume they
     must still match, or the database was replaced under the checkpoint (positions stored
     before they were recorded have neither, and resume on ``change_id`` alone).
+
+    ``after_snapshot`` is 1 once the snapshot rows emitted at this change are all in: it
+    orders that point after them (they sort between ``change_id`` and it); a resume reads
+    from after ``change_id`` either way.
     """
 
     change_id: int
     txn: int | None = None
     at: int | None = None
+    after_snapshot: int = 0
 
     @property
     def order(self) -> tuple[int, ...]:
-        return (self.change_id,)
+        return (self.change_id, self.after_snapshot)
 
     def to_doc(self) -> PositionDoc:
         doc: PositionDoc = {"change_id": self.change_id}
@@ -29,10 +34,12 @@ class TursoPosition(NamedTuple):
             doc["txn"] = self.txn
         if self.at is not None:
             doc["at"] = self.at
+        if self.after_snapshot:
+            doc["after_snapshot"] = self.after_snapshot
         return doc
 
     @classmethod
     def from_doc(cls, doc: PositionDoc) -> TursoPosition:
         txn = as_int(doc, "txn") if doc.get("txn") is not None else None
         at = as_int(doc, "at") if doc.get("at") is not None else None
-        return cls(as_int(doc, "change_id"), txn, at)
+        return cls(as_int(doc, "change_id"), txn, at, as_int(doc, "after_snapshot", 0))

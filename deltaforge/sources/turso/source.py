@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from actors import BlockingRunner
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc
+from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError, own_position
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.position import TursoPosition
@@ -53,6 +55,19 @@ class TursoSource(Source):
         self._pending: list[tuple[Any, ...]] = []
         self._threads = BlockingRunner(1)
         self._has_cdc_table = False
+        self.snapshot_marks: list[tuple[str, TursoPosition]] = []
+        """Snapshot windows to mark in the stream once it has passed their change (TursoChunks)."""
+
+    def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader:
+        from deltaforge.sources.turso.snapshot import TursoChunks
+
+        return TursoChunks(self)
+
+    def connection(self) -> Any:
+        """The reading connection (in this source's worker thread only)."""
+        if self._conn is None:
+            raise SourceError(f"turso source {self.id!r} is not open")
+        return self._conn
 
     @staticmethod
     def load_position(doc: PositionDoc) -> TursoPosition:
@@ -64,6 +79,7 @@ class TursoSource(Source):
 
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, TursoPosition)
+        self.snapshot_marks = []
         self._after = resume.change_id if resume else 0
         self._resume = resume
         self._pending = []
@@ -146,7 +162,26 @@ class TursoSource(Source):
     async def read(self) -> list[Event]:
         if self._conn is None:
             raise SourceError(f"turso source {self.id!r} is not open")
-        return await self._threads.run(self._read_sync)
+        events = await self._threads.run(self._read_sync)
+        return self._marked(events) if self.snapshot_marks else events
+
+    def _marked(self, events: list[Event]) -> list[Event]:
+        """``events`` with the marks of every snapshot window whose change the stream has passed,
+        each after the events at or before that change."""
+        from deltaforge.sources.turso.snapshot import marks
+
+        due = [(w, at) for w, at in self.snapshot_marks if at.change_id <= self._after]
+        if not due:
+            return events
+        self.snapshot_marks = [m for m in self.snapshot_marks if m not in due]
+        out: list[Event] = []
+        i = 0
+        for window, at in due:
+            while i < len(events) and events[i].order <= at.order:
+                out.append(events[i])
+                i += 1
+            out += marks(window, at, self.db_name, self.tenant)
+        return out + events[i:]
 
     def _read_sync(self) -> list[Event]:
         if not self._has_cdc_table:
@@ -197,7 +232,7 @@ class TursoSource(Source):
                 # pyturso 0.8.3 logs a rowid change as a delete and an insert whose new row is in
                 # the *before* column: an insert has no before image, so that is its after image.
                 before, after = None, before
-            position = new_position(TursoPosition, (change_id, txn_id, change_time))
+            position = new_position(TursoPosition, (change_id, txn_id, change_time, 0))
             events.append(
                 Event(
                     op=_OPS[change_type],
@@ -214,8 +249,8 @@ class TursoSource(Source):
                     tx_id=str(txn_id),
                     tx_end=end,
                     event_id=str(change_id),
-                    order=(change_id,),
-                    checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1]))
+                    order=(change_id, 0),
+                    checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1], 0))
                     if end
                     else position,
                     tenant=self.tenant,

@@ -1,0 +1,90 @@
+"""Snapshots of an embedded Turso database that already has rows, while it is written."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import turso
+
+from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import wait_until
+from tests.kit import doc
+from tests.snapshot_kit import Execute, Writer, check_handoff, snapshot_rows_in
+
+ROWS = 20_000
+
+
+def existing_rows(path: Path, rows: int) -> None:
+    """Rows written without CDC capture: there before the pipeline, in no turso_cdc."""
+    conn = turso.connect(str(path))
+    conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, payload TEXT)")
+    for start in range(1, rows + 1, 1000):
+        conn.executemany(
+            "INSERT INTO items VALUES (?, ?, 'x')",
+            [(i, i) for i in range(start, min(start + 1000, rows + 1))],
+        )
+    conn.commit()
+    conn.close()
+
+
+def writer(path: Path, rows: int) -> Writer:
+    def connect() -> tuple[Execute, Any]:
+        conn = turso.connect(str(path))
+        conn.execute("PRAGMA unstable_capture_data_changes_conn('full')")
+
+        def execute(sql: str, args: tuple[Any, ...]) -> None:
+            conn.execute(sql.replace("%s", "?"), args)
+            conn.commit()
+
+        return execute, conn.close
+
+    return Writer(connect, rows, seed=5, rate=500)
+
+
+def table_state(path: Path) -> dict[int, int]:
+    conn = turso.connect(str(path))
+    try:
+        return {int(i): int(v) for i, v in conn.execute("SELECT id, v FROM items").fetchall()}
+    finally:
+        conn.close()
+
+
+async def test_a_database_with_rows_is_snapshotted_while_written_and_hands_off_to_streaming(
+    tmp_path: Path,
+) -> None:
+    db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
+    existing_rows(db, ROWS)
+    d = doc(source_path=str(db), sinks=[{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            batch={"max_events": 1000, "max_ms": 20})  # fmt: skip
+    d["spec"]["source"]["config"].update(
+        {"tables": ["items"], "snapshot": {"mode": "initial", "chunk_size": 700}}
+    )
+    runner = PipelineRunner(parse_pipeline(d, env={}), store=MemoryCheckpointStore())
+    work = writer(db, ROWS)
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: runner.ctx.snapshot.running, timeout=30, what="snapshot started")
+        work.start()
+        await wait_until(lambda: bool(runner.ctx.snapshot.finished), timeout=120, what="snapshot finished")
+    finally:
+        work.stop.set()
+        await asyncio.to_thread(work.join, 10)
+    assert work.error is None, work.error
+    final = table_state(db)
+
+    def caught_up() -> bool:
+        from tests.helpers import jsonl
+        from tests.snapshot_kit import replay
+
+        return replay(jsonl(out)) == final
+
+    await wait_until(caught_up, timeout=60, what="sink caught up")
+    await runner.drain()
+    await task
+    assert min(work.ops.values()) > 0, work.ops
+    check_handoff(out, final, crashes=False)
+    assert snapshot_rows_in(out) >= ROWS - work.ops["delete"] - work.ops["move"] - work.ops["update"]
