@@ -36,6 +36,16 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def snapshot_marker(ev: Event) -> str:
+    """Debezium's ``source.snapshot``: ``true`` (initial), ``incremental`` (asked for while
+    streaming), ``last`` (the last row of a snapshot) or ``false`` (a change)."""
+    if ev.op != "r":
+        return "false"
+    if ev.event_id.endswith(":last"):
+        return "last"
+    return "incremental" if ev.tx_id.startswith("snapshot:incremental:") else "true"
+
+
 def _source(ev: Event) -> dict[str, Any]:
     s = ev.source
     return {
@@ -67,7 +77,7 @@ def debezium(ev: Event) -> dict[str, Any]:
     return {
         "before": ev.before,
         "after": ev.after,
-        "source": {**_source(ev), "name": ev.tenant, "snapshot": "true" if ev.op == "r" else "false"},
+        "source": {**_source(ev), "name": ev.tenant, "snapshot": snapshot_marker(ev)},
         "op": ev.op,
         "ts_ms": ev.source.ts_ms,
         "transaction": {"id": ev.tx_id, "total_order": None, "data_collection_order": None},

@@ -32,7 +32,9 @@ def test_status_shows_rows_estimate_rate_and_eta_per_table() -> None:
     status.end(state(2000, []))
     shown = status.to_dict()
     assert shown["running"] is False and shown["current"] is None
-    assert shown["finished"][0]["id"] == "s1" and shown["finished"][0]["tables"]["public.items"]["rows"] == 2000
+    assert (
+        shown["finished"][0]["id"] == "s1" and shown["finished"][0]["tables"]["public.items"]["rows"] == 2000
+    )
 
 
 def test_progress_bar_draws_a_line_per_table_of_running_snapshots() -> None:

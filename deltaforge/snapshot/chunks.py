@@ -56,7 +56,7 @@ class ChunkReader(ABC):
     @abstractmethod
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
-    ) -> tuple[list[Row], list[Any] | None]:
+    ) -> tuple[list[Row], list[Any] | None, bool]:
         """Up to ``limit`` rows with a key after ``after`` (None: from the first), in key order,
         and the last one's key as it is stored in the progress (JSON)."""
 

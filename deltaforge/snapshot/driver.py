@@ -154,8 +154,8 @@ class SnapshotDriver:
         results = await asyncio.gather(*(reader.chunk(t, state.cursors.get(t.name), size) for t in active))
         await reader.watermark("close", wid)
         chunks = {}
-        for t, (rows, last) in zip(active, results, strict=True):
-            chunks[t.name] = Chunk(t, rows, last, len(rows) >= size)
+        for t, (rows, last, more) in zip(active, results, strict=True):
+            chunks[t.name] = Chunk(t, rows, last, more)
         self.window = Window(wid, chunks)
         self.window_at = time.monotonic()
 

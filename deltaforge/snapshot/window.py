@@ -33,7 +33,7 @@ class Chunk:
     last: list[Any] | None
     """The last key read, as stored in the progress (the next chunk starts after it)."""
     full: bool
-    """As many rows as asked for: the table may have more."""
+    """More rows followed the chunk when it was read: the table is not done."""
     stale: set[Key] = field(default_factory=set)
     """Keys changed inside the window (rows are keyed only when a change asks: most windows see
     none of their chunk's keys change)."""

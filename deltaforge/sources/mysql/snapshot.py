@@ -172,25 +172,27 @@ class MySQLChunks(ChunkReader):
 
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
-    ) -> tuple[list[Row], list[Any] | None]:
+    ) -> tuple[list[Row], list[Any] | None, bool]:
         t = self.known[table.name]
 
         async def read(cur: aiomysql.Cursor) -> list[Row]:
             if after is None:
-                await cur.execute(t.first, (limit,))
+                await cur.execute(t.first, (limit + 1,))
             else:
-                await cur.execute(t.after, (*after, limit))
+                await cur.execute(t.after, (*after, limit + 1))
             return list(await cur.fetchall())
 
         rows = await self._run(read)
+        more = len(rows) > limit
+        rows = rows[:limit]
         if not rows:
-            return [], after
+            return [], after, False
         for name in t.instants:
             for r in rows:
                 v = r.get(name)
                 if isinstance(v, datetime):
                     r[name] = v.replace(tzinfo=UTC)
-        return rows, [_json_key(rows[-1][k]) for k in table.key]
+        return rows, [_json_key(rows[-1][k]) for k in table.key], more
 
     async def watermark(self, kind: str, window: str) -> None:
         db, _, table = self.signal.partition(".")

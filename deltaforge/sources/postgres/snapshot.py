@@ -144,17 +144,19 @@ class PostgresChunks(ChunkReader):
 
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
-    ) -> tuple[list[Row], list[Any] | None]:
+    ) -> tuple[list[Row], list[Any] | None, bool]:
         t = self.known[table.name]
         if after is None:
-            records = await self._run(lambda conn: conn.fetch(t.first, limit))
+            records = await self._run(lambda conn: conn.fetch(t.first, limit + 1))
         else:
-            records = await self._run(lambda conn: conn.fetch(t.after, *after, limit))
+            records = await self._run(lambda conn: conn.fetch(t.after, *after, limit + 1))
+        more = len(records) > limit
+        records = records[:limit]
         if not records:
-            return [], after
+            return [], after, False
         names, convs = t.names, t.convs
         rows = [dict(r) for r in records] if t.native else [row(names, convs, list(r)) for r in records]
-        return rows, [v if isinstance(v, str) else str(v) for v in (records[-1][i] for i in t.key_at)]
+        return rows, [v if isinstance(v, str) else str(v) for v in (records[-1][i] for i in t.key_at)], more
 
     async def watermark(self, kind: str, window: str) -> None:
         await self._run(

@@ -89,12 +89,12 @@ class TursoChunks(ChunkReader):
 
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
-    ) -> tuple[list[Row], list[Any] | None]:
+    ) -> tuple[list[Row], list[Any] | None, bool]:
         return await self.source._threads.run(self._chunk, table, after, limit)
 
     def _chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
-    ) -> tuple[list[Row], list[Any] | None]:
+    ) -> tuple[list[Row], list[Any] | None, bool]:
         conn = self.source.connection()
         keys = ", ".join(_quote(k) for k in table.key)
         where = f"WHERE ({keys}) > ({', '.join('?' * len(table.key))}) " if after is not None else ""
@@ -106,13 +106,15 @@ class TursoChunks(ChunkReader):
             "SELECT change_id, change_txn_id, change_time FROM turso_cdc ORDER BY change_id DESC LIMIT 1"
         ).fetchone() if has_cdc else None  # fmt: skip
         cursor = conn.execute(
-            f"SELECT * FROM {_quote(table.name)} {where}ORDER BY {keys} LIMIT ?", (*(after or ()), limit)
+            f"SELECT * FROM {_quote(table.name)} {where}ORDER BY {keys} LIMIT ?", (*(after or ()), limit + 1)
         )
         names = [d[0] for d in cursor.description]
         rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
         conn.commit()
+        more = len(rows) > limit
+        rows = rows[:limit]
         self.read_at = TursoPosition(int(last[0]), int(last[1]), int(last[2])) if last else TursoPosition(0)
-        return rows, ([rows[-1][k] for k in table.key] if rows else after)
+        return rows, ([rows[-1][k] for k in table.key] if rows else after), more
 
     async def watermark(self, kind: str, window: str) -> None:
         if kind == "close":  # both marks go into the stream once it has passed the chunk's change
