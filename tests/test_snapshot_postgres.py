@@ -200,3 +200,31 @@ def test_when_needed_resnapshots_a_dropped_slot_instead_of_halting(
     assert "position_lost_resnapshot" in (tmp_path / "log.jsonl").read_text()
     check_handoff(out, table_state(postgres, db), crashes=True)
     assert snapshot_rows_in(out) == 4000
+
+
+def test_initial_snapshot_of_two_tables_in_parallel_then_streaming(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    db = prepare(postgres, 3000)
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE other (k text PRIMARY KEY, n int)")
+        conn.execute("INSERT INTO other SELECT 'k' || g, g FROM generate_series(1, 2000) g")
+    doc = spec(tmp_path, postgres, db, chunk_size=500, max_parallel_tables=2)
+    doc["source"]["config"]["tables"] = ["public.items", "public.other"]
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute("INSERT INTO other VALUES ('new', 0)")
+        wait_until_sync(lambda: any(d["op"] == "c" for d in jsonl(out)), timeout=30, what="a change streamed")
+        assert serve.terminate() == 0
+    lines = jsonl(out)
+    rows = [d for d in lines if d["op"] == "r"]
+    assert sorted(d["after"]["id"] for d in rows if d["source"]["table"] == "items") == list(range(1, 3001))
+    assert sorted(d["after"]["n"] for d in rows if d["source"]["table"] == "other") == list(range(1, 2001))
+    # Both tables were read in the same windows: one high watermark, rows of both just after it.
+    windows: dict[str, set[str]] = {}
+    for d in rows:
+        windows.setdefault(d["tx"]["id"], set()).add(d["source"]["table"])
+    assert sum(1 for tables in windows.values() if tables == {"items", "other"}) == 4
+    assert lines[-1]["op"] == "c" and lines[-1]["after"]["k"] == "new"  # streaming after the snapshot
