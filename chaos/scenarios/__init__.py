@@ -24,6 +24,7 @@ from chaos.scenarios import (
     sliced_protocol,
     slot_dropped,
     slow_sink,
+    snapshot_outage,
     soak,
     source_latency,
 )
@@ -49,6 +50,9 @@ SCENARIOS: list[Scenario] = [
     Scenario("cut_mid_stream", "limit_data 64 KB + slow_close on the source for 20 s",
              "every cut ridden through; lost 0; order 0", cut_mid_stream.run, quick=True,
              toxics=("limit_data", "slow_close")),
+    Scenario("snapshot_outage", "source down 8 s, then cut every 256 KB, during an initial snapshot under writes",
+             "degraded meanwhile; replay equals the table; the snapshot resumes, not restarts", snapshot_outage.run,
+             quick=True, toxics=("down", "limit_data")),
     Scenario("crash_recovery", "serve SIGKILLed 5 times at random moments",
              "lost 0; order 0; Redis duplicates 0", crash_recovery.run, toxics=("kill",)),
     Scenario("exactly_once", "SIGKILLs with Redis and Kafka exactly_once and a PostgreSQL if_newer target",
