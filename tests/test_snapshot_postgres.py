@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +16,7 @@ import asyncpg
 import httpx
 import psycopg
 import pytest
+import yaml
 
 from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import serve_pipeline
@@ -24,6 +31,7 @@ from tests.snapshot_kit import (
     snapshot_status,
 )
 from tests.test_postgres_source import fresh_db
+from tests.test_top import ANSI
 
 ROWS = 200_000
 
@@ -228,3 +236,38 @@ def test_initial_snapshot_of_two_tables_in_parallel_then_streaming(
         windows.setdefault(d["tx"]["id"], set()).add(d["source"]["table"])
     assert sum(1 for tables in windows.values() if tables == {"items", "other"}) == 4
     assert lines[-1]["op"] == "c" and lines[-1]["after"]["k"] == "new"  # streaming after the snapshot
+
+
+def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_path: Path) -> None:
+    db = prepare(postgres, 100_000)
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "shop"},
+           "spec": spec(tmp_path, postgres, db, chunk_size=1000)}  # fmt: skip
+    cfg = tmp_path / "shop.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    leader, follower = pty.openpty()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "deltaforge", "serve", "--config", str(cfg), "--api-addr", "off", "--quiet"],
+        stdin=follower, stdout=follower, stderr=follower, close_fds=True, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(follower)
+    screen = ""
+    bar = re.compile(r"shop public\.items.*?(\d+)/(\d+)\s+([0-9,]+) rows/s")
+
+    def shows_progress() -> bool:
+        nonlocal screen
+        while select.select([leader], [], [], 0)[0]:
+            try:
+                screen += ANSI.sub("", os.read(leader, 65536).decode(errors="replace"))
+            except OSError:
+                break
+        return any(0 < int(done) < int(total) for done, total, _ in bar.findall(screen))
+
+    try:
+        wait_until_sync(shows_progress, timeout=60, what="a progress bar part way")
+    finally:
+        serve.terminate()
+        serve.wait(30)
+        os.close(leader)
+    _, total, _ = next(m for m in bar.findall(screen) if 0 < int(m[0]) < int(m[1]))
+    assert int(total) == 100_000  # the server's estimate, after ANALYZE
