@@ -234,3 +234,23 @@ def test_snapshot_rows_never_override_newer_changes(
         assert set(markers[:-1]) <= {"true"}
         if rows and not writes:  # with writes the last rows may be changed away inside their window
             assert markers[-1] == "last"
+
+
+async def test_mode_always_snapshots_once_per_process_not_per_reconnect() -> None:
+    db = FakeDB(5, [], lambda: 0)
+    source = FakeSource(db, per_read=100)
+    ctx = PipelineContext(config(), MemoryCheckpointStore(), source, {})
+    started: list[str] = []
+    for _ in range(3):  # the start, then two reconnects (the reader restarts with its tree)
+        driver = SnapshotDriver(ctx, structlog.get_logger())
+        driver.settings = SnapshotSettings(mode="always", chunk_size=2)
+        driver.reader = FakeChunks(db)
+        await source.open(None)
+        await driver.opened(None)
+        if driver.state is not None and driver.state.id not in started:
+            started.append(driver.state.id)
+        while driver.state is not None:
+            await driver.read()
+        events = await driver.read()
+        await driver.confirm(events[-1].checkpoint if events else SeqPosition(len(db.log)))
+    assert len(started) == 1

@@ -67,8 +67,10 @@ class SnapshotDriver:
             await self.progress.clear()
             state = None
         mode = self.settings.mode
-        if state is None and (mode == "always" or (resume is None and mode in ("initial", "when_needed"))):
+        always = mode == "always" and not self.status.started_at_start
+        if state is None and (always or (resume is None and mode in ("initial", "when_needed"))):
             state = await self._new(self.settings.tables, "initial")
+        self.status.started_at_start = True  # reopenings after this (reconnects, rewinds) are no start
         await self._take(state)
 
     async def recover(self, lost: PositionLost) -> None:

@@ -43,6 +43,8 @@ class SnapshotStatus:
     finished: list[dict[str, Any]] = field(default_factory=list)
     rows_total: int = 0
     """Snapshot rows emitted by this process, all snapshots together (a counter for metrics)."""
+    started_at_start: bool = False
+    """``mode: always`` took its snapshot in this process (a reconnect is not a start)."""
 
     @property
     def running(self) -> bool:
