@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from deltaforge.pipeline.context import PipelineContext
 
 
+DEPTH = 2
+"""Windows in flight at once."""
+
+
 class SnapshotDriver:
     """Snapshots of one pipeline's source; the SourceReader calls it, nothing else does."""
 
@@ -40,8 +44,12 @@ class SnapshotDriver:
         self.progress = ProgressLog(ctx.store, self.source.id)
         self.state: SnapshotState | None = None
         self.refs: dict[str, TableRef] = {}
-        self.window: Window | None = None
-        self.window_at = 0.0  # when the open window's chunks were read (monotonic)
+        self.windows: list[Window] = []
+        """Windows written and not yet closed in the stream, in log order (at most DEPTH)."""
+        self.next_key: dict[str, list[Any] | None] = {}
+        """Where each table's next chunk starts: ahead of the saved progress while windows are open."""
+        self.exhausted: set[str] = set()
+        """Tables whose last chunk has been read (it may still be waiting for its window to close)."""
         self.log = log
         self.status = ctx.snapshot
 
@@ -56,7 +64,7 @@ class SnapshotDriver:
 
     async def opened(self, resume: Position | None) -> None:
         """The source is open after ``resume``: go on with a snapshot in progress, or start one."""
-        self.window = None
+        self.windows = []
         if self.reader is None:
             return
         await self.reader.open(self.settings.max_parallel_tables)
@@ -98,6 +106,8 @@ class SnapshotDriver:
             estimates = {t.name: await self.reader.estimate(t) for t in added}
             await self.progress.extend([t.name for t in added], estimates)
             for t in added:
+                self.exhausted.discard(t.name)  # asked for again after it was read
+                self.next_key[t.name] = None
                 state.pending.append(t.name)
                 state.cursors.pop(t.name, None)
                 state.rows[t.name] = 0
@@ -122,9 +132,14 @@ class SnapshotDriver:
 
     async def _take(self, state: SnapshotState | None) -> None:
         """Make ``state`` the running snapshot."""
+        if state is not None and (self.state is None or self.state.id != state.id):
+            self.next_key, self.exhausted = {}, set()  # another snapshot: every table from its progress
         self.state = state
         if state is None:
             return
+        for name in state.pending:
+            if name not in self.next_key and name not in self.exhausted:
+                self.next_key[name] = state.cursors.get(name)
         assert self.reader is not None
         missing = [n for n in state.pending if n not in self.refs]
         if missing:
@@ -134,17 +149,22 @@ class SnapshotDriver:
 
     async def read(self) -> list[Event]:
         """The source's next events with snapshot rows woven in."""
-        if self.state is not None and self.window is None and self.state.pending:
-            await self._open_window(self.state)
+        # Two windows in flight: the next chunk is selected while the stream makes its way to the
+        # last one's high watermark (DBLog needs only each window's marks in log order).
+        while self.state is not None and len(self.windows) < DEPTH and await self._open_window(self.state):
+            pass
         events = await self.source.read()
         return events if self.reader is None else await self.through(events)
 
-    async def _open_window(self, state: SnapshotState) -> None:
+    async def _open_window(self, state: SnapshotState) -> bool:
+        """Write a window with the next chunk of each active table; False when none is left to read."""
         reader = self.reader
         assert reader is not None
         size = self.settings.chunk_size
         width = self.settings.max_parallel_tables if reader.parallel else 1
-        active = [self.refs[n] for n in state.pending[:width]]
+        active = [self.refs[n] for n in state.pending if n not in self.exhausted][:width]
+        if not active:
+            return False
         for t in active:
             progress = self.status.tables.get(t.name)
             if progress is not None and progress.started_at is None:
@@ -153,13 +173,16 @@ class SnapshotDriver:
                               rows=state.rows.get(t.name, 0), estimate=state.estimates.get(t.name, 0))  # fmt: skip
         wid = uuid.uuid4().hex[:16]
         await reader.watermark("open", wid)
-        results = await asyncio.gather(*(reader.chunk(t, state.cursors.get(t.name), size) for t in active))
+        results = await asyncio.gather(*(reader.chunk(t, self.next_key.get(t.name), size) for t in active))
         await reader.watermark("close", wid)
         chunks = {}
         for t, (rows, last, more) in zip(active, results, strict=True):
             chunks[t.name] = Chunk(t, rows, last, more)
-        self.window = Window(wid, chunks)
-        self.window_at = time.monotonic()
+            self.next_key[t.name] = last
+            if not more:
+                self.exhausted.add(t.name)
+        self.windows.append(Window(wid, chunks, read_at=time.monotonic()))
+        return True
 
     async def through(self, events: list[Event]) -> list[Event]:
         """Swallow watermarks and signals (as heartbeats: they still move checkpoints), watch the
@@ -169,9 +192,9 @@ class SnapshotDriver:
         out: list[Event] = []
         for e in events:
             if reader.is_signal(e):
-                window = self.window
                 mark = reader.mark_of(e)
-                if mark is not None and window is not None and mark[1] == window.id:
+                window = next((w for w in self.windows if mark is not None and w.id == mark[1]), None)
+                if mark is not None and window is not None:
                     if mark[0] == "open":
                         window.opened = True
                     else:
@@ -181,8 +204,9 @@ class SnapshotDriver:
                     await self._signalled(names)
                 out.append(with_images(e, "h", None, None))
                 continue
-            if self.window is not None and self.window.opened:
-                watch(self.window, reader.name_of(e), e)
+            for w in self.windows:  # one at most is open: the next one's low mark follows this one's high
+                if w.opened:
+                    watch(w, reader.name_of(e), e)
             out.append(e)
         return out
 
@@ -197,7 +221,7 @@ class SnapshotDriver:
         checkpoints past the watermark once every row is in."""
         reader, state = self.reader, self.state
         assert reader is not None and state is not None
-        self.window = None
+        self.windows.remove(window)
         at, base, ts = high.source.position, high.order, int(time.time() * 1000)
         tx_id, tenant, wid = f"snapshot:{state.kind}:{window.id}", self.ctx.config.tenant, window.id
         out: list[Event] = []
@@ -227,7 +251,7 @@ class SnapshotDriver:
             out[-1] = replace(out[-1], event_id=f"{out[-1].event_id}:last")
         self.status.rows_total += n
         self.log.debug("snapshot_chunk", snapshot=state.id, rows=n, removed=window.removed,
-                       waited_ms=round((time.monotonic() - self.window_at) * 1000, 1))  # fmt: skip
+                       waited_ms=round((time.monotonic() - window.read_at) * 1000, 1))  # fmt: skip
         await self.progress.mark(closing.order, state)
         self.status.follow(state)
         if state.done:
@@ -243,7 +267,7 @@ class SnapshotDriver:
             await self.progress.confirm(durable.order)
 
     async def close(self) -> None:
-        self.window = None
+        self.windows, self.next_key, self.exhausted = [], {}, set()
         if self.reader is not None:
             await self.reader.close()
 

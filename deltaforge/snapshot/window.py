@@ -58,6 +58,8 @@ class Window:
     chunks: dict[str, Chunk]
     opened: bool = False
     removed: int = field(default=0)
+    read_at: float = 0.0
+    """When its chunks were read (monotonic): the wait for its high watermark is logged."""
 
     def saw(self, table: str, images: tuple[Row | None, ...]) -> None:
         """A change read inside the window, with its row images (before and after: an update of a
