@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import select
 import sqlite3
 import time
 from collections.abc import Callable, Hashable
@@ -68,3 +71,24 @@ def stored_checkpoint(cp_db: Path, key: str) -> dict[str, Any] | None:
     finally:
         con.close()
     return orjson.loads(row[0]) if row else None
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Screen:
+    """What a process on a pseudo-terminal (``leader``, its other end) has drawn so far, escape
+    sequences removed."""
+
+    def __init__(self, leader: int) -> None:
+        self.leader = leader
+        self.text = ""
+
+    def read(self) -> str:
+        """Take in whatever is waiting, without blocking."""
+        while select.select([self.leader], [], [], 0)[0]:
+            try:
+                self.text += ANSI.sub("", os.read(self.leader, 65536).decode(errors="replace"))
+            except OSError:
+                break
+        return self.text

@@ -167,3 +167,32 @@ def kill_points(seed: int, rows: int, kills: int) -> list[int]:
     """Snapshot-row counts to SIGKILL serve at: random, all inside the snapshot."""
     rng = random.Random(seed)
     return sorted(rng.sample(range(rows // 20, rows * 3 // 4, 1000), kills))
+
+
+def pipeline_spec(tmp: Path, source_type: str, config: dict[str, Any], **snapshot: Any) -> dict[str, Any]:
+    """A pipeline from ``config`` (an initial snapshot in chunks of 5,000 unless ``snapshot`` says
+    otherwise) to the file sink ``tmp/events.jsonl``, checkpoints in ``tmp/cp.db``."""
+    return {
+        "source": {
+            "type": source_type,
+            "config": {**config, "snapshot": {"mode": "initial", "chunk_size": 5000, **snapshot}},
+        },
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+        "batch": {"max_events": 2000, "max_ms": 20},
+        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
+    }
+
+
+def kill_during_snapshot(tmp: Path, spec: dict[str, Any], work: Writer, rows: int, kills: int) -> None:
+    """serve on ``spec``, SIGKILLed ``kills`` times at random snapshot points (``work`` starts with
+    the first run and goes on)."""
+    from tests.helpers import wait_until_sync
+    from tests.serve_proc import serve_pipeline
+
+    out = tmp / "events.jsonl"
+    for n, at in enumerate(kill_points(seed=7, rows=rows, kills=kills)):
+        with serve_pipeline(tmp, spec) as serve:
+            if n == 0:
+                work.start()
+            wait_until_sync(lambda: snapshot_rows_in(out) >= at, timeout=120, what=f"{at} snapshot rows")  # noqa: B023
+            serve.kill()

@@ -18,7 +18,8 @@ from tests.snapshot_kit import (
     Execute,
     Writer,
     check_handoff,
-    kill_points,
+    kill_during_snapshot,
+    pipeline_spec,
     replay,
     snapshot_done,
     snapshot_rows_in,
@@ -30,20 +31,9 @@ ROWS = 200_000
 
 
 def spec(tmp: Path, server: MariaDB, db: str, **snapshot: Any) -> dict[str, Any]:
-    return {
-        "source": {
-            "type": "mysql",
-            "config": {
-                "id": "my",
-                "dsn": server.dsn(db),
-                "tables": [f"{db}.items"],
-                "snapshot": {"mode": "initial", "chunk_size": 5000, **snapshot},
-            },
-        },
-        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
-        "batch": {"max_events": 2000, "max_ms": 20},
-        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-    }
+    return pipeline_spec(
+        tmp, "mysql", {"id": "my", "dsn": server.dsn(db), "tables": [f"{db}.items"]}, **snapshot
+    )
 
 
 def prepare(server: MariaDB, rows: int) -> str:
@@ -114,12 +104,7 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(mariadb: MariaDB, t
     work = writer(mariadb, db, ROWS, seed=4)
     kills = 3
     try:
-        for n, at in enumerate(kill_points(seed=7, rows=ROWS, kills=kills)):
-            with serve_pipeline(tmp_path, doc) as serve:
-                if n == 0:
-                    work.start()
-                wait_until_sync(lambda: snapshot_rows_in(out) >= at, timeout=120, what=f"{at} snapshot rows")  # noqa: B023
-                serve.kill()
+        kill_during_snapshot(tmp_path, doc, work, ROWS, kills)
         with serve_pipeline(tmp_path, doc) as serve:
             finish(serve, tmp_path, mariadb, work)
             assert serve.terminate() == 0

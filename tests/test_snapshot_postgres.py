@@ -6,7 +6,6 @@ import asyncio
 import os
 import pty
 import re
-import select
 import subprocess
 import sys
 from pathlib import Path
@@ -18,43 +17,28 @@ import psycopg
 import pytest
 import yaml
 
-from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
+from tests.helpers import Screen, jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.snapshot_kit import (
     Execute,
     Writer,
     check_handoff,
-    kill_points,
+    kill_during_snapshot,
+    pipeline_spec,
     snapshot_done,
     snapshot_rows_in,
     snapshot_status,
 )
 from tests.test_postgres_source import fresh_db
-from tests.test_top import ANSI
 
 ROWS = 200_000
 
 
 def spec(tmp: Path, pg: Postgres, db: str, **snapshot: Any) -> dict[str, Any]:
-    return {
-        "source": {
-            "type": "postgres",
-            "config": {
-                "id": "pg",
-                "dsn": pg.dsn(db),
-                "slot": f"s_{db}",
-                "publication": f"p_{db}",
-                "tables": ["public.items"],
-                "heartbeat_ms": 200,
-                "poll_interval_ms": 20,
-                "snapshot": {"mode": "initial", "chunk_size": 5000, **snapshot},
-            },
-        },
-        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
-        "batch": {"max_events": 2000, "max_ms": 20},
-        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-    }
+    config = {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}",
+              "tables": ["public.items"], "heartbeat_ms": 200, "poll_interval_ms": 20}  # fmt: skip
+    return pipeline_spec(tmp, "postgres", config, **snapshot)
 
 
 def prepare(pg: Postgres, rows: int) -> str:
@@ -130,12 +114,7 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(postgres: Postgres,
     work = writer(postgres, db, ROWS, seed=2)
     kills = 3
     try:
-        for n, at in enumerate(kill_points(seed=7, rows=ROWS, kills=kills)):
-            with serve_pipeline(tmp_path, doc) as serve:
-                if n == 0:
-                    work.start()
-                wait_until_sync(lambda: snapshot_rows_in(out) >= at, timeout=120, what=f"{at} snapshot rows")  # noqa: B023
-                serve.kill()
+        kill_during_snapshot(tmp_path, doc, work, ROWS, kills)
         with serve_pipeline(tmp_path, doc) as serve:
             wait_until_sync(lambda: snapshot_done(serve), timeout=300, what="snapshot finished")
             work.stop.set()
@@ -251,17 +230,11 @@ def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_pat
         env={**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"},
     )  # fmt: skip
     os.close(follower)
-    screen = ""
+    screen = Screen(leader)
     bar = re.compile(r"shop public\.items.*?(\d+)/(\d+)\s+([0-9,]+) rows/s")
 
     def shows_progress() -> bool:
-        nonlocal screen
-        while select.select([leader], [], [], 0)[0]:
-            try:
-                screen += ANSI.sub("", os.read(leader, 65536).decode(errors="replace"))
-            except OSError:
-                break
-        return any(0 < int(done) < int(total) for done, total, _ in bar.findall(screen))
+        return any(0 < int(done) < int(total) for done, total, _ in bar.findall(screen.read()))
 
     try:
         wait_until_sync(shows_progress, timeout=60, what="a progress bar part way")
@@ -269,5 +242,5 @@ def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_pat
         serve.terminate()
         serve.wait(30)
         os.close(leader)
-    _, total, _ = next(m for m in bar.findall(screen) if 0 < int(m[0]) < int(m[1]))
+    _, total, _ = next(m for m in bar.findall(screen.text) if 0 < int(m[0]) < int(m[1]))
     assert int(total) == 100_000  # the server's estimate, after ANALYZE

@@ -6,15 +6,12 @@ from __future__ import annotations
 import os
 import pty
 import re
-import select
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import wait_until_sync
+from tests.helpers import Screen, wait_until_sync
 from tests.serve_proc import Serve
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
@@ -29,18 +26,11 @@ def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
             env={**os.environ, "COLUMNS": "120", "LINES": "60", "TERM": "xterm"},
         )  # fmt: skip
         os.close(follower)
-        screen = ""
+        screen = Screen(leader)
         rate = re.compile(r"running\s+([0-9,]+)\s+([0-9,]+)")
 
         def shows_a_rate() -> bool:
-            nonlocal screen
-            while select.select([leader], [], [], 0)[0]:
-                try:
-                    screen += ANSI.sub("", os.read(leader, 65536).decode(errors="replace"))
-                except OSError:
-                    break
-            found = rate.findall(screen)
-            return any(int(read.replace(",", "")) > 0 for read, _ in found)
+            return any(int(read.replace(",", "")) > 0 for read, _ in rate.findall(screen.read()))
 
         try:
             wait_until_sync(shows_a_rate, timeout=30, what="a frame with a rate")
@@ -49,11 +39,12 @@ def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
             top.wait(10)
             os.close(leader)
         assert serve.terminate() == 0
-    assert "demo" in screen and "read/s" in screen and "committed/s" in screen
+    text = screen.text
+    assert "demo" in text and "read/s" in text and "committed/s" in text
     for node in ("PipelineSupervisor[demo]", "SourceReader", "DeliveryWorker[events-file]", "Accumulator"):
-        assert node in screen, node
-    assert re.search(r"\d+/\d+", screen)  # a mailbox's fill
-    assert "events-file" in screen and "checkpoint age" in screen
+        assert node in text, node
+    assert re.search(r"\d+/\d+", text)  # a mailbox's fill
+    assert "events-file" in text and "checkpoint age" in text
 
 
 def test_top_says_when_the_api_is_not_there() -> None:
