@@ -244,3 +244,24 @@ def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_pat
         os.close(leader)
     _, total, _ = next(m for m in bar.findall(screen.text) if 0 < int(m[0]) < int(m[1]))
     assert int(total) == 100_000  # the server's estimate, after ANALYZE
+
+
+def test_a_signal_row_asks_for_a_snapshot_on_postgres(postgres: Postgres, tmp_path: Path) -> None:
+    db = prepare(postgres, 500)
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, data text)"
+        )
+    doc = spec(tmp_path, postgres, db, mode="never", chunk_size=100, signal_table="public.dbz_signal")
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO dbz_signal VALUES ('s1', 'execute-snapshot', "
+                """'{"data-collections": ["public.items"], "type": "incremental"}')"""
+            )
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="snapshot by signal row")
+        assert serve.terminate() == 0
+    lines = jsonl(out)
+    assert sorted(d["after"]["id"] for d in lines if d["op"] == "r") == list(range(1, 501))
+    assert {d["source"]["table"] for d in lines} == {"items"}  # the signal row itself is not delivered
