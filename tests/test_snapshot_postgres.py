@@ -8,6 +8,7 @@ import pty
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,33 @@ def spec(tmp: Path, pg: Postgres, db: str, **snapshot: Any) -> dict[str, Any]:
     return pipeline_spec(tmp, "postgres", config, **snapshot)
 
 
+_DATABASES: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def drop_slots(postgres: Postgres) -> Iterator[None]:
+    """Each test's slot goes with it: the session's server has a fixed number of slots."""
+    yield
+    with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        for db in _DATABASES:
+            slot = f"s_{db}"
+            for _ in range(100):  # a walsender that was just killed may hold it for a moment
+                row = conn.execute(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()
+                if row is None:
+                    break
+                if row[0] is not None:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                    conn.execute("SELECT pg_sleep(0.05)")  # the server's own pace: the backend exits
+                    continue
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        _DATABASES.clear()
+
+
 def prepare(pg: Postgres, rows: int) -> str:
     db = asyncio.run(fresh_db(pg))
+    _DATABASES.append(db)
     with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL, payload text)")
         conn.execute("ALTER TABLE items REPLICA IDENTITY FULL")  # deletes carry v (the proof's stamps)

@@ -40,7 +40,7 @@ class Postgres(ServerProcess):
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
-                "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\nfsync = off\n"
+                "wal_level = logical\nmax_replication_slots = 40\nmax_wal_senders = 40\nfsync = off\n"
                 "synchronous_commit = on\nfull_page_writes = off\n"
             )
         self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
