@@ -1,11 +1,11 @@
 """SnapshotDriver: runs snapshots inside the SourceReader's reads (see the package docstring).
 
-The reader owns it: every read first opens a window when a snapshot has chunks to go
-and none is pending (low watermark, one chunk per active table, high watermark), then
-passes the source's events through :meth:`SnapshotDriver.through`, which swallows
-watermarks and signal rows, drops rows the window's changes made stale, and emits what
-is left right after the high watermark. Streaming goes on between windows, so changes
-are at most one chunk select late.
+The reader owns it: every read first writes windows while a snapshot has chunks to go
+and fewer than ``DEPTH`` are pending (low watermark, one chunk per active table, high
+watermark), then passes the source's events through :meth:`SnapshotDriver.through`,
+which swallows watermarks and signal rows, drops rows a window's changes made stale, and
+emits what is left right after its high watermark. Streaming goes on between windows, so
+changes are at most one chunk select late.
 """
 
 from __future__ import annotations
