@@ -66,6 +66,27 @@ _new = object.__new__
 _set = {name: Event.__dict__[name].__set__ for name in Event.__slots__}
 
 
+def new_event(
+    op: str, before: Row | None, after: Row | None, source: SourceInfo, tx_id: str, tx_end: bool, event_id: str,
+    order: tuple[int, ...], checkpoint: Position, tenant: str, size: int,
+) -> Event:  # fmt: skip
+    """``Event(...)`` without the frozen ``__init__``'s lookups by name: snapshot rows, a chunk at a time."""
+    new = _new(Event)
+    s = _set
+    s["op"](new, op)
+    s["before"](new, before)
+    s["after"](new, after)
+    s["source"](new, source)
+    s["tx_id"](new, tx_id)
+    s["tx_end"](new, tx_end)
+    s["event_id"](new, event_id)
+    s["order"](new, order)
+    s["checkpoint"](new, checkpoint)
+    s["tenant"](new, tenant)
+    s["size"](new, size)
+    return new
+
+
 def with_images(e: Event, op: str, before: Row | None, after: Row | None) -> Event:
     """``e`` with another ``op`` and row images: what processors produce, 10k events at a time.
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from deltaforge.config import ConfigError, parse_pipeline
-from deltaforge.events import Event, SourceInfo, with_images
+from deltaforge.events import Event, SourceInfo, new_event, with_images
 from deltaforge.pipeline.messages import Batch
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
@@ -391,6 +391,15 @@ def test_with_images_copies_every_other_field_of_the_event() -> None:
     for f in dataclasses.fields(Event):  # size does not take part in ==
         want = {"op": "d", "before": {"id": 3}, "after": None}.get(f.name, getattr(e, f.name))
         assert getattr(new, f.name) == want, f.name
+
+
+def test_new_event_sets_every_field_as_the_constructor_does() -> None:
+    """The fast constructor of snapshot rows sets slots one by one, as with_images does."""
+    source = SourceInfo("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s")
+    args = ("r", None, {"id": 2}, source, "tx", True, "ev", (1, 2, 3), {"pos": 9}, "tenant-a", 999)
+    new, built = new_event(*args), Event(*args)  # type: ignore[arg-type]
+    for f in dataclasses.fields(Event):  # size does not take part in ==
+        assert getattr(new, f.name) == getattr(built, f.name), f.name
 
 
 def test_masked_values_from_spark_replace_only_their_columns() -> None:

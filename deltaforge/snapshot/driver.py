@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, Row, SourceInfo, with_images
+from deltaforge.events import Event, Row, SourceInfo, new_event, with_images
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
@@ -277,4 +277,4 @@ def _row(
 ) -> Event:
     """A snapshot row: ``op: r`` with the high watermark's position (resume from there re-reads
     the window) and an order just after it."""
-    return Event("r", None, row, info, tx_id, False, event_id, order, at, tenant, 128 + 32 * len(row))
+    return new_event("r", None, row, info, tx_id, False, event_id, order, at, tenant, 128 + 32 * len(row))

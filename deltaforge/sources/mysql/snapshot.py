@@ -56,6 +56,7 @@ class MySQLChunks(ChunkReader):
     def __init__(self, source: MySQLSource, signal_table: str) -> None:
         self.source = source
         self.signal = signal_table
+        self.signal_db, _, self.signal_name = signal_table.partition(".")
         self.pool: aiomysql.Pool | None = None
         self.known: dict[str, _Table] = {}
         self.signal_ready = False
@@ -206,7 +207,8 @@ class MySQLChunks(ChunkReader):
         return f"{e.source.db}.{e.source.table}"
 
     def is_signal(self, e: Event) -> bool:
-        return e.op != "h" and self.name_of(e) == self.signal
+        # Asked of every event read: compare the parts, no string built.
+        return e.source.table == self.signal_name and e.source.db == self.signal_db and e.op != "h"
 
     def mark_of(self, e: Event) -> tuple[str, str] | None:
         row = e.after
