@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pty
 import re
 import select
 import sqlite3
+import subprocess
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -92,3 +94,16 @@ class Screen:
             except OSError:
                 break
         return self.text
+
+
+def on_terminal(
+    args: list[str], cwd: Path | None = None, lines: int = 40
+) -> tuple[subprocess.Popen[bytes], Screen]:
+    """``args`` run on a pseudo-terminal 120 columns wide, and the screen it draws on."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        args, stdin=follower, stdout=follower, stderr=follower, close_fds=True, cwd=cwd,
+        env={**os.environ, "COLUMNS": "120", "LINES": str(lines), "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(follower)
+    return proc, Screen(leader)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pty
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import psycopg
 import pytest
 import yaml
 
-from tests.helpers import Screen, jsonl, stored_checkpoint, wait_until_sync
+from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.snapshot_kit import (
@@ -249,14 +247,10 @@ def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_pat
            "spec": spec(tmp_path, postgres, db, chunk_size=1000)}  # fmt: skip
     cfg = tmp_path / "shop.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    leader, follower = pty.openpty()
-    serve = subprocess.Popen(
+    serve, screen = on_terminal(
         [sys.executable, "-m", "deltaforge", "serve", "--config", str(cfg), "--api-addr", "off", "--quiet"],
-        stdin=follower, stdout=follower, stderr=follower, close_fds=True, cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"},
-    )  # fmt: skip
-    os.close(follower)
-    screen = Screen(leader)
+        tmp_path,
+    )
     bar = re.compile(r"shop public\.items.*?(\d+)/(\d+)\s+([0-9,]+) rows/s")
 
     def shows_progress() -> bool:
@@ -267,7 +261,7 @@ def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_pat
     finally:
         serve.terminate()
         serve.wait(30)
-        os.close(leader)
+        os.close(screen.leader)
     _, total, _ = next(m for m in bar.findall(screen.text) if 0 < int(m[0]) < int(m[1]))
     assert int(total) == 100_000  # the server's estimate, after ANALYZE
 

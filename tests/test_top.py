@@ -4,13 +4,12 @@ the screen holds the pipeline, a non-zero rate and the actor tree."""
 from __future__ import annotations
 
 import os
-import pty
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import Screen, wait_until_sync
+from tests.helpers import on_terminal, wait_until_sync
 from tests.serve_proc import Serve
 
 
@@ -19,14 +18,9 @@ def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
         serve.wait_api()
         wait_until_sync(lambda: serve.get("/pipelines/demo").json()["counters"]["events_read"] > 0,
                         what="events flowing")  # fmt: skip
-        leader, follower = pty.openpty()
-        top = subprocess.Popen(
-            [sys.executable, "-m", "deltaforge", "top", "--api", serve.url(""), "--interval", "0.5"],
-            stdin=follower, stdout=follower, stderr=follower, close_fds=True,
-            env={**os.environ, "COLUMNS": "120", "LINES": "60", "TERM": "xterm"},
-        )  # fmt: skip
-        os.close(follower)
-        screen = Screen(leader)
+        top, screen = on_terminal(
+            [sys.executable, "-m", "deltaforge", "top", "--api", serve.url(""), "--interval", "0.5"], lines=60
+        )
         rate = re.compile(r"running\s+([0-9,]+)\s+([0-9,]+)")
 
         def shows_a_rate() -> bool:
@@ -37,7 +31,7 @@ def test_top_shows_the_pipeline_its_rate_and_its_tree(tmp_path: Path) -> None:
         finally:
             top.terminate()
             top.wait(10)
-            os.close(leader)
+            os.close(screen.leader)
         assert serve.terminate() == 0
     text = screen.text
     assert "demo" in text and "read/s" in text and "committed/s" in text

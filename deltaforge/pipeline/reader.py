@@ -107,14 +107,18 @@ class SourceReader(Actor):
                         raise outcome
                 await ctx.source.open(resume)
             except PositionLost as lost:
-                if not self.snapshots.recovers:
-                    raise
-                await self.snapshots.recover(lost)
+                await self._resnapshot_or_halt(lost)
                 return
             await self.snapshots.opened(resume)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
+
+    async def _resnapshot_or_halt(self, lost: PositionLost) -> None:
+        """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt."""
+        if not self.snapshots.recovers:
+            raise lost
+        await self.snapshots.recover(lost)
 
     async def _record_schema(self, table: str, columns: list[dict[str, Any]], position: Position) -> None:
         """A new version of ``table``'s schema, unless its columns are those of the latest one: a
@@ -146,9 +150,7 @@ class SourceReader(Actor):
                 try:
                     events = await self.snapshots.read()
                 except PositionLost as lost:
-                    if not self.snapshots.recovers:
-                        raise
-                    await self.snapshots.recover(lost)
+                    await self._resnapshot_or_halt(lost)
                     events = []
             except Unavailable as exc:
                 self.ctx.stats.source_errors += 1

@@ -22,6 +22,7 @@ from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION, row
 from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.source import qualified, quote_ident, quote_table
 from deltaforge.sources.postgres.values import converter
 
 if TYPE_CHECKING:
@@ -41,10 +42,6 @@ NATIVE = {16, 20, 21, 23, 25, 1043}
 conversion gives, without the text round trip (a third of a chunk's cost)."""
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 class _Table:
     """How one table is read: its select, and its columns' converters."""
 
@@ -56,12 +53,13 @@ class _Table:
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
         schema, _, table = ref.name.partition(".")
-        target = f"{_ident(schema)}.{_ident(table)}"
+        target = f"{quote_ident(schema)}.{quote_ident(table)}"
         cols = ", ".join(
-            _ident(c[0]) if c[1] in NATIVE else f"{_ident(c[0])}::text AS {_ident(c[0])}" for c in columns
+            quote_ident(c[0]) if c[1] in NATIVE else f"{quote_ident(c[0])}::text AS {quote_ident(c[0])}"
+            for c in columns
         )
         # Qualified: ORDER BY a bare name would sort by the output column, the text cast.
-        keys = ", ".join(f"t.{_ident(k)}" for k in ref.key)
+        keys = ", ".join(f"t.{quote_ident(k)}" for k in ref.key)
         params = ", ".join(f"${i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
         self.first = f"SELECT {cols} FROM {target} t ORDER BY {keys} LIMIT $1"
         self.after = f"SELECT {cols} FROM {target} t WHERE ({keys}) > ({params}) ORDER BY {keys} LIMIT ${len(ref.key) + 1}"
@@ -72,7 +70,7 @@ class PostgresChunks(ChunkReader):
 
     def __init__(self, source: PostgresSource, settings: SnapshotSettings) -> None:
         self.source = source
-        self.signal = _qualified(settings.signal_table) if settings.signal_table else None
+        self.signal = qualified(settings.signal_table) if settings.signal_table else None
         self.pool: asyncpg.Pool | None = None
         self.known: dict[str, _Table] = {}
 
@@ -114,7 +112,7 @@ class PostgresChunks(ChunkReader):
                 self.source.publication,
             )
         ]
-        wanted = [_qualified(n) for n in names] if names else [t for t in published if t != self.signal]
+        wanted = [qualified(n) for n in names] if names else [t for t in published if t != self.signal]
         out = []
         for name in wanted:
             if name not in published:
@@ -122,7 +120,7 @@ class PostgresChunks(ChunkReader):
                     f"snapshot of {name!r}: no such table in publication {self.source.publication!r} "
                     f"(it has {', '.join(published) or 'none'})"
                 )
-            oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", _quoted(name))
+            oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", quote_table(name))
             columns = [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid)]
             key = tuple(str(r[0]) for r in await conn.fetch(_PRIMARY_KEY, oid))
             if not key:
@@ -183,13 +181,3 @@ class PostgresChunks(ChunkReader):
     def source_info(self, table: TableRef, at: Position, ts_ms: int) -> SourceInfo:
         schema, _, name = table.name.partition(".")
         return SourceInfo(self.source.connector, self.source.db, name, at, ts_ms, schema, table.key)
-
-
-def _qualified(name: str) -> str:
-    schema, _, table = name.rpartition(".")
-    return f"{schema or 'public'}.{table}"
-
-
-def _quoted(name: str) -> str:
-    schema, _, table = name.partition(".")
-    return f"{_ident(schema)}.{_ident(table)}"

@@ -234,7 +234,7 @@ class PostgresSource(Source):
         if not exists:
             listed = [*self.tables, *([self.signal_table] if self.signal_table else [])]
             target = (
-                "FOR TABLE " + ", ".join(_quote_table(t) for t in listed) if self.tables else "FOR ALL TABLES"
+                "FOR TABLE " + ", ".join(quote_table(t) for t in listed) if self.tables else "FOR ALL TABLES"
             )
             await self._conn.execute(f'CREATE PUBLICATION "{self.publication}" {target}')
         await self._conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", self.slot)
@@ -358,6 +358,16 @@ def _qualified(name: str) -> tuple[str, str]:
     return schema or "public", table
 
 
-def _quote_table(name: str) -> str:
+def quote_ident(name: str) -> str:
+    """A PostgreSQL identifier, quoted (a double quote in it doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qualified(name: str) -> str:
+    """``table`` or ``schema.table`` as ``schema.table`` (``public`` by default)."""
+    return ".".join(_qualified(name))
+
+
+def quote_table(name: str) -> str:
     schema, table = _qualified(name)
-    return f'"{schema}"."{table}"'
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
