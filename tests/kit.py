@@ -120,6 +120,9 @@ class SyntheticSource(Source):
             tx += 1
         raise AssertionError("unreachable")
 
+    def caught_up(self) -> bool:
+        return self.next > self.total  # the whole backlog is ready from the start
+
     async def read(self) -> list[Event]:
         self.reads += 1
         if self.next > self.total:
@@ -198,6 +201,9 @@ class PacedSource(SyntheticSource):
     def __init__(self, total: int, chunk: int, delay: float = 0.005) -> None:
         super().__init__(total, chunk=chunk)
         self.delay = delay
+
+    def caught_up(self) -> bool:
+        return True  # the next events come after ``delay``
 
     async def read(self) -> list[Event]:
         await asyncio.sleep(self.delay)

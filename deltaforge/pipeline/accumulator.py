@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 class Accumulator(Actor):
     """Buffers chunks and cuts batches by ``max_events``, ``max_bytes`` and ``max_ms``.
 
+    Batching is adaptive: when the reader says the source is caught up (nothing more ready)
+    and no more chunks wait here, what is buffered goes on at once; a batch grows towards the
+    limits only while a backlog is being read, and ``max_ms`` bounds how long it may wait.
+
     With ``respect_source_tx`` a cut happens only at a transaction end, so a
     transaction larger than the limits makes a larger batch. Batches go to
     ``batches`` (the SparkTransformer when there are processors, else the
@@ -42,6 +46,7 @@ class Accumulator(Actor):
         self.first_at: float | None = None
         self.next_id = 0
         self.epoch = 0
+        self.caught_up = False  # what the last chunk said of the source
         self.timers = StageTimers(ctx.config.name)
         self._ticker: asyncio.Task[None] | None = None
 
@@ -66,9 +71,16 @@ class Accumulator(Actor):
             if not self.buffer:
                 self.first_at = time.monotonic()
             self.buffer.extend(message.events)
-            await self._cut(final=False)
+            # Adaptive batching: a batch grows only while more is waiting, in the source or in
+            # this mailbox; once the source is caught up it goes on without waiting for max_ms.
+            self.caught_up = message.caught_up
+            await self._cut(
+                final=self.caught_up and self.ref.mailbox_depth == 0 and not self.ref.waiting_senders
+            )
         elif isinstance(message, FlushDue):
-            if self.first_at is not None and (time.monotonic() - self.first_at) * 1000 >= self.cfg.max_ms:
+            if self.first_at is None:
+                return None
+            if self.caught_up or (time.monotonic() - self.first_at) * 1000 >= self.cfg.max_ms:
                 await self._cut(final=True)
         elif isinstance(message, FlushNow):
             await self._cut(final=True)

@@ -52,10 +52,12 @@ class StopReading(Ask[bool]):
 
 @message
 class EventsRead:
-    """A chunk of events from the source, in order, from reading ``epoch``."""
+    """A chunk of events from the source, in order, from reading ``epoch``; ``caught_up``: the
+    source had nothing more ready when it was read (hand a partial batch on now)."""
 
     events: list[Event]
     epoch: int = 0
+    caught_up: bool = False
 
 
 @message

@@ -171,7 +171,7 @@ class SourceReader(Actor):
                 if last.op != "h":
                     observe_lag(self.timers.pipeline, source.id, f"{last.source.db}.{last.source.table}",
                                 last.source.ts_ms)  # fmt: skip
-                await self.accumulator.tell(EventsRead(events, self.epoch))
+                await self.accumulator.tell(EventsRead(events, self.epoch, self.snapshots.caught_up()))
             else:
                 await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time
             if self.reading:

@@ -156,6 +156,11 @@ class SnapshotDriver:
         events = await self.source.read()
         return events if self.reader is None else await self.through(events)
 
+    def caught_up(self) -> bool:
+        """The source's answer, except while a window is in flight: its rows come with its high
+        watermark, soon, so the batch may grow (``max_ms`` still bounds the wait)."""
+        return not self.windows and self.source.caught_up()
+
     async def _open_window(self, state: SnapshotState) -> bool:
         """Write a window with the next chunk of each active table; False when none is left to read."""
         reader = self.reader

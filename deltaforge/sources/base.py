@@ -134,3 +134,12 @@ class Source(ABC):
     def idle_wait(self) -> float:
         """Seconds to wait after an empty read."""
         return 0.05
+
+    def caught_up(self) -> bool:
+        """After a read: whether nothing more is ready to read right now.
+
+        The Accumulator hands a partial batch on at once when the source is caught up, and lets
+        it grow (up to ``max_events``, ``max_bytes``, ``max_ms``) only while more is waiting: low
+        latency under light load, big batches through a backlog. A source that cannot tell says
+        True (latency first)."""
+        return True

@@ -144,6 +144,10 @@ class ChildDecoder:
             out = out + more
         return out
 
+    def caught_up(self) -> bool:
+        """Nothing decoded is waiting: the last chunk took everything the child had sent."""
+        return self.queue.empty()
+
     def _put(self, item: list[Event] | BaseException) -> None:
         while not self._stop.is_set():
             try:

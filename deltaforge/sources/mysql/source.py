@@ -223,6 +223,9 @@ class MySQLSource(Source):
         if decoder is not None:
             await self._threads.run(decoder.stop)
 
+    def caught_up(self) -> bool:
+        return self._decoder is None or self._decoder.caught_up()
+
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"mysql source {self.id!r} is not open")

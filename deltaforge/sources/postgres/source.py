@@ -283,6 +283,9 @@ class PostgresSource(Source):
             raise item
         return item
 
+    def caught_up(self) -> bool:
+        return self._decoder is None or self._decoder.caught_up()
+
     # -- the decoder's frames (in its pump thread) ----------------------------------
     def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
         kind = frame[0]

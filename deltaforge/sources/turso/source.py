@@ -53,6 +53,7 @@ class TursoSource(Source):
         self._decode_at = 0  # the change_id of the transaction being decoded
         self._keys: dict[str, tuple[str, ...]] = {}  # a table's primary-key columns
         self._pending: list[tuple[Any, ...]] = []
+        self._more = False  # the last read stopped at its LIMIT
         self._threads = BlockingRunner(1)
         self._has_cdc_table = False
         self.snapshot_marks: list[tuple[str, TursoPosition]] = []
@@ -165,6 +166,9 @@ class TursoSource(Source):
         events = await self._threads.run(self._read_sync)
         return self._marked(events) if self.snapshot_marks else events
 
+    def caught_up(self) -> bool:
+        return not self._more  # the last query filled its LIMIT: more rows are there
+
     def _marked(self, events: list[Event]) -> list[Event]:
         """``events`` with the marks of every snapshot window whose change the stream has passed,
         each after the events at or before that change."""
@@ -211,6 +215,7 @@ class TursoSource(Source):
                 else:
                     tx.append(row)
             self._pending = tx
+            self._more = len(rows) == self.chunk
             # A transaction larger than a chunk: keep reading rather than report "idle".
             if out or len(rows) < self.chunk:
                 return out
