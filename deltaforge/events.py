@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,48 +63,32 @@ class Event:
         return self.source.table
 
 
-_new = object.__new__
-_set = {name: Event.__dict__[name].__set__ for name in Event.__slots__}
+def _slot_constructor(cls: type[Any]) -> Any:
+    """A function taking every field of the frozen, slotted dataclass ``cls`` in order, and
+    building it without the frozen ``__init__`` (which sets each field by name through
+    ``object.__setattr__``): half the cost, for what sources build per row. Generated code, as
+    ``dataclasses`` itself does; tests/test_transform_types.py checks it against the constructor."""
+    names = cls.__slots__
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    ns.update({f"_set_{n}": cls.__dict__[n].__set__ for n in names})
+    body = "".join(f"    _set_{n}(new, {n})\n" for n in names)
+    exec(f"def build({', '.join(names)}):\n    new = _new(_cls)\n{body}    return new\n", ns)
+    return ns["build"]
 
 
-def new_event(
-    op: str, before: Row | None, after: Row | None, source: SourceInfo, tx_id: str, tx_end: bool, event_id: str,
-    order: tuple[int, ...], checkpoint: Position, tenant: str, size: int,
-) -> Event:  # fmt: skip
-    """``Event(...)`` without the frozen ``__init__``'s lookups by name: snapshot rows, a chunk at a time."""
-    new = _new(Event)
-    s = _set
-    s["op"](new, op)
-    s["before"](new, before)
-    s["after"](new, after)
-    s["source"](new, source)
-    s["tx_id"](new, tx_id)
-    s["tx_end"](new, tx_end)
-    s["event_id"](new, event_id)
-    s["order"](new, order)
-    s["checkpoint"](new, checkpoint)
-    s["tenant"](new, tenant)
-    s["size"](new, size)
-    return new
+new_source_info: Callable[[str, str, str, Position, int, str | None, tuple[str, ...]], SourceInfo] = (
+    _slot_constructor(SourceInfo)
+)
+"""``SourceInfo(...)``, every field given positionally, at half the cost."""
+
+new_event: Callable[
+    [str, Row | None, Row | None, SourceInfo, str, bool, str, tuple[int, ...], Position, str, int], Event
+] = _slot_constructor(Event)
+"""``Event(...)``, every field given positionally, at half the cost: what sources build per row."""
 
 
 def with_images(e: Event, op: str, before: Row | None, after: Row | None) -> Event:
-    """``e`` with another ``op`` and row images: what processors produce, 10k events at a time.
-
-    Twice as fast as ``Event(...)``, whose frozen ``__init__`` looks every field up by
-    name; tests/test_transform_types.py checks that it copies every field.
-    """
-    new = _new(Event)
-    s = _set
-    s["op"](new, op)
-    s["before"](new, before)
-    s["after"](new, after)
-    s["source"](new, e.source)
-    s["tx_id"](new, e.tx_id)
-    s["tx_end"](new, e.tx_end)
-    s["event_id"](new, e.event_id)
-    s["order"](new, e.order)
-    s["checkpoint"](new, e.checkpoint)
-    s["tenant"](new, e.tenant)
-    s["size"](new, e.size)
-    return new
+    """``e`` with another ``op`` and row images: what processors produce, 10k events at a time
+    (tests/test_transform_types.py checks that it copies every field)."""
+    return new_event(op, before, after, e.source, e.tx_id, e.tx_end, e.event_id, e.order, e.checkpoint,
+                     e.tenant, e.size)  # fmt: skip

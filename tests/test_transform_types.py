@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from deltaforge.config import ConfigError, parse_pipeline
-from deltaforge.events import Event, SourceInfo, new_event, with_images
+from deltaforge.events import Event, SourceInfo, new_event, new_source_info, with_images
 from deltaforge.pipeline.messages import Batch
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
@@ -399,6 +399,14 @@ def test_new_event_sets_every_field_as_the_constructor_does() -> None:
     args = ("r", None, {"id": 2}, source, "tx", True, "ev", (1, 2, 3), {"pos": 9}, "tenant-a", 999)
     new, built = new_event(*args), Event(*args)  # type: ignore[arg-type]
     for f in dataclasses.fields(Event):  # size does not take part in ==
+        assert getattr(new, f.name) == getattr(built, f.name), f.name
+
+
+def test_new_source_info_sets_every_field_as_the_constructor_does() -> None:
+    args = ("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s", ("id",))
+    new, built = new_source_info(*args), SourceInfo(*args)  # type: ignore[arg-type]
+    assert new == built
+    for f in dataclasses.fields(SourceInfo):
         assert getattr(new, f.name) == getattr(built, f.name), f.name
 
 

@@ -21,7 +21,7 @@ import structlog
 
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, SourceInfo
+from deltaforge.events import Event, SourceInfo, new_event, new_source_info
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
@@ -283,11 +283,11 @@ class MySQLSource(Source):
                 position = new_position(BinlogPosition, (file, pos, i, committed, began, gen))
                 end = n == last
                 out.append(
-                    Event(
+                    new_event(
                         op,
                         before,
                         after,
-                        SourceInfo(connector, schema, table, position, ts * 1000, None, key),
+                        new_source_info(connector, schema, table, position, ts * 1000, None, key),
                         tx_id,
                         end,
                         f"{fidx}:{pos}:{i}" if not gen else _id(gen, fidx, pos, i),

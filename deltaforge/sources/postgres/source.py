@@ -27,7 +27,7 @@ import structlog
 
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, SourceInfo
+from deltaforge.events import Event, SourceInfo, new_event, new_source_info
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
@@ -334,11 +334,11 @@ class PostgresSource(Source):
                 position = new_position(PgPosition, (safe, commit_lsn, seq))
                 end = seq == last
                 out.append(
-                    Event(
+                    new_event(
                         op,
                         before,
                         after,
-                        SourceInfo(connector, db, table, position, ts_ms, schema, tuple(key)),
+                        new_source_info(connector, db, table, position, ts_ms, schema, tuple(key)),
                         tx_id,
                         end,
                         f"{prefix}:{seq}",
