@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import fnmatch
+import ssl
 import time
 from datetime import UTC
 from typing import IO, Any, TypedDict
@@ -33,8 +34,8 @@ class DecoderSettings(TypedDict):
     chunk: int
 
 
-HEARTBEAT_S = 0.05  # the longest a finished transaction waits here when the server goes quiet
-FLUSH_S = 0.01  # under steady load, hand over at least this often
+HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)
+FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
@@ -294,9 +295,31 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         pending.append((tx_gtid, full, file, int(ev.packet.log_pos), began, tx))
         pending_rows += len(tx)
         tx = []
-        if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S:
+        if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
+
+
+def drained(reader: Any) -> bool:
+    """Whether everything the server has sent so far is read: then the transactions waiting here
+    go on at once (low latency when caught up), while a backlog still fills frames of ``chunk``.
+
+    A non-blocking peek at the replication connection's buffered socket (pymysql's ``_sock`` and
+    ``_rfile``); anything unexpected there means "not known", and FLUSH_S decides."""
+    conn = getattr(reader, "_stream_connection", None)
+    sock, rfile = getattr(conn, "_sock", None), getattr(conn, "_rfile", None)
+    if sock is None or rfile is None:
+        return False
+    timeout = sock.gettimeout()
+    try:
+        sock.settimeout(0.0)
+        return not rfile.peek(1)
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        sock.settimeout(timeout)
 
 
 def main() -> None:
