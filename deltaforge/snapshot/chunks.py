@@ -8,12 +8,9 @@ from typing import Any
 
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
+from deltaforge.snapshot.window import WATERMARK_PREFIX as WATERMARK_PREFIX
 from deltaforge.snapshot.window import TableRef
 from supervision import Fatal
-
-WATERMARK_PREFIX = "deltaforge.snapshot"
-"""The prefix of PostgreSQL watermark messages, and the ``type`` of MySQL watermark rows is
-``snapshot-window-open`` / ``snapshot-window-close`` (Debezium's names)."""
 
 
 class SnapshotRefused(Fatal):

@@ -7,6 +7,10 @@ from typing import Any
 
 from deltaforge.events import Event, Row
 
+WATERMARK_PREFIX = "deltaforge.snapshot"
+"""The prefix of PostgreSQL watermark messages, and the ``type`` of MySQL watermark rows is
+``snapshot-window-open`` / ``snapshot-window-close`` (Debezium's names)."""
+
 Key = tuple[Any, ...]
 
 

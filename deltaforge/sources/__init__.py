@@ -1,5 +1,5 @@
-"""Sources: each reads committed changes from one system and yields chunks of events."""
+"""Sources: each reads committed changes from one system and yields chunks of events.
 
-from deltaforge.sources.base import PositionLost, Source, SourceError
-
-__all__ = ["PositionLost", "Source", "SourceError"]
+Nothing is imported here: the decoder child processes import their modules from this
+package and should not pay for the parent's (``base`` pulls in the actor runtime).
+"""

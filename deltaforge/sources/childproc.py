@@ -21,10 +21,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from deltaforge.events import Event
-from deltaforge.sources.base import SourceError
+if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
+    from deltaforge.events import Event
 
 FRAME = struct.Struct("<I")
 
@@ -62,7 +62,7 @@ def child_setup() -> tuple[Any, IO[bytes]]:
     return read_frame(sys.stdin.buffer), sys.stdout.buffer
 
 
-Handler = Callable[[tuple[Any, ...]], list[Event] | None]
+Handler = Callable[[tuple[Any, ...]], "list[Event] | None"]
 
 
 class ChildDecoder:
@@ -168,5 +168,7 @@ class ChildDecoder:
             if self._stop.is_set():
                 return
             if isinstance(exc, EOFError):
+                from deltaforge.sources.base import SourceError
+
                 exc = SourceError(f"{self.name}: decoder process exited (code {proc.poll()})")
             self._put(exc)

@@ -26,7 +26,7 @@ import time
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
-from deltaforge.snapshot.chunks import WATERMARK_PREFIX
+from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childproc import child_setup, read_frame, write_frame
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
