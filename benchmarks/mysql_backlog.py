@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from drain import drain_rate
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
+from benchmarks.drain import drain_rate
 from tests.servers.mariadb import MariaDB
 
 NARROW = "CREATE TABLE bench.narrow (id INT PRIMARY KEY, a INT, b VARCHAR(20))"

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiomysql
 import asyncpg
 import structlog
-from drain import drain_rate
 
+from benchmarks.drain import drain_rate
 from deltaforge.sources.postgres.decoder import SESSION
 from tests.servers.mariadb import CDC_USER, MariaDB
 from tests.servers.postgres import Postgres

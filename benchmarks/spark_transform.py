@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from drain import drain_rate
-
+from benchmarks import Figure
+from benchmarks.drain import drain_rate
 from deltaforge import gctune
 from deltaforge import logsetup as dflogging
 from deltaforge.events import Event, SourceInfo
@@ -111,7 +111,10 @@ async def drain(doc: dict[str, Any], total: int) -> float:
     return await drain_rate(doc, total, TypedSource(total), done)
 
 
-def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
+def latency(
+    spark_config: SparkConfig, runs: int, warmup: int, sizes: tuple[int, ...] = (1000, 10_000)
+) -> list[Figure]:
+    """p50 and p99 of one batch through filter + mask, per batch size."""
     gctune.tune()  # what serve runs with
     runtime = runtime_for(spark_config, "bench")
     t0 = time.perf_counter()
@@ -127,7 +130,8 @@ def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
     print(
         f"per-batch transform latency (filter + mask), after {warmup} warm-up batches (JVM JIT), serve's GC settings:"
     )
-    for size in (1000, 10_000):
+    figures = []
+    for size in sizes:
         events = [event(s) for s in range(size)]
         for _ in range(warmup):
             runtime.pool.submit(plan.run, runtime, events).result()
@@ -140,6 +144,14 @@ def latency(spark_config: SparkConfig, runs: int, warmup: int) -> None:
         p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
         print(f"  {size:>6} events: p50 {statistics.median(times):6.1f} ms  p99 {p99:6.1f} ms  "
               f"({len(out.events)} kept)")  # fmt: skip
+        group = "Spark processors (filter + mask)"
+        note = f"{runs} runs after {warmup} warm-up batches"
+        figures.append(
+            Figure(group, f"{size:,}-event batch, p50", round(statistics.median(times), 1), "ms", note)
+        )
+        figures.append(Figure(group, f"{size:,}-event batch, p99", round(p99, 1), "ms", note,
+                              "≤ 100 ms" if size == 10_000 else ""))  # fmt: skip
+    return figures
 
 
 async def throughput(total: int, master: str) -> None:
