@@ -207,3 +207,19 @@ def test_a_wrong_journal_names_each_field_with_what_was_expected() -> None:
         "spec.journal.dlq.max_entries: expected an integer >= 1, got 0",
         "spec.journal.dlq.overflow_policy: expected one of drop_oldest, reject, block, got 'explode'",
     ]
+
+
+def test_a_source_template_names_each_table_apart_and_a_row_template_each_row() -> None:
+    """``cdc.${source.table}`` is kept per table (rendering it per event was slow): a kept name
+    must still be per table, and a template with a row field per row."""
+    from dataclasses import replace
+
+    from deltaforge.sinks.templates import compile_template
+    from tests.kit import make_event
+
+    by_table = compile_template("cdc.${source.db}.${source.table}")
+    by_row = compile_template("t.${source.table}.${after.id}")
+    a = make_event(1)
+    b = replace(a, source=replace(a.source, table="other"))
+    assert [by_table(e) for e in (a, b, a, b)] == ["cdc.db.t", "cdc.db.other", "cdc.db.t", "cdc.db.other"]
+    assert [by_row(e) for e in (make_event(1), make_event(2), b)] == ["t.t.1", "t.t.2", "t.other.1"]
