@@ -14,9 +14,10 @@ class TursoPosition(NamedTuple):
     must still match, or the database was replaced under the checkpoint (positions stored
     before they were recorded have neither, and resume on ``change_id`` alone).
 
-    ``after_snapshot`` is 1 once the snapshot rows emitted at this change are all in: it
-    orders that point after them (they sort between ``change_id`` and it); a resume reads
-    from after ``change_id`` either way.
+    ``after_snapshot`` is k once the rows of the k-th snapshot window read at this change are
+    all in: it orders that point after them (they sort between ``k - 1`` and ``k``), and the
+    next window read at the same change after it; a resume reads from after ``change_id``
+    either way.
     """
 
     change_id: int

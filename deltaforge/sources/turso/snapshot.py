@@ -118,7 +118,14 @@ class TursoChunks(ChunkReader):
 
     async def watermark(self, kind: str, window: str) -> None:
         if kind == "close":  # both marks go into the stream once it has passed the chunk's change
-            self.source.snapshot_marks.append((window, self.read_at))
+            # Windows read at the same change (nothing written between two chunks) must still
+            # order one after the other: each starts where the last one's rows ended. With the
+            # same order, a sink holding the first window's end skipped the second one's rows.
+            at, last = self.read_at, self.source.last_mark
+            if last is not None and last.change_id == at.change_id:
+                at = at._replace(after_snapshot=last.after_snapshot)
+            self.source.last_mark = at._replace(after_snapshot=at.after_snapshot + 1)
+            self.source.snapshot_marks.append((window, at))
 
     def name_of(self, e: Event) -> str:
         return e.source.table
@@ -140,9 +147,10 @@ class TursoChunks(ChunkReader):
 
 
 def marks(window: str, at: TursoPosition, db: str, tenant: str) -> list[Event]:
-    """The open and close marks of ``window`` at change ``at``: the close mark's checkpoint sorts
-    after the rows that follow it."""
-    done = at._replace(after_snapshot=1)
+    """The open and close marks of ``window`` at change ``at`` (its ``after_snapshot`` counts the
+    windows before it at that change): the close mark's checkpoint sorts after the rows that
+    follow it, and before the next window's."""
+    done = at._replace(after_snapshot=at.after_snapshot + 1)
     out = []
     for typ, checkpoint in ((OPEN, at), (CLOSE, done)):
         info = SourceInfo("turso", db, MARKS, at, 0)

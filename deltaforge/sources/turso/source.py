@@ -58,6 +58,9 @@ class TursoSource(Source):
         self._has_cdc_table = False
         self.snapshot_marks: list[tuple[str, TursoPosition]] = []
         """Snapshot windows to mark in the stream once it has passed their change (TursoChunks)."""
+        self.last_mark: TursoPosition | None = None
+        """Where the newest window's rows end (or the resume position): windows at one change
+        count up its ``after_snapshot``."""
 
     def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader:
         from deltaforge.sources.turso.snapshot import TursoChunks
@@ -81,6 +84,7 @@ class TursoSource(Source):
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, TursoPosition)
         self.snapshot_marks = []
+        self.last_mark = resume
         self._after = resume.change_id if resume else 0
         self._resume = resume
         self._pending = []
