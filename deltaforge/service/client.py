@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 VERBS = ("list", "get", "create", "patch", "pause", "resume", "stop", "delete")
 
 
 def request(api: str, token: str | None, verb: str, name: str | None, file: str | None,
             delete_checkpoints: bool = False) -> tuple[int, Any]:  # fmt: skip
     """The HTTP call for ``verb``: (status, JSON body)."""
+    import httpx  # here, not at the top: ``serve`` imports this module and needs no HTTP client
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     body: bytes | None = None
     if file is not None:
@@ -49,6 +48,8 @@ def run(api: str, token: str | None, verb: str, name: str | None, file: str | No
     if verb in ("create", "patch") and not file:
         print(f"pipelines {verb} needs a document: a file, or - for stdin", file=sys.stderr)
         return 2
+    import httpx
+
     try:
         status, body = request(api, token, verb, name, file, delete_checkpoints)
     except httpx.HTTPError as exc:
@@ -60,6 +61,8 @@ def run(api: str, token: str | None, verb: str, name: str | None, file: str | No
 
 def snapshot(api: str, token: str | None, pipeline: str, tables: list[str]) -> int:
     """``deltaforge snapshot PIPELINE TABLE…``: POST /pipelines/{name}/snapshots."""
+    import httpx
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         resp = httpx.post(f"{api.rstrip('/')}/pipelines/{pipeline}/snapshots", json={"tables": tables},

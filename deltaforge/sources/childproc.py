@@ -13,6 +13,7 @@ leaves no decoder behind.
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import queue
 import signal
@@ -46,8 +47,9 @@ def read_frame(inp: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-def child_setup() -> tuple[Any, IO[bytes]]:
-    """In the child: die with the parent, tune the GC, read the settings; returns (cfg, out).
+def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
+    """In the child: die with the parent, tune the GC, import the ``warm`` modules (while the
+    parent may still be preparing the settings), read the settings; returns (cfg, out).
 
     ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it).
     Later frames from the parent are read from ``sys.stdin.buffer`` with :func:`read_frame`."""
@@ -59,6 +61,8 @@ def child_setup() -> tuple[Any, IO[bytes]]:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     gctune.tune()
+    for module in warm:
+        importlib.import_module(module)
     return read_frame(sys.stdin.buffer), sys.stdout.buffer
 
 
@@ -72,30 +76,35 @@ class ChildDecoder:
     error frame; whatever it raises reaches the source's ``read()``.
     """
 
-    def __init__(
-        self, name: str, module: str, cfg: Mapping[str, object], handle: Handler, queue_size: int = 8
-    ) -> None:
+    def __init__(self, name: str, module: str, handle: Handler, queue_size: int = 8) -> None:
         self.name = name
         self.module = module
-        self.cfg = cfg
         self.handle = handle
         self.queue: queue.Queue[list[Event] | BaseException] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Spawn the child and the pump. Call from the event loop's thread: PR_SET_PDEATHSIG
-        fires when the *thread* that forked the child ends, and pool threads end when idle."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", self.module],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            bufsize=1 << 20,
-        )
-        assert proc.stdin is not None
-        write_frame(proc.stdin, self.cfg)
-        self._proc = proc
+    def spawn(self) -> None:
+        """Start the child process before its settings are known: it starts Python and imports
+        its libraries (about 80 ms) while the source prepares, and waits for :meth:`start`.
+        Call from the event loop's thread: PR_SET_PDEATHSIG fires when the *thread* that forked
+        the child ends, and pool threads end when idle."""
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", self.module],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=1 << 20,
+            )
+
+    def start(self, cfg: Mapping[str, object]) -> None:
+        """Send the child its settings (spawning it first if need be) and start the pump.
+        Call from the event loop's thread (see :meth:`spawn`)."""
+        self.spawn()
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        write_frame(proc.stdin, cfg)
         self._thread = threading.Thread(target=self._pump, name=f"decoder-{self.name}", daemon=True)
         self._thread.start()
 

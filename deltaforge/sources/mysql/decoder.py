@@ -323,7 +323,7 @@ def drained(reader: Any) -> bool:
 
 
 def main() -> None:
-    cfg, out = child_setup()
+    cfg, out = child_setup(warm=("pymysqlreplication", "pymysqlreplication.row_event"))
     try:
         stream(cfg, out)
     except BrokenPipeError:

@@ -119,7 +119,13 @@ class MySQLSource(Source):
         self._gen = self.generation
         if resume is not None and resume.gen != self._gen:
             resume = self._on_another_server(resume)
-        info, start = await self._threads.run(self._prepare, resume)
+        decoder = ChildDecoder(f"mysql source {self.id!r}", "deltaforge.sources.mysql.decoder", self._handle)
+        decoder.spawn()  # it starts up while the server is checked
+        try:
+            info, start = await self._threads.run(self._prepare, resume)
+        except BaseException:
+            await self._threads.run(decoder.stop)
+            raise
         self.info = info
         if resume is None:
             # No checkpoint: the earliest change still on the server, or, when a snapshot is about to
@@ -136,10 +142,8 @@ class MySQLSource(Source):
             "schemas": sorted({p[0] for p in self.patterns if not any(ch in p[0] for ch in "*?[")}),
             "chunk": self.chunk,
         }
-        self._decoder = ChildDecoder(
-            f"mysql source {self.id!r}", "deltaforge.sources.mysql.decoder", cfg, self._handle
-        )
-        self._decoder.start()
+        decoder.start(cfg)
+        self._decoder = decoder
 
     def _on_another_server(self, checkpoint: BinlogPosition) -> BinlogPosition:
         """The checkpoint was read from the server before a failover (the reconciler found it

@@ -268,7 +268,7 @@ def main() -> None:
 
 def report() -> None:
     """Stream, and report how it ended to the parent."""
-    cfg, out = child_setup()
+    cfg, out = child_setup(warm=("psycopg",))
     try:
         stream(cfg, out, Confirmations(sys.stdin.buffer))
     except BrokenPipeError:

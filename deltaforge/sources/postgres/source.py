@@ -135,6 +135,29 @@ class PostgresSource(Source):
             raise
 
     async def _open(self, resume: PgPosition | None) -> None:
+        decoder = ChildDecoder(
+            f"postgres source {self.id!r}", "deltaforge.sources.postgres.decoder", self._handle
+        )
+        decoder.spawn()  # it starts up while the slot is checked
+        try:
+            await self._prepare(resume)
+        except BaseException:
+            await self._threads.run(decoder.stop)
+            raise
+        cfg: DecoderSettings = {
+            "dsn": self.dsn,
+            "slot": self.slot,
+            "publication": self.publication,
+            "chunk": self.chunk,
+            "heartbeat_s": self.heartbeat_s,
+            "idle_s": self._idle,
+            "last_commit": self._last_commit,
+        }
+        decoder.start(cfg)
+        self._decoder = decoder
+
+    async def _prepare(self, resume: PgPosition | None) -> None:
+        """Check the server and the slot (create it if asked), and move it to ``resume``."""
         try:
             conn = await asyncpg.connect(self.dsn, timeout=10)
         except asyncpg.PostgresError as exc:
@@ -189,19 +212,6 @@ class PostgresSource(Source):
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
-        cfg: DecoderSettings = {
-            "dsn": self.dsn,
-            "slot": self.slot,
-            "publication": self.publication,
-            "chunk": self.chunk,
-            "heartbeat_s": self.heartbeat_s,
-            "idle_s": self._idle,
-            "last_commit": self._last_commit,
-        }
-        self._decoder = ChildDecoder(
-            f"postgres source {self.id!r}", "deltaforge.sources.postgres.decoder", cfg, self._handle
-        )
-        self._decoder.start()
 
     async def describe_tables(self) -> list[DeclaredTable]:
         try:
