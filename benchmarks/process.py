@@ -95,7 +95,8 @@ def first_event_after_restart() -> float:
                 cur.execute(f"INSERT INTO bench.narrow VALUES ({row}, 0, 'restart')")
             needle = f'"id":{row},'.encode()
             t0 = time.perf_counter()
-            serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"), api=False)
+            # serve as users run it: the API on
+            serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"))
             while not out.exists() or needle not in out.read_bytes():
                 if serve.proc.poll() is not None:
                     raise RuntimeError(f"serve exited: {(tmp / 'serve.err').read_text()[-2000:]}")
