@@ -52,7 +52,14 @@ async def _listen(app: Any, addr: str) -> tuple[_Server, asyncio.Task[None]] | N
     """An HTTP server for ``app`` on ``host:port``, once it listens; None if it cannot."""
     host, _, port = addr.rpartition(":")
     server = _Server(uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning"))
-    task = asyncio.create_task(server.serve())
+
+    async def run() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits the process when it cannot bind: only this server ends
+            pass
+
+    task = asyncio.create_task(run())
     while not server.started and not task.done():
         await asyncio.sleep(0.01)  # uvicorn has no start-up callback: its own flag, polled
     return None if task.done() else (server, task)
@@ -93,6 +100,9 @@ async def _serve(
         started = await _listen(app, addr)
         if started is None:
             log.error("api_failed", reason=f"cannot serve the {what} on {addr}")
+            for server, task in servers:
+                server.should_exit = True
+                await task
             return 2
         servers.append(started)
         log.info(event, addr=addr)

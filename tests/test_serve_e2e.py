@@ -211,3 +211,22 @@ def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(t
         "(and a Java 17 runtime)" in r.stderr
     )
     assert "Traceback" not in r.stderr
+
+
+def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path) -> None:
+    """When the API cannot listen, serve says so and exits 2 (it exited 3 from inside uvicorn,
+    without the message)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "deltaforge", "serve", "--api-addr", f"127.0.0.1:{port}",
+             "--log-file", str(tmp_path / "log.jsonl")],
+            cwd=tmp_path, capture_output=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    failed = [d for d in jsonl(tmp_path / "log.jsonl") if d.get("event") == "api_failed"]
+    assert [d["reason"] for d in failed] == [f"cannot serve the REST API on 127.0.0.1:{port}"]

@@ -15,6 +15,7 @@ def request(api: str, token: str | None, verb: str, name: str | None, file: str 
             delete_checkpoints: bool = False) -> tuple[int, Any]:  # fmt: skip
     """The HTTP call for ``verb``: (status, JSON body)."""
     import httpx  # here, not at the top: ``serve`` imports this module and needs no HTTP client
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     body: bytes | None = None
     if file is not None:
