@@ -72,25 +72,11 @@ def mariadb(rows: int) -> list[Figure]:
         bare = my.bare(server, rows)
         rates: dict[str, float] = {}
         for kind, run in runs():
-            rate = asyncio.run(drain_rate(my_doc(server, sink(kind, run, Path(tmp), broker)), rows))
+            rate = asyncio.run(
+                drain_rate(my.pipeline_doc(server, "narrow", sink(kind, run, Path(tmp), broker)), rows)
+            )
             rates[kind] = max(rate, rates.get(kind, 0.0))
     return figures("mariadb", rows, bare, rates)
-
-
-def my_doc(server: MariaDB, sink_doc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "bench"},
-        "spec": {
-            "source": {
-                "type": "mysql",
-                "config": {"id": "b", "dsn": server.dsn(), "tables": ["bench.narrow"]},
-            },
-            "sinks": [sink_doc],
-            "batch": {"max_events": 4000, "max_ms": 50},
-        },
-    }
 
 
 def postgres(rows: int) -> list[Figure]:

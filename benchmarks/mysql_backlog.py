@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -83,7 +84,14 @@ def bare(server: MariaDB, rows: int) -> float:
 
 
 async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
-    doc = {
+    return await drain_rate(
+        pipeline_doc(server, table, {"type": "file", "config": {"id": "f", "path": str(out)}}), rows
+    )
+
+
+def pipeline_doc(server: MariaDB, table: str, sink: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline from the backlog of ``bench.table`` to ``sink``."""
+    return {
         "apiVersion": "deltaforge/v1",
         "kind": "Pipeline",
         "metadata": {"name": "bench"},
@@ -92,11 +100,10 @@ async def pipeline(server: MariaDB, table: str, rows: int, out: Path) -> float:
                 "type": "mysql",
                 "config": {"id": "b", "dsn": server.dsn(), "tables": [f"bench.{table}"]},
             },
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            "sinks": [sink],
             "batch": {"max_events": 4000, "max_ms": 50},
         },
     }
-    return await drain_rate(doc, rows)
 
 
 def main() -> None:
