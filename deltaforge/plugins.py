@@ -54,6 +54,7 @@ SOURCES: dict[str, Plugin] = {
     "turso": _Source("deltaforge.sources.turso.source", "TursoSourceConfig", "TursoSource"),
     "mysql": _Source("deltaforge.sources.mysql.source", "MySQLSourceConfig", "MySQLSource"),
     "postgres": _Source("deltaforge.sources.postgres.source", "PostgresSourceConfig", "PostgresSource"),
+    "kafka": _Source("deltaforge.sources.kafka.source", "KafkaSourceConfig", "KafkaSource"),
 }
 SINKS: dict[str, Plugin] = {
     "file": Plugin("deltaforge.sinks.file", "FileSinkConfig", "FileSink"),

@@ -18,7 +18,10 @@ reads back (``from_doc`` fills fields older versions did not write).
 
 from __future__ import annotations
 
-from typing import Protocol, TypeAlias, Union
+from collections.abc import Iterable
+from functools import reduce
+from itertools import chain
+from typing import Any, Protocol, TypeAlias, TypeVar, Union, runtime_checkable
 
 JsonValue: TypeAlias = Union[str, int, float, bool, list["JsonValue"], dict[str, "JsonValue"], None]  # noqa: UP007
 PositionDoc: TypeAlias = dict[str, JsonValue]
@@ -38,6 +41,17 @@ class Position(Protocol):
         ...
 
 
+class _Ordered(Protocol):
+    @property
+    def order(self) -> tuple[int, ...]: ...
+
+    @property
+    def checkpoint(self) -> Position: ...
+
+
+E = TypeVar("E", bound=_Ordered)
+
+
 def as_int(doc: PositionDoc, key: str, default: int = 0) -> int:
     """An integer field of a stored position (``default`` when an older version left it out)."""
     value = doc.get(key, default)
@@ -50,3 +64,56 @@ def as_str(doc: PositionDoc, key: str, default: str = "") -> str:
     """A text field of a stored position (``default`` when missing or null)."""
     value = doc.get(key, default)
     return default if value is None else str(value)
+
+
+@runtime_checkable
+class PartitionedPosition(Position, Protocol):
+    """A position over independent partitions (a Kafka consumer's offsets): no total order.
+
+    Two sinks' positions may each be ahead on another partition, and a resume replays the
+    partitions interleaved differently from the first time, so "has this sink got that event"
+    is asked of the partition the event came from, not of ``order``. Positions of one reading
+    still grow partition by partition, so ``order`` sorts them as long as no resume lies between.
+    """
+
+    def join(self, other: Any) -> Any:
+        """Every partition at the further of the two: what a sink holds after getting ``other``."""
+        ...
+
+    def meet(self, other: Any) -> Any:
+        """Every partition at the nearer of the two (absent where either lacks it): what both hold."""
+        ...
+
+    def holds(self, checkpoint: Any) -> bool:
+        """Whether a sink at this position has the event whose checkpoint is ``checkpoint``."""
+        ...
+
+
+def advance(current: Position | None, reached: Position) -> Position:
+    """Where a sink at ``current`` stands once it also holds everything up to ``reached``."""
+    if current is None:
+        return reached
+    if isinstance(current, PartitionedPosition):
+        return current.join(reached)  # type: ignore[no-any-return]
+    return reached if reached.order > current.order else current
+
+
+def earliest(positions: Iterable[Position]) -> Position:
+    """What every one of ``positions`` holds: where reading resumes for all of them."""
+    it = iter(positions)
+    first = next(it)
+    if isinstance(first, PartitionedPosition):
+        return reduce(lambda a, b: a.meet(b), it, first)
+    return min(chain((first,), it), key=lambda p: p.order)
+
+
+def not_held(position: Position | None, events: list[E]) -> list[E]:
+    """The events a sink at ``position`` does not have yet (a replay after a resume sends some again)."""
+    if position is None or not events:
+        return events
+    if isinstance(position, PartitionedPosition):
+        return [e for e in events if not position.holds(e.checkpoint)]
+    done = position.order
+    if events[0].order > done:
+        return events
+    return [e for e in events if e.order > done]

@@ -13,6 +13,7 @@ MODULES = [
     "supervision.supervisor",
     "deltaforge.configmodel",
     "deltaforge.position",
+    "deltaforge.sources.kafka.position",
 ]
 
 

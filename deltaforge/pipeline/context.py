@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.availability import Availability
-from deltaforge.position import Position
+from deltaforge.position import Position, earliest
 from deltaforge.sinks.base import Sink
 from deltaforge.snapshot.status import SnapshotStatus
 from deltaforge.sources.base import Source
@@ -130,7 +130,7 @@ class PipelineContext:
         """The checkpoint every sink holds durably, or None while any sink has none."""
         if len(self.durable) < len(self.sinks):
             return None
-        return min(self.durable.values(), key=lambda p: p.order)
+        return earliest(self.durable.values())
 
     async def load_checkpoints(self) -> dict[str, Position]:
         """Each sink's stored checkpoint (sinks without one are left out), as positions."""

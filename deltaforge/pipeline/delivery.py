@@ -17,7 +17,7 @@ from deltaforge.pipeline.messages import (
     ProbeSink,
     ReplayDeadLetters,
 )
-from deltaforge.position import Position
+from deltaforge.position import Position, advance, not_held
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, Sink, SinkError
 from supervision import Backoff, Fatal
 
@@ -73,12 +73,12 @@ class DeliveryWorker(Actor):
         if doc is None:
             return
         held = self.ctx.source.load_position(doc)
-        if self.position is None or held.order > self.position.order:
+        if self.position is None or advance(self.position, held) is not self.position:
             self.log.info(
                 "sink_position_ahead", sink=self.sink_id, sink_holds=doc,
                 checkpoint=self.position.to_doc() if self.position else None,
             )  # fmt: skip
-            self.position = held
+            self.position = advance(self.position, held)
 
     async def _reconnect(self) -> None:
         """Drop the connection after a failed batch: the next attempt opens a fresh one."""
@@ -96,12 +96,7 @@ class DeliveryWorker(Actor):
         events = batch.events
         if any(e.op == "h" for e in events):  # heartbeats move checkpoints, sinks never see them
             events = [e for e in events if e.op != "h"]
-        if self.position is None or not events:
-            return events
-        done = self.position.order
-        if events[0].order > done:
-            return events
-        return [e for e in events if e.order > done]
+        return not_held(self.position, events)
 
     async def _isolate(self, events: list[Event], end: Position) -> None:
         """Deliver ``events`` around their poison ones, in order, by halves: what fails alone is
@@ -201,8 +196,7 @@ class DeliveryWorker(Actor):
                     self.stats.retries += 1
                     await self.ctx.clock.sleep(RETRY.delay(attempt, self.ctx.rng))
         self.ctx.availability.up(f"sink:{self.sink_id}")
-        if self.position is None or batch.checkpoint.order > self.position.order:
-            self.position = batch.checkpoint
+        self.position = advance(self.position, batch.checkpoint)
         if events:
             self.latency.observe(time.perf_counter() - started)
             if (oldest := events[0].source.ts_ms) > 0:

@@ -200,5 +200,14 @@ class SourceReader(Actor):
         return await super().receive(message)
 
     async def on_stop(self) -> None:
+        # What the sinks hold by now is released too (a Kafka source commits its group's offsets):
+        # after a drain, that is everything read.
+        durable = self.ctx.durable_min()
+        if durable is not None and durable is not self.confirmed:
+            try:
+                with anyio.move_on_after(5):  # a server that is down must not hold the stop
+                    await self.ctx.source.confirm(durable)
+            except Exception as exc:  # noqa: BLE001 - stopping anyway; the next start confirms again
+                self.log.info("source_confirm_failed", reason=f"{type(exc).__name__}: {exc}")
         await self.snapshots.close()
         await self.ctx.source.close()

@@ -11,6 +11,7 @@ import structlog
 
 from actors import ActorStopped, NodeSnapshot
 from deltaforge.config import PipelineConfig
+from deltaforge.events import Event
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
@@ -26,7 +27,7 @@ from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
-from deltaforge.sinks.base import Sink
+from deltaforge.sinks.base import PoisonEvent, Sink
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
@@ -93,6 +94,8 @@ class PipelineRunner:
         self.ctx.dlq = DeadLetterQueue(
             config.name, config.journal, self.store.dead_letters, self.ctx.availability
         )
+        if config.journal.enabled:
+            self.source.dead_letters = self._source_dead_letter
         extra = [workload_child(FunctionChild("DemoWorkload", self._run_workload))] if workload else []
         self.tree = build_tree(self.ctx, extra)
         self.supervisor = self.tree.supervisor
@@ -100,6 +103,11 @@ class PipelineRunner:
         self._stop_asked = False
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
+
+    async def _source_dead_letter(self, event: Event, reason: str) -> None:
+        """A record the source cannot read, kept in the DLQ as the source read it."""
+        assert self.ctx.dlq is not None
+        await self.ctx.dlq.put(f"source:{self.source.id}", event, PoisonEvent(reason, "invalid_record"), 1)
 
     async def run(self) -> None:
         """Run until stopped; never raises for a pipeline failure (see ``state``)."""

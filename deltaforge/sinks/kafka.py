@@ -16,6 +16,14 @@ Message key: the ``key`` template when set, else the row's primary key as JSON
 so one row's changes, its delete included, stay in one partition, in order.
 With ``tombstones: true`` a delete is followed by a null-valued record with
 the same key, so log compaction forgets the row.
+
+An update that changes the primary key becomes two records, as Debezium makes
+it: a delete of the old key (in the old key's partition, header
+``__debezium.newkey``) and a create of the new one (header
+``__debezium.oldkey``). One record under the new key would put the old row's
+end in another partition than its beginning, and a reader of several
+partitions (a Kafka source feeding an ``if_newer`` upsert) could apply the
+delete before the insert it deletes, and keep the row.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ from pydantic import Field
 from actors import BlockingRunner
 from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode, shape
-from deltaforge.events import Event
+from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
+
+Record = tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]
 
 _POISON = {  # the event's fault: to the DLQ, with this kind
     KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
@@ -187,7 +197,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
         # Every record's topic, key and value first: an event whose template does not resolve
         # fails the batch before anything of it is sent.
-        records = [self._record(e) for e in events]
+        records = [rec for e in events for rec in self._records(e)]
         try:
             try:
                 if self.exactly_once:
@@ -266,15 +276,28 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         f"kafka sink {self.id!r}: commit not confirmed: {err.name()}: {err.str()}"
                     ) from None
 
-    def _record(
-        self, e: Event
-    ) -> tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]:
+    def _records(self, e: Event) -> list[Record]:
+        """One record per event; two for a primary-key move (see the module)."""
+        if e.op != "u" or self.key_of is not None or not moves_key(e):
+            return [self._record(e)]
+        gone = new_event("d", e.before, None, e.source, e.tx_id, e.tx_end, f"{e.event_id}:old", e.order,
+                         e.checkpoint, e.tenant, e.size)  # fmt: skip
+        came = with_images(e, "c", None, e.after)
+        old, new = row_key(gone), row_key(came)
+        return [
+            self._record(gone, ("__debezium.newkey", new)),
+            self._record(came, ("__debezium.oldkey", old)),
+        ]
+
+    def _record(self, e: Event, moved: tuple[str, bytes | str | None] | None = None) -> Record:
         """Topic, value, key, headers, and whether a tombstone follows."""
         key = self.key_of(e) if self.key_of is not None else row_key(e)
         headers: list[tuple[str, str | bytes | None]] = [
             ("idempotency_key", e.idempotency_key.encode()),
             ("event_id", e.event_id.encode()),
         ]
+        if moved is not None:
+            headers.append(moved)
         return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
 
     def _produce(self, producer: Producer, record: tuple[Any, ...], on_delivery: Any) -> None:
@@ -320,6 +343,12 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if err.code() in _NON_RETRYABLE:
             return NonRetryableSinkError(text)
         return RetryableSinkError(text)
+
+
+def moves_key(e: Event) -> bool:
+    """An update whose primary-key columns differ between its images."""
+    key, before, after = e.source.key, e.before, e.after
+    return bool(key and before and after and any(k in before and before[k] != after.get(k) for k in key))
 
 
 def row_key(e: Event) -> bytes | str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -80,6 +81,9 @@ class Source(ABC):
     from_now: bool = False
     """With no checkpoint, start at the newest change instead of the oldest kept: a snapshot is about
     to copy the tables (set by the SnapshotDriver before ``open``)."""
+    dead_letters: Callable[[Event, str], Awaitable[object]] | None = None
+    """Where a record the source cannot read goes (the dead-letter queue, set by the runner when
+    ``spec.journal.enabled``), with why; None: such a record halts the pipeline."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 
