@@ -107,3 +107,29 @@ def on_terminal(
     )  # fmt: skip
     os.close(follower)
     return proc, Screen(leader)
+
+
+def offsets_in_order(records: list[dict[str, Any]], partition: int) -> list[int]:
+    """The offsets of ``partition``'s records (``{"partition", "offset"}`` each: a raw Kafka
+    source's row), each at its first arrival, in arrival order: sorted when order was kept."""
+    firsts, seen = [], set()
+    for r in records:
+        if r["partition"] == partition and r["offset"] not in seen:
+            seen.add(r["offset"])
+            firsts.append(r["offset"])
+    return firsts
+
+
+def next_offsets(records: list[dict[str, Any]], partitions: int) -> dict[int, int]:
+    """Per partition, the offset after the longest run from 0 that ``records`` hold: what a group
+    may have committed, at most."""
+    have: dict[int, set[int]] = {p: set() for p in range(partitions)}
+    for r in records:
+        have[r["partition"]].add(r["offset"])
+    out = {}
+    for p, offsets in have.items():
+        o = 0
+        while o in offsets:
+            o += 1
+        out[p] = o
+    return out

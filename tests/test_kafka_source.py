@@ -23,7 +23,7 @@ from deltaforge.sources.kafka.position import KafkaPosition
 from deltaforge.sources.kafka.records import Malformed, Record, RecordReader
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.state.deadletters import Select
-from tests.helpers import jsonl, wait_until, wait_until_sync
+from tests.helpers import jsonl, next_offsets, offsets_in_order, wait_until, wait_until_sync
 from tests.serve_proc import serve_pipeline
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
@@ -234,17 +234,7 @@ def test_sigkill_three_times_loses_nothing_and_never_commits_past_the_sink(
     spec["batch"] = {"max_events": 500, "max_ms": 50}
 
     def held_by_file() -> dict[int, int]:
-        """Each partition's next offset after the longest prefix the file holds."""
-        have: dict[int, set[int]] = {0: set(), 1: set(), 2: set()}
-        for line in jsonl(out):
-            have[line["after"]["partition"]].add(line["after"]["offset"])
-        nxt = {}
-        for p, offs in have.items():
-            o = 0
-            while o in offs:
-                o += 1
-            nxt[p] = o
-        return nxt
+        return next_offsets([line["after"] for line in jsonl(out)], 3)
 
     rng = random.Random(19)
     for target in sorted(rng.sample(range(5_000, n - 5_000), 3)):
@@ -262,12 +252,7 @@ def test_sigkill_three_times_loses_nothing_and_never_commits_past_the_sink(
     values = [int(line["after"]["value"]) for line in lines]
     assert set(values) == set(range(n))
     for p in range(3):  # per partition: the first time each record arrived, in offset order
-        firsts, seen = [], set()
-        for line in lines:
-            a = line["after"]
-            if a["partition"] == p and a["offset"] not in seen:
-                seen.add(a["offset"])
-                firsts.append(a["offset"])
+        firsts = offsets_in_order([line["after"] for line in lines], p)
         assert firsts == sorted(firsts)
     assert asyncio.run(committed(tansu.bootstrap, "g2", topic)) == held_by_file()
 
@@ -401,16 +386,7 @@ def test_a_rebalance_commits_only_what_the_sink_holds_and_loses_nothing(tansu: T
                    [{"type": "file", "config": {"id": "f", "path": str(out)}}])  # fmt: skip
 
     def held() -> dict[int, int]:
-        offsets: dict[int, set[int]] = {0: set(), 1: set(), 2: set()}
-        for line in jsonl(out) if out.exists() else []:
-            offsets[line["after"]["partition"]].add(line["after"]["offset"])
-        nxt = {}
-        for p, offs in offsets.items():
-            o = 0
-            while o in offs:
-                o += 1
-            nxt[p] = o
-        return nxt
+        return next_offsets([line["after"] for line in jsonl(out)] if out.exists() else [], 3)
 
     async def scenario() -> None:
         runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
@@ -495,3 +471,17 @@ async def test_aborted_transactions_of_a_topic_are_not_read(tansu: Tansu, tmp_pa
     transactional(tansu.bootstrap, "txab", [([b"a1"], True), ([b"x1", b"x2"], False), ([b"b1"], True)])
     values, _ = await _read_topic(tansu, "txab", tmp_path, 2)
     assert values == ["a1", "b1"]
+
+
+@pytest.mark.parametrize(
+    ("topics", "said"),
+    [(5, "expected a list of topic names or a /regex/, got 5"), ("/[unclosed/", "expected a valid /regex/")],
+)
+def test_a_wrong_topics_field_is_refused_naming_it(topics: Any, said: str) -> None:
+    from deltaforge.config import ConfigError
+
+    doc = pipeline("c", source_doc("127.0.0.1:9092", topics, "g", "raw"),
+                   [{"type": "stdout", "config": {"id": "o"}}])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline(doc)
+    assert "spec.source.config.topics" in str(err.value) and said in str(err.value)

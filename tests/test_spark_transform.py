@@ -276,13 +276,19 @@ def test_bad_processors_are_refused_at_start_with_their_path(tmp_path: Path) -> 
         docs.append(yaml.safe_load(pipeline_yaml(tmp_path, name, procs).read_text()))
     both = tmp_path / "bad.yaml"
     both.write_text(yaml.safe_dump_all(docs))
-    with Serve(tmp_path, "--config", str(both)) as serve:
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(both), "--log-file", str(log)) as serve:
         serve.wait_api()
 
         def all_failed() -> bool:
             return all(p["state"] == "failed" for p in serve.get("/pipelines").json())
 
-        wait_until_sync(all_failed, timeout=JVM_START, what="every pipeline refused")
+        try:
+            wait_until_sync(all_failed, timeout=JVM_START, what="every pipeline refused")
+        except AssertionError as exc:  # say where each pipeline stands, and what serve logged last
+            states = {p["name"]: p["state"] for p in serve.get("/pipelines").json()}
+            tail = log.read_text().splitlines()[-40:] if log.exists() else []
+            raise AssertionError(f"{exc}; states {states}; log tail:\n" + "\n".join(tail)) from None
         for name, (_, path, detail) in cases.items():
             failure = serve.get(f"/pipelines/{name}").json()["failure"]
             assert failure.startswith(path), failure

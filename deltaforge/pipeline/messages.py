@@ -51,6 +51,12 @@ class StopReading(Ask[bool]):
 
 
 @message
+class ReleaseHeld(Ask[bool]):
+    """Drain, at its end: tell the source what every sink now holds (a Kafka source commits its
+    group's offsets), as reading would have before its next read."""
+
+
+@message
 class EventsRead:
     """A chunk of events from the source, in order, from reading ``epoch``; ``caught_up``: the
     source had nothing more ready when it was read (hand a partial batch on now)."""

@@ -13,6 +13,7 @@ from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import (
     EventsRead,
     ReadNext,
+    ReleaseHeld,
     ResumeReading,
     Rewind,
     StopReading,
@@ -189,6 +190,16 @@ class SourceReader(Actor):
             except SnapshotRefused as exc:
                 return exc
             return self.ctx.snapshot.to_dict()
+        if isinstance(message, ReleaseHeld):
+            durable = self.ctx.durable_min()
+            if durable is not None:  # even if confirmed: the source may not have been able to act on it
+                try:
+                    with anyio.move_on_after(5):  # a server that is down must not hold the drain
+                        await self.ctx.source.confirm(durable)
+                        self.confirmed = durable
+                except Exception as exc:  # noqa: BLE001 - stopping anyway; the next start confirms again
+                    self.log.info("source_confirm_failed", reason=f"{type(exc).__name__}: {exc}")
+            return True
         if isinstance(message, StopReading):
             self.reading = False
             return True
@@ -200,14 +211,5 @@ class SourceReader(Actor):
         return await super().receive(message)
 
     async def on_stop(self) -> None:
-        # What the sinks hold by now is released too (a Kafka source commits its group's offsets):
-        # after a drain, that is everything read.
-        durable = self.ctx.durable_min()
-        if durable is not None and durable is not self.confirmed:
-            try:
-                with anyio.move_on_after(5):  # a server that is down must not hold the stop
-                    await self.ctx.source.confirm(durable)
-            except Exception as exc:  # noqa: BLE001 - stopping anyway; the next start confirms again
-                self.log.info("source_confirm_failed", reason=f"{type(exc).__name__}: {exc}")
         await self.snapshots.close()
         await self.ctx.source.close()

@@ -18,6 +18,7 @@ from deltaforge.pipeline.dlq import DeadLetterQueue
 from deltaforge.pipeline.messages import (
     Barrier,
     FlushNow,
+    ReleaseHeld,
     ReplayDeadLetters,
     ResumeReading,
     StopReading,
@@ -173,6 +174,7 @@ class PipelineRunner:
                 if tree.transformer is not None:
                     await tree.transformer.ask(Barrier(), timeout=timeout)
                 await tree.coordinator.ask(Barrier(), timeout=timeout)
+                await tree.reader.ask(ReleaseHeld(), timeout=timeout)
             last = self.ctx.stats.last_checkpoint
             self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)
         except (TimeoutError, ActorStopped) as exc:

@@ -14,6 +14,8 @@ assigned partition starts at the further of the checkpoint and the group's commi
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import structlog
@@ -48,6 +50,9 @@ from deltaforge.sources.kafka.config import KafkaSourceConfig
 from deltaforge.sources.kafka.position import KafkaPosition, Offset
 from deltaforge.sources.kafka.records import Malformed, Record, RecordReader
 
+COMMIT_TIMEOUT_S = 10.0
+IDLE_PROBE_S = 2.0
+CLOSE_TIMEOUT_S = 3.0  # then the broker drops this member after its session timeout instead
 _DOWN = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 _REFUSED = (GroupAuthorizationFailedError, TopicAuthorizationFailedError)
 
@@ -94,6 +99,7 @@ class KafkaSource(Source):
         self.committed: dict[tuple[str, int], int] = {}
         self.full = False
         self.unchecked: set[TopicPartition] = set()  # assigned since the last read
+        self.probed = 0.0
 
     async def open(self, resume_after: Position | None) -> None:
         start = own_position(resume_after, KafkaPosition)
@@ -129,6 +135,18 @@ class KafkaSource(Source):
             "kafka_assigned", source=self.id, partitions=sorted(f"{t.topic}:{t.partition}" for t in parts)
         )
 
+    async def _probe(self) -> None:
+        """After an empty read, now and then: is the broker there at all? aiokafka's fetches wait for
+        a broker that is down without a word, and the pipeline must say ``degraded`` instead."""
+        now = time.monotonic()
+        if now - self.probed < IDLE_PROBE_S:
+            return
+        self.probed = now
+        try:
+            await self.consumer.topics()  # type: ignore[union-attr]
+        except KafkaError as exc:
+            raise SourceUnavailable(f"kafka broker {self.cfg.brokers}: {exc}") from None
+
     async def _start_at_the_edge(self, tp: TopicPartition) -> None:
         """A partition with neither a checkpoint nor a group offset starts at ``start``. (The consumer
         resets nothing by itself: an offset the log no longer has must halt, not jump.)"""
@@ -151,6 +169,7 @@ class KafkaSource(Source):
         self.unchecked.clear()
         if not parts:
             return
+        commit: dict[TopicPartition, int | None] = {}
         try:
             first = await consumer.beginning_offsets(parts)
             for tp in parts:
@@ -166,6 +185,11 @@ class KafkaSource(Source):
                     consumer.seek(tp, group)
                     self.next[key] = group
                     got[tp] = [m for m in got.get(tp, []) if m.offset >= group]
+                elif self.durable is not None and (held := self.durable.next_offsets().get(key)) != group:
+                    # what the sinks held before this member got the partition, confirmed while it
+                    # had none: commit it now rather than at the next delivery
+                    commit[tp] = held
+            await self._commit({tp: o for tp, o in commit.items() if o is not None})
         except KafkaError as exc:
             raise _failure(exc, "checking assigned partitions") from None
 
@@ -193,6 +217,8 @@ class KafkaSource(Source):
             raise _failure(exc, "fetching records") from None
         if self.unchecked:
             await self._check(got)
+        if not got:
+            await self._probe()
         events: list[Event] = []
         count = 0
         for tp, batch in got.items():
@@ -243,7 +269,14 @@ class KafkaSource(Source):
         if not offsets or self.consumer is None:
             return
         try:
-            await self.consumer.commit(offsets)
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                await self.consumer.commit(offsets)
+        except TimeoutError:
+            # aiokafka waits for a broker that is down without a word: say so, the supervisor
+            # opens the source again (with backoff) until the broker answers; /health degraded.
+            raise SourceUnavailable(
+                f"kafka committing offsets: no answer in {COMMIT_TIMEOUT_S:.0f} s"
+            ) from None
         except (CommitFailedError, IllegalStateError, RebalanceInProgressError) as exc:
             # A rebalance took the partitions meanwhile: the next owner starts at the last commit,
             # which is behind this one, so nothing is skipped; a later confirm commits again.
@@ -256,7 +289,18 @@ class KafkaSource(Source):
     async def close(self) -> None:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
-            await consumer.stop()
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):  # leaving the group needs the broker
+                    await consumer.stop()
+            except TimeoutError:
+                log.info("kafka_close_timed_out", source=self.id)
+            except asyncio.CancelledError:
+                # aiokafka's stop() lets the cancellation of its own fetch task escape when a fetch
+                # was failing (broker down); only a cancellation of this task itself goes on.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                log.info("kafka_close_cancelled_inside_aiokafka", source=self.id)
 
     @staticmethod
     def load_position(doc: PositionDoc) -> KafkaPosition:
