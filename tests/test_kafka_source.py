@@ -1,6 +1,7 @@
 """The Kafka source (issue 19) against a real private Tansu broker: topics into a file and a
 PostgreSQL upsert, SIGKILLs without loss or offsets committed past the sinks, a MariaDB → Kafka →
-PostgreSQL round trip, malformed records; positions and envelope parsing in-process."""
+PostgreSQL round trip, malformed records, rebalances and transactional topics. Positions and
+envelope parsing in-process: tests/test_kafka_records.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer
 
 from deltaforge.config import parse_pipeline
-from deltaforge.envelopes import cloudevents, debezium, native
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.position import advance, earliest, not_held
-from deltaforge.sources.kafka.position import KafkaPosition
-from deltaforge.sources.kafka.records import Malformed, Record, RecordReader
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.state.deadletters import Select
 from tests.helpers import jsonl, next_offsets, offsets_in_order, wait_until, wait_until_sync
@@ -30,104 +27,6 @@ from tests.servers.postgres import Postgres
 from tests.servers.tansu import Tansu
 from tests.test_mysql_source import fresh_db as fresh_mariadb_db
 from tests.test_postgres_source import fresh_db
-
-# -- positions over partitions -------------------------------------------------------------
-
-
-def at(offsets: dict[int, int], record: tuple[int, int] | None = None) -> KafkaPosition:
-    return KafkaPosition(
-        tuple(("t", p, o) for p, o in sorted(offsets.items())), ("t", *record) if record else None
-    )
-
-
-class _Ev:
-    def __init__(self, part: int, offset: int, vector: dict[int, int]) -> None:
-        self.checkpoint = at(vector, (part, offset))
-        self.order = self.checkpoint.order
-
-
-def test_a_sink_ahead_on_one_partition_skips_only_what_it_holds_after_a_resume() -> None:
-    """Two sinks each ahead on another partition: reading resumes where both hold everything, and
-    a replay interleaved differently gives each sink exactly what it lacks."""
-    a, b = at({0: 10, 1: 4}), at({0: 6, 1: 8})
-    resume = earliest([a, b])
-    assert resume.offsets == (("t", 0, 6), ("t", 1, 4))
-    # the replay: partition 1 first this time, then partition 0
-    vector = {0: 6, 1: 4}
-    replay = []
-    for part, offset in [(1, 4), (1, 5), (1, 6), (1, 7), (1, 8), (0, 6), (0, 7), (0, 8), (0, 9), (0, 10)]:
-        vector[part] = offset + 1
-        replay.append(_Ev(part, offset, dict(vector)))
-    got_a = [(e.checkpoint.at[1], e.checkpoint.at[2]) for e in not_held(a, replay)]  # type: ignore[index]
-    got_b = [(e.checkpoint.at[1], e.checkpoint.at[2]) for e in not_held(b, replay)]  # type: ignore[index]
-    assert got_a == [(1, 4), (1, 5), (1, 6), (1, 7), (1, 8), (0, 10)]
-    assert got_b == [(1, 8), (0, 6), (0, 7), (0, 8), (0, 9), (0, 10)]
-    end = replay[-1].checkpoint
-    assert advance(a, end).offsets == advance(b, end).offsets == (("t", 0, 11), ("t", 1, 9))
-    assert advance(a, at({0: 3, 1: 1})) is a  # nothing new: the position stays
-
-
-def test_a_partition_one_sink_never_read_is_not_held_by_both() -> None:
-    both = earliest([at({0: 5, 1: 2}), at({0: 7})])
-    assert both.offsets == (("t", 0, 5),)  # partition 1: start over from the group's offset
-    assert KafkaPosition.from_doc(both.to_doc()) == both
-
-
-# -- envelopes parsed back -----------------------------------------------------------------
-
-
-def _record(value: bytes | None, key: bytes | None = b'{"id": 7}', headers: tuple[Any, ...] = ()) -> Record:
-    return Record("cdc.items", 2, 41, 1_700_000_000_000, key, value, headers)
-
-
-def test_deltaforge_envelopes_come_back_as_the_changes_they_carry() -> None:
-    from deltaforge.events import Event, SourceInfo
-    from deltaforge.sources.mysql.position import BinlogPosition
-
-    pos = BinlogPosition("mysql-bin.000003", 1234, 1, "0-1-9")
-    original = Event("u", {"id": 7, "v": 1}, {"id": 7, "v": 2}, SourceInfo("mysql", "shop", "items", pos, 17,
-                     None, ("id",)), "0-1-9", True, "3:1234:1", pos.order, pos, "acme")  # fmt: skip
-    cp = at({2: 42}, (2, 41))
-    for fmt, envelope in (("debezium", debezium), ("native", native), ("cloudevents", cloudevents)):
-        value = orjson.dumps(envelope(original))
-        key = b"acme|shop.items|0-1-9|3:1234:1"
-        ev = RecordReader(fmt, "acme").event(_record(value, headers=(("idempotency_key", key),)), cp)
-        assert ev is not None
-        assert (ev.op, ev.before, ev.after) == ("u", original.before, original.after), fmt
-        assert (ev.source.db, ev.source.table, ev.source.key) == ("shop", "items", ("id",)), fmt
-        assert ev.idempotency_key == original.idempotency_key, fmt
-        assert ev.order == pos.order, fmt  # if_newer compares upstream positions
-        assert ev.checkpoint is cp
-
-
-def test_a_tombstone_is_no_change_and_raw_records_are_kept_whole() -> None:
-    cp = at({2: 42}, (2, 41))
-    assert RecordReader("debezium", "acme").event(_record(None), cp) is None
-    raw = RecordReader("raw", "acme").event(_record(b"\xff\x00", headers=(("h", b"v"),)), cp)
-    assert raw is not None and raw.op == "c" and raw.after is not None
-    assert raw.after["value"] == b"\xff\x00" and raw.after["key"] == '{"id": 7}'
-    assert raw.after["headers"] == {"h": "v"} and raw.after["offset"] == 41
-    gone = RecordReader("raw", "acme").event(_record(None), cp)
-    assert gone is not None and gone.op == "d" and gone.before is not None and gone.before["value"] is None
-
-
-@pytest.mark.parametrize(
-    ("value", "why"),
-    [
-        (b"{not json", "not JSON"),
-        (b"[1, 2]", "a JSON list"),
-        (b'{"op": "x", "after": {}}', "op is 'x'"),
-        (b'{"op": "c", "after": null, "source": {"table": "t"}}', "without its after image"),
-        (b'{"op": "c", "after": {"id": 1}}', "no source object"),
-    ],
-)
-def test_a_record_not_in_the_declared_format_says_why(value: bytes, why: str) -> None:
-    with pytest.raises(Malformed, match=why):
-        RecordReader("debezium", "acme").event(_record(value), at({2: 42}, (2, 41)))
-
-
-# -- against Tansu -------------------------------------------------------------------------
-
 
 def produce(bootstrap: str, records: list[tuple[str, int, bytes | None, bytes | None]]) -> None:
     """``(topic, partition, key, value)`` records, in this order, acknowledged."""
@@ -471,17 +370,3 @@ async def test_aborted_transactions_of_a_topic_are_not_read(tansu: Tansu, tmp_pa
     transactional(tansu.bootstrap, "txab", [([b"a1"], True), ([b"x1", b"x2"], False), ([b"b1"], True)])
     values, _ = await _read_topic(tansu, "txab", tmp_path, 2)
     assert values == ["a1", "b1"]
-
-
-@pytest.mark.parametrize(
-    ("topics", "said"),
-    [(5, "expected a list of topic names or a /regex/, got 5"), ("/[unclosed/", "expected a valid /regex/")],
-)
-def test_a_wrong_topics_field_is_refused_naming_it(topics: Any, said: str) -> None:
-    from deltaforge.config import ConfigError
-
-    doc = pipeline("c", source_doc("127.0.0.1:9092", topics, "g", "raw"),
-                   [{"type": "stdout", "config": {"id": "o"}}])  # fmt: skip
-    with pytest.raises(ConfigError) as err:
-        parse_pipeline(doc)
-    assert "spec.source.config.topics" in str(err.value) and said in str(err.value)
