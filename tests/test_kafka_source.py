@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer
 
 from deltaforge.config import parse_pipeline
-from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.pipeline.runner import PipelineRunner, ReplayFailed
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.state.deadletters import Select
 from tests.helpers import jsonl, next_offsets, offsets_in_order, wait_until, wait_until_sync
@@ -27,6 +27,7 @@ from tests.servers.postgres import Postgres
 from tests.servers.tansu import Tansu
 from tests.test_mysql_source import fresh_db as fresh_mariadb_db
 from tests.test_postgres_source import fresh_db
+
 
 def produce(bootstrap: str, records: list[tuple[str, int, bytes | None, bytes | None]]) -> None:
     """``(topic, partition, key, value)`` records, in this order, acknowledged."""
@@ -127,7 +128,8 @@ def test_sigkill_three_times_loses_nothing_and_never_commits_past_the_sink(
     tansu.create_topic(topic, 3)
     produce(tansu.bootstrap, [(topic, i % 3, None, b"%d" % i) for i in range(n)])
     out = tmp_path / "out.jsonl"
-    spec = pipeline("kk", source_doc(tansu.bootstrap, [topic], "g2", "raw", max_records=500), [
+    spec = pipeline("kk", source_doc(tansu.bootstrap, [topic], "g2", "raw", max_records=500,
+                                      session_timeout_ms=6000), [
         {"type": "file", "config": {"id": "f", "path": str(out)}},
     ], storage={"type": "sqlite", "path": str(tmp_path / "cp.db")})["spec"]  # fmt: skip
     spec["batch"] = {"max_events": 500, "max_ms": 50}
@@ -243,6 +245,8 @@ async def test_a_malformed_record_halts_naming_it_or_goes_to_the_dlq(
             assert runner.ctx.dlq is not None and runner.ctx.dlq.added == 1
             (entry,) = await runner.store.dead_letters.select("m", Select())
             assert where in entry["error"] and entry["sink"] == "source:k"
+            with pytest.raises(ReplayFailed, match="the source could not read"):
+                await runner.replay_dead_letters(Select())
         else:
             await asyncio.wait_for(task, 60)
             assert runner.state == "failed"

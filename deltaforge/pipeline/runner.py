@@ -282,6 +282,11 @@ class PipelineRunner:
         total = 0
         for sink, items in (await dlq.take_for_replay(which)).items():
             worker = self.tree.workers.get(sink)
+            if sink.startswith("source:"):
+                raise ReplayFailed(
+                    f"{len(items)} record(s) the source could not read ({sink}): there is nothing to deliver "
+                    "again; ack them once the producer is fixed"
+                )
             if worker is None:
                 raise ReplayFailed(f"sink {sink!r} is not in this pipeline any more")
             try:

@@ -47,6 +47,11 @@ class KafkaSourceConfig(SourceSettings):
     )
     max_records: PositiveInt = Field(5000, description="Records fetched per read.")
     poll_ms: PositiveInt = Field(100, description="How long a read waits for records when none are there.")
+    session_timeout_ms: PositiveInt = Field(
+        10_000,
+        description="The group session timeout: how long the broker waits for a member that stopped "
+        "answering (a killed one) before its partitions go to another, or to it again after a restart.",
+    )
 
     @property
     def pattern(self) -> str | None:
