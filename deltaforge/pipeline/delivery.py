@@ -72,13 +72,13 @@ class DeliveryWorker(Actor):
         doc = await self.sink.stored_position()
         if doc is None:
             return
-        held = self.ctx.source.load_position(doc)
-        if self.position is None or advance(self.position, held) is not self.position:
+        ahead = advance(self.position, self.ctx.source.load_position(doc))
+        if ahead is not self.position:
             self.log.info(
                 "sink_position_ahead", sink=self.sink_id, sink_holds=doc,
                 checkpoint=self.position.to_doc() if self.position else None,
             )  # fmt: skip
-            self.position = advance(self.position, held)
+            self.position = ahead
 
     async def _reconnect(self) -> None:
         """Drop the connection after a failed batch: the next attempt opens a fresh one."""
