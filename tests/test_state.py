@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import (
     CheckpointStore,
     FileCheckpointStore,
@@ -185,3 +188,38 @@ async def test_sqlite_store_writes_are_durable_before_they_count(tmp_path: Path)
     finally:
         await store.close()
     assert (level, mode) == (2, "wal")  # 2 = FULL
+
+
+async def test_pipelines_opening_one_new_sqlite_store_together_all_open(tmp_path: Path) -> None:
+    """Pipelines of one ``serve`` sharing a store start at once; SQLite refuses the switch to WAL
+    with "database is locked" (no busy handler) when another connection opens the file meanwhile —
+    about one round in six before the retry."""
+    for round_ in range(40):
+        path = tmp_path / f"cp{round_}.db"
+        opened = [SqliteCheckpointStore(path) for _ in range(4)]
+        await asyncio.gather(*(s.open() for s in opened))
+        await opened[0].put_many({"k": {"order": [round_]}})
+        assert [await s.get_many(["k"]) for s in opened] == [{"k": {"order": [round_]}}] * 4
+        for s in opened:
+            await s.close()
+
+
+async def test_a_store_that_cannot_open_fails_the_pipeline_saying_where(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "p"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp_path / "app.db")}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+            "storage": {"type": "sqlite", "path": str(tmp_path / "not-a-dir" / "cp.db")},
+        },
+    }
+    runner = PipelineRunner(parse_pipeline(doc, env={}))
+    await asyncio.wait_for(runner.run(), 30)
+    assert runner.state == "failed"
+    assert runner.failure is not None and runner.failure.startswith(
+        "spec.storage: cannot open the sqlite store at "
+    )
+    assert str(tmp_path / "not-a-dir" / "cp.db") in runner.failure

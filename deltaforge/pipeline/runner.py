@@ -113,10 +113,16 @@ class PipelineRunner:
     async def run(self) -> None:
         """Run until stopped; never raises for a pipeline failure (see ``state``)."""
         structlog.contextvars.bind_contextvars(pipeline=self.name)
-        if self._own_store:
-            await self.store.open()
-        assert self.ctx.dlq is not None
-        self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
+        try:
+            if self._own_store:
+                await self.store.open()
+            assert self.ctx.dlq is not None
+            self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
+        except Exception as exc:  # the store is local: what stops it opening is not waited out
+            storage = self.config.storage
+            self.log.error("store_open_failed", storage=storage.type, path=storage.path, exc_info=True)
+            self._failed(f"spec.storage: cannot open the {storage.type} store at {storage.path}: {exc}")
+            return
         if self._stop_asked:
             self.state = "stopped"
             if self._own_store:

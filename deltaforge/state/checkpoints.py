@@ -12,6 +12,7 @@ crash leaves either all of a batch's checkpoints or none of them.
 from __future__ import annotations
 
 import os
+import sqlite3
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -261,6 +262,23 @@ class _SqliteSchemas:
             return [str(r[0]) for r in await cur.fetchall()]
 
 
+WAL_SWITCH_TRIES = 100  # 10 s at 0.1 s
+
+
+async def _wal(db: aiosqlite.Connection) -> None:
+    """Switch to WAL. The switch takes an exclusive lock and SQLite answers "database is locked" at
+    once, without the busy handler, while another connection opens the same new file: pipelines
+    sharing one store start together, so try again for a while."""
+    for attempt in range(WAL_SWITCH_TRIES):
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WAL_SWITCH_TRIES - 1:
+                raise
+        await anyio.sleep(0.1)
+
+
 class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
     """SQLite in WAL mode with synchronous=FULL: a committed write survives SIGKILL and power loss.
 
@@ -282,12 +300,16 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = await aiosqlite.connect(self.path)
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=FULL")
-        await db.execute("PRAGMA busy_timeout=5000")
-        await db.executescript(_SCHEMA)
-        await db.executescript(DEAD_LETTERS_SCHEMA)
-        await db.commit()
+        try:
+            await db.execute("PRAGMA busy_timeout=5000")
+            await _wal(db)
+            await db.execute("PRAGMA synchronous=FULL")
+            await db.executescript(_SCHEMA)
+            await db.executescript(DEAD_LETTERS_SCHEMA)
+            await db.commit()
+        except BaseException:
+            await db.close()
+            raise
         self._db = db
 
     async def close(self) -> None:
