@@ -51,7 +51,11 @@ def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
 async def _listen(app: Any, addr: str) -> tuple[_Server, asyncio.Task[None]] | None:
     """An HTTP server for ``app`` on ``host:port``, once it listens; None if it cannot."""
     host, _, port = addr.rpartition(":")
-    server = _Server(uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning"))
+    # log_config None: uvicorn's own warnings reach the JSON log (logsetup), not bare text on stderr
+    config = uvicorn.Config(
+        app, host=host or "127.0.0.1", port=int(port), log_level="warning", log_config=None
+    )
+    server = _Server(config)
 
     async def run() -> None:
         try:

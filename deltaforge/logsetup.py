@@ -55,6 +55,27 @@ def _serialize(obj: Any, **kw: Any) -> str:
     return redact(orjson.dumps(obj, default=str).decode())
 
 
+class _Libraries(logging.Handler):
+    """What libraries log with the standard ``logging`` module (aiokafka, asyncpg, uvicorn,
+    librdkafka through confluent-kafka's ``logger`` setting), as deltaforge's JSON lines with the
+    library's logger as ``actor``: otherwise Python prints them as bare text on stderr, among the
+    JSON lines, where ``deltaforge logs`` cannot filter them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a library's bad format string must not lose the line
+            message = str(record.msg)
+        log = structlog.get_logger().bind(actor=record.name)
+        extra: dict[str, Any] = {"exc_info": record.exc_info} if record.exc_info else {}
+        if record.levelno >= logging.ERROR:
+            log.error("library_error", message=message, **extra)
+        elif record.levelno >= logging.WARNING:
+            log.warning("library_warning", message=message, **extra)
+        else:
+            log.info("library_info", message=message, **extra)
+
+
 def configure(level: str = "info", log_file: str | Path | None = None, stderr: bool = True) -> None:
     """JSON lines to stderr and/or ``log_file``, at ``level`` and above."""
     streams: list[IO[str]] = []
@@ -76,3 +97,6 @@ def configure(level: str = "info", log_file: str | Path | None = None, stderr: b
         logger_factory=_TeeFactory(streams),
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    if not any(isinstance(h, _Libraries) for h in root.handlers):
+        root.addHandler(_Libraries(logging.WARNING))

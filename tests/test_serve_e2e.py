@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.helpers import jsonl, wait_until_sync
-from tests.serve_proc import Serve
+from tests.serve_proc import Serve, free_port
 
 lines = jsonl
 
@@ -187,6 +188,38 @@ def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
     assert escalations and escalations[0]["supervisor"] == "DeliverySupervisor"
     for r in escalations:  # the pipeline supervisor's carries the chained cause too
         assert "IsADirectoryError" in r["exception"], r
+
+
+def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
+    """librdkafka calling a broker that is not there, and uvicorn refused its port: their
+    complaints are JSON lines with the library as actor; stderr holds nothing but JSON lines."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: nobroker}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}, workload: {{rows_per_second: 50}}}}}}\n"
+        f"  sinks: [{{type: kafka, config: {{id: k, brokers: '127.0.0.1:{free_port()}', topic: t, timeout_s: 2}}}}]\n"
+        f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
+    )  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log), "--metrics-addr",
+               f"127.0.0.1:{busy.getsockname()[1]}", api=False) as serve:  # fmt: skip
+        assert serve.proc.wait(30) == 2  # the metrics port is taken: serve stops, saying why
+    with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log)) as serve:
+        wait_until_sync(lambda: any(r.get("actor") == "librdkafka" for r in lines(log)), timeout=60,
+                        what="librdkafka's complaint as a JSON line")  # fmt: skip
+        serve.kill()  # a drain would wait for the broker (30 s)
+    busy.close()
+    records = lines(log)
+    [kafka, *_] = [r for r in records if r.get("actor") == "librdkafka"]
+    assert kafka["event"] == "library_error" and "deltaforge-nobroker-k" in kafka["message"]
+    assert any(r.get("actor", "").startswith("uvicorn") and r["event"] == "library_error" for r in records)
+    stderr = (tmp_path / "serve.err").read_text().splitlines()
+    assert stderr and all(line.startswith("{") for line in stderr), [
+        x for x in stderr if not x.startswith("{")
+    ][:5]
 
 
 def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(tmp_path: Path) -> None:

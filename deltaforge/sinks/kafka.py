@@ -28,6 +28,7 @@ delete before the insert it deletes, and keep the row.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Literal
 
@@ -57,6 +58,7 @@ _NON_RETRYABLE = {
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._AUTHENTICATION,
 }
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
@@ -127,6 +129,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             "linger.ms": 5,
             "message.timeout.ms": int(self.timeout * 1000),
             "log_level": 3,
+            "client.id": f"deltaforge-{self.pipeline}-{self.id}",
+            "logger": LIBRDKAFKA_LOG,  # JSON lines (logsetup), not bare text on stderr
             # Success reports would cost a Python callback (and a Message object) per record:
             # only failures are reported; flush()/commit_transaction() confirm the rest.
             "delivery.report.only.error": True,
@@ -376,6 +380,7 @@ def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> Posit
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 3,
+            "logger": LIBRDKAFKA_LOG,
         }
     )
     try:
