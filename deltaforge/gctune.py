@@ -17,3 +17,9 @@ def tune() -> None:
     """Freeze start-up objects and collect the young generation less often."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+def freeze_loaded() -> None:
+    """Out of the collector's sight, what a large late import brought (the Spark session's
+    pyspark, py4j, pyarrow and pandas objects): full collections then no longer rescan them."""
+    gc.freeze()

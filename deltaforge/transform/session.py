@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deltaforge import gctune
 from deltaforge.transform.jvmio import ArrowConf
 from deltaforge.transform.spec import SparkConfig
 
@@ -154,6 +155,7 @@ class SparkRuntime:
         except Exception as exc:
             raise SparkUnavailable(f"Spark session (master {cfg.master}) did not start: {exc}") from exc
         session.sparkContext.setLogLevel("ERROR")
+        gctune.freeze_loaded()
         return session
 
     def _forget(self, session: SparkSession) -> None:
