@@ -70,10 +70,8 @@ class _Libraries(logging.Handler):
         extra: dict[str, Any] = {"exc_info": record.exc_info} if record.exc_info else {}
         if record.levelno >= logging.ERROR:
             log.error("library_error", message=message, **extra)
-        elif record.levelno >= logging.WARNING:
+        else:  # the handler takes warnings and up
             log.warning("library_warning", message=message, **extra)
-        else:
-            log.info("library_info", message=message, **extra)
 
 
 def configure(level: str = "info", log_file: str | Path | None = None, stderr: bool = True) -> None:

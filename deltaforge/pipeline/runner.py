@@ -113,10 +113,10 @@ class PipelineRunner:
     async def run(self) -> None:
         """Run until stopped; never raises for a pipeline failure (see ``state``)."""
         structlog.contextvars.bind_contextvars(pipeline=self.name)
+        assert self.ctx.dlq is not None
         try:
             if self._own_store:
                 await self.store.open()
-            assert self.ctx.dlq is not None
             self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
         except Exception as exc:  # the store is local: what stops it opening is not waited out
             storage = self.config.storage

@@ -108,8 +108,9 @@ class KafkaSource(Source):
         cfg = self.cfg
         consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.brokers, group_id=cfg.group_id, client_id=f"deltaforge-{cfg.id}",
-            enable_auto_commit=False, auto_offset_reset="none",
-            session_timeout_ms=cfg.session_timeout_ms, heartbeat_interval_ms=min(3000, cfg.session_timeout_ms // 3), isolation_level="read_committed",
+            enable_auto_commit=False, auto_offset_reset="none", isolation_level="read_committed",
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=min(3000, cfg.session_timeout_ms // 3),  # three beats per session
         )  # fmt: skip
         try:
             await consumer.start()
