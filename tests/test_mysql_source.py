@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import subprocess
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.mysql.checks import MySQLSettings
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -524,3 +526,49 @@ async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_w
     rest = await read_n(again, 2)
     await again.close()
     assert [e.after for e in rest] == [{"id": 2, "v": 2, "extra": "new"}, {"id": 3, "extra": "only"}]
+
+
+def _status(cur: Any, name: str) -> int:
+    cur.execute(f"SHOW GLOBAL STATUS LIKE '{name}'")
+    return int(cur.fetchone()[1])
+
+
+@pytest.fixture
+def tls_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, as MariaDB takes them."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return key, cert
+
+
+async def test_a_server_offering_tls_is_read_over_tls_with_one_shared_context(
+    tls_pair: tuple[Path, Path],
+) -> None:
+    """No TLS settings means pymysql's PREFERRED mode — TLS whenever the server offers it — for
+    the checks and the decoder child's connections alike; the context is built once per process,
+    not once per connection with the system CA bundle loaded (``connection.py``)."""
+    key, cert = tls_pair
+    with MariaDB(extra_args=[f"--ssl-cert={cert}", f"--ssl-key={key}"]) as server:
+        db = fresh_db(server)
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        settings = MySQLSettings.from_dsn(server.dsn())
+        with settings.connect() as mon, settings.connect() as other, mon.cursor() as cur:
+            cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            assert cur.fetchone()[1], "the connection is not encrypted"
+            assert mon.ctx is other.ctx
+            connections, handshakes = _status(cur, "Connections"), _status(cur, "Ssl_accepts")
+            src = source(server, [f"{db}.t"])
+            await src.open(None)
+            with server.root(db) as c, c.cursor() as ins:
+                ins.execute("INSERT INTO t VALUES (1)")
+            events = await read_n(src, 1)
+            await src.close()
+            opened = _status(cur, "Connections") - connections
+            assert [e.after for e in events] == [{"id": 1}]
+            assert opened >= 4  # the checks', the decoder's control and stream connections, the INSERT's
+            assert _status(cur, "Ssl_accepts") - handshakes == opened  # every one of them over TLS

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 import pymysql
 
 from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
+from deltaforge.sources.mysql.connection import Connection
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 # Client and server error codes that mean "the server is down right now": can't connect
@@ -60,7 +61,7 @@ class MySQLSettings:
 
     def connect(self) -> pymysql.connections.Connection[Any]:
         try:
-            return pymysql.connect(
+            return Connection(
                 host=self.host, port=self.port, user=self.user, password=self.password, connect_timeout=10,
                 autocommit=True,
             )  # fmt: skip

@@ -153,8 +153,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     else:
         # Inside a transaction: from its beginning (the rest of its rows event included).
         kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.resume_pos)
+    from deltaforge.sources.mysql.connection import Connection
+
     reader = BinLogStreamReader(
         connection_settings=cfg["connection"],
+        pymysql_wrapper=Connection,  # one TLS context for its two connections (see connection.py)
         server_id=cfg["server_id"],
         blocking=True,
         # The library's MariaDB dump ignores file and position: by file, use the MySQL-style dump
