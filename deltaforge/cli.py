@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+# isort: off
+import deltaforge.leanstart  # noqa: F401  (before anything imports structlog)
+
+# isort: on
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -15,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import uvicorn
 
 from deltaforge import gctune, logsetup
-from deltaforge.api.security import TOKEN_ENV, unsafe_bind
+from deltaforge.api.listen import TOKEN_ENV, bind, unsafe_bind
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
@@ -28,14 +31,6 @@ from deltaforge.service.client import VERBS as PIPELINE_VERBS
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: ``serve`` drains pipelines first."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
-        yield
 
 
 def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
@@ -48,27 +43,6 @@ def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
     return DemoWorkload(settings.path, w.rows_per_second, w.max_rows)
 
 
-async def _listen(app: Any, addr: str) -> tuple[_Server, asyncio.Task[None]] | None:
-    """An HTTP server for ``app`` on ``host:port``, once it listens; None if it cannot."""
-    host, _, port = addr.rpartition(":")
-    # log_config None: uvicorn's own warnings reach the JSON log (logsetup), not bare text on stderr
-    config = uvicorn.Config(
-        app, host=host or "127.0.0.1", port=int(port), log_level="warning", log_config=None
-    )
-    server = _Server(config)
-
-    async def run() -> None:
-        try:
-            await server.serve()
-        except SystemExit:  # uvicorn exits the process when it cannot bind: only this server ends
-            pass
-
-    task = asyncio.create_task(run())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)  # uvicorn has no start-up callback: its own flag, polled
-    return None if task.done() else (server, task)
-
-
 async def _serve(
     configs: list[PipelineConfig],
     api_addr: str,
@@ -77,11 +51,23 @@ async def _serve(
     token: str | None = None,
     data_dir: str = "./data",
 ) -> int:
-    from deltaforge.api import build_app, build_metrics_app
     from deltaforge.service.manager import PipelineManager
     from deltaforge.service.registry import PipelineRegistry
 
     log = structlog.get_logger().bind(actor="cli")
+    wanted = [("REST API", api_addr, "api_listening")] if api_addr != "off" else []
+    if metrics_addr:
+        wanted.append(("metrics", metrics_addr, "metrics_listening"))
+    bound: list[tuple[str, str, str, list[socket.socket]]] = []
+    for what, addr, event in wanted:
+        try:
+            bound.append((what, addr, event, bind(addr)))
+        except OSError as exc:  # before any pipeline starts: nothing to drain
+            log.error("api_failed", reason=f"cannot serve the {what} on {addr}: {exc.strerror or exc}")
+            for *_, socks in bound:
+                for sock in socks:
+                    sock.close()
+            return 2
     registry = PipelineRegistry(Path(data_dir) / "pipelines.json")
     manager = PipelineManager(registry, lambda c: PipelineRunner(c, workload=_workload(c, workload)))
     for c in configs:
@@ -92,25 +78,23 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    servers: list[tuple[_Server, asyncio.Task[None]]] = []
-    wanted = (
-        [(build_app(runners, token, manager), api_addr, "REST API", "api_listening")]
-        if api_addr != "off"
-        else []
-    )
-    if metrics_addr:
-        wanted.append((build_metrics_app(runners), metrics_addr, "metrics", "metrics_listening"))
-    for app, addr, what, event in wanted:
-        started = await _listen(app, addr)
+    manager.start_all()
+    await asyncio.sleep(0)  # the pipelines begin opening their sources before the web stack loads
+    from deltaforge.api import build_app, build_metrics_app
+    from deltaforge.api.server import serve_on
+
+    servers: list[tuple[Any, asyncio.Task[None]]] = []
+    status = 0
+    for what, addr, event, socks in bound:
+        app = build_app(runners, token, manager) if what == "REST API" else build_metrics_app(runners)
+        started = await serve_on(app, socks)
         if started is None:
             log.error("api_failed", reason=f"cannot serve the {what} on {addr}")
-            for server, task in servers:
-                server.should_exit = True
-                await task
-            return 2
+            status = 2
+            stop.set()
+            break
         servers.append(started)
         log.info(event, addr=addr)
-    manager.start_all()
     bars = None
     if sys.stderr.isatty():  # a person watching: draw snapshot progress
         from deltaforge.snapshot.terminal import SnapshotProgress
@@ -119,13 +103,16 @@ async def _serve(
     await stop.wait()
     if bars is not None:
         bars.cancel()
-    log.info("shutdown_requested", reason="signal")
+    log.info("shutdown_requested", reason="signal" if status == 0 else "api_failed")
     await manager.drain_all()
     for server, task in servers:
         server.should_exit = True
         await task
+    for *_, socks in bound:  # uvicorn closes what it served; these are the rest
+        for sock in socks:
+            sock.close()
     log.info("shutdown_complete")
-    return 0
+    return status
 
 
 def _api_token(args: argparse.Namespace) -> str | None:

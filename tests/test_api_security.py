@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from deltaforge.api import build_app
-from deltaforge.api.security import unsafe_bind
+from deltaforge.api.listen import unsafe_bind
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.redact import redact
 from deltaforge.state.checkpoints import MemoryCheckpointStore

@@ -14,6 +14,8 @@ MODULES = [
     "deltaforge.configmodel",
     "deltaforge.position",
     "deltaforge.sources.kafka.position",
+    "deltaforge.sources.mysql.connection",
+    "deltaforge.api.listen",
 ]
 
 

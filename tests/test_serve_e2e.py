@@ -191,8 +191,9 @@ def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
 
 
 def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
-    """librdkafka calling a broker that is not there, and uvicorn refused its port: their
-    complaints are JSON lines with the library as actor; stderr holds nothing but JSON lines."""
+    """librdkafka calling a broker that is not there, and uvicorn sent a request that is not
+    HTTP: their complaints are JSON lines with the library as actor; stderr holds nothing but
+    JSON lines (a metrics port in use is refused by serve itself, as a JSON line too)."""
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -208,6 +209,10 @@ def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
                f"127.0.0.1:{busy.getsockname()[1]}", api=False) as serve:  # fmt: skip
         assert serve.proc.wait(30) == 2  # the metrics port is taken: serve stops, saying why
     with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log)) as serve:
+        serve.wait_api()
+        with socket.create_connection(("127.0.0.1", serve.port)) as garbage:
+            garbage.sendall(b"\x16\x03\x01 not http\r\n\r\n")
+            garbage.recv(1024)  # uvicorn's 400
         wait_until_sync(lambda: any(r.get("actor") == "librdkafka" for r in lines(log)), timeout=60,
                         what="librdkafka's complaint as a JSON line")  # fmt: skip
         serve.kill()  # a drain would wait for the broker (30 s)
@@ -215,7 +220,9 @@ def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
     records = lines(log)
     [kafka, *_] = [r for r in records if r.get("actor") == "librdkafka"]
     assert kafka["event"] == "library_error" and "deltaforge-nobroker-k" in kafka["message"]
-    assert any(r.get("actor", "").startswith("uvicorn") and r["event"] == "library_error" for r in records)
+    [web] = [r for r in records if r.get("actor", "").startswith("uvicorn")]
+    assert web["event"] == "library_warning" and "Invalid HTTP request" in web["message"]
+    assert [r["event"] for r in records if r.get("event") == "api_failed"] == ["api_failed"]
     stderr = (tmp_path / "serve.err").read_text().splitlines()
     assert stderr and all(line.startswith("{") for line in stderr), [
         x for x in stderr if not x.startswith("{")
@@ -248,7 +255,7 @@ def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(t
 
 def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path) -> None:
     """When the API cannot listen, serve says so and exits 2 (it exited 3 from inside uvicorn,
-    without the message)."""
+    without the message), before any pipeline starts: the address is bound first."""
     import socket
 
     with socket.socket() as taken:
@@ -261,5 +268,7 @@ def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path
             cwd=tmp_path, capture_output=True, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
-    failed = [d for d in jsonl(tmp_path / "log.jsonl") if d.get("event") == "api_failed"]
-    assert [d["reason"] for d in failed] == [f"cannot serve the REST API on 127.0.0.1:{port}"]
+    events = jsonl(tmp_path / "log.jsonl")
+    failed = [d["reason"] for d in events if d.get("event") == "api_failed"]
+    assert failed == [f"cannot serve the REST API on 127.0.0.1:{port}: Address already in use"]
+    assert not [d for d in events if d.get("event") == "pipeline_started"]

@@ -2,7 +2,7 @@
 
 * Mutating requests (anything but GET/HEAD/OPTIONS) need ``Authorization: Bearer <token>``
   when a token is set (``DELTAFORGE_API_TOKEN`` or ``serve --api-token-file``); ``serve``
-  refuses to listen on a non-loopback address without one.
+  refuses to listen on a non-loopback address without one (``listen.unsafe_bind``).
 * :func:`redact` masks credentials — ``scheme://user:password@`` and ``password=...`` — in
   every API response (:class:`SafeJSONResponse`) and every log line (``logsetup.py``), whatever
   a driver put in an error message.
@@ -16,16 +16,15 @@ Example::
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from deltaforge.api.listen import TOKEN_ENV
 from deltaforge.redact import redact
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
-TOKEN_ENV = "DELTAFORGE_API_TOKEN"
 
 
 class SafeJSONResponse(JSONResponse):
@@ -55,22 +54,3 @@ class TokenGuard:
             "message": f"this request needs Authorization: Bearer <the {TOKEN_ENV}>",
         }
         await SafeJSONResponse(body, status_code=401)(scope, receive, send)
-
-
-def unsafe_bind(addr: str, token: str | None) -> str | None:
-    """Why listening on ``addr`` is refused (a non-loopback address with no token), or None."""
-    if token:
-        return None
-    host = addr.rpartition(":")[0].strip("[]") or "127.0.0.1"
-    if host == "localhost":
-        return None
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False  # a name: it may resolve anywhere
-    if loopback:
-        return None
-    return (
-        f"--api-addr {addr} is not a loopback address: the API's mutating endpoints need a token there; "
-        f"set {TOKEN_ENV} or --api-token-file"
-    )

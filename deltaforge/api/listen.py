@@ -1,0 +1,66 @@
+"""Where the API listens: the exposure check and the bound sockets, before the web stack loads.
+
+``serve`` binds its addresses first — an address in use stops it with exit 2 before any
+pipeline starts — then starts the pipelines, and only then imports uvicorn, Starlette and
+prometheus-client (a tenth of a second) to serve on the sockets already bound: a restart
+delivers its first event sooner, and a client that connects meanwhile waits in the listen
+backlog instead of being refused. This module imports nothing of the web stack.
+
+Example::
+
+    >>> socks = bind("127.0.0.1:0")
+    >>> socks[0].getsockname()[0]
+    '127.0.0.1'
+    >>> for s in socks:
+    ...     s.close()
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+TOKEN_ENV = "DELTAFORGE_API_TOKEN"
+
+
+def unsafe_bind(addr: str, token: str | None) -> str | None:
+    """Why listening on ``addr`` is refused (a non-loopback address with no token), or None."""
+    if token:
+        return None
+    host = addr.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    if host == "localhost":
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a name: it may resolve anywhere
+    if loopback:
+        return None
+    return (
+        f"--api-addr {addr} is not a loopback address: the API's mutating endpoints need a token there; "
+        f"set {TOKEN_ENV} or --api-token-file"
+    )
+
+
+def bind(addr: str) -> list[socket.socket]:
+    """Listening sockets on ``host:port`` (every address the host resolves to, as asyncio's
+    ``create_server`` binds); OSError if any cannot be bound, with none left open."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, where in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio: v4 and v6 each get their own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(where)
+            sock.listen(2048)  # uvicorn's default backlog
+            sock.setblocking(False)
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
