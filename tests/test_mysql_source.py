@@ -572,3 +572,43 @@ async def test_a_server_offering_tls_is_read_over_tls_with_one_shared_context(
             assert [e.after for e in events] == [{"id": 1}]
             assert opened >= 4  # the checks', the decoder's control and stream connections, the INSERT's
             assert _status(cur, "Ssl_accepts") - handshakes == opened  # every one of them over TLS
+
+
+async def test_a_sinks_skipped_count_is_events_it_held_not_heartbeats(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """``skipped`` counts events a sink already held; the heartbeats that transactions on
+    uncaptured tables send down the pipeline (to move checkpoints) are no events of the sink's
+    and were counted as skipped."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("CREATE TABLE noise (id INT PRIMARY KEY AUTO_INCREMENT)")
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "beats"},
+        "spec": {
+            "source": {"type": "mysql", "config": {"id": "my", "dsn": "${DSN}", "tables": [f"{db}.t"]}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+            "storage": {"type": "memory"},
+        },
+    }
+    runner = PipelineRunner(parse_pipeline(doc, env={"DSN": mariadb.dsn()}), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (1)")
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 1, timeout=30, what="the first event")
+        first = runner.ctx.stats.last_checkpoint
+
+        def noise_moved_the_checkpoint() -> bool:  # a heartbeat went down the pipeline
+            cur.execute("INSERT INTO noise VALUES ()")
+            return runner.ctx.stats.last_checkpoint != first
+
+        await wait_until(noise_moved_the_checkpoint, timeout=30, what="a heartbeat's checkpoint")
+        cur.execute("INSERT INTO t VALUES (2)")
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="2 events")
+    await runner.drain()
+    await task
+    stats = runner.ctx.stats.sinks["f"]
+    assert (stats.events, stats.skipped) == (2, 0)

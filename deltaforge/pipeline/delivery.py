@@ -93,10 +93,7 @@ class DeliveryWorker(Actor):
         await self.sink.close()
 
     def _pending(self, batch: Batch) -> list[Event]:
-        events = batch.events
-        if any(e.op == "h" for e in events):  # heartbeats move checkpoints, sinks never see them
-            events = [e for e in events if e.op != "h"]
-        return not_held(self.position, events)
+        return not_held(self.position, _data(batch.events))
 
     async def _isolate(self, events: list[Event], end: Position) -> None:
         """Deliver ``events`` around their poison ones, in order, by halves: what fails alone is
@@ -160,8 +157,9 @@ class DeliveryWorker(Actor):
                 await self._open()  # its own position decides what is pending
             except SinkError:
                 pass  # the attempts below open again, and report
-        events = self._pending(batch)
-        self.stats.skipped += len(batch.events) - len(events)
+        data = _data(batch.events)
+        events = not_held(self.position, data)
+        self.stats.skipped += len(data) - len(events)  # held already; heartbeats are not events
         started = time.perf_counter()
         if events:
             for attempt in range(1, ATTEMPTS + 1):
@@ -209,3 +207,10 @@ class DeliveryWorker(Actor):
         self.stats.txn_aborts = int(getattr(self.sink, "aborts", 0))
         assert self.position is not None
         return BatchDelivered(self.sink_id, batch.id, self.position, len(events))
+
+
+def _data(events: list[Event]) -> list[Event]:
+    """The events a sink is given: heartbeats move checkpoints, sinks never see them."""
+    if any(e.op == "h" for e in events):
+        return [e for e in events if e.op != "h"]
+    return events
