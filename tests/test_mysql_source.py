@@ -37,6 +37,23 @@ def source(server: MariaDB, tables: list[str], **extra: Any) -> MySQLSource:
     return MySQLSource(MySQLSourceConfig(id="my", dsn=server.dsn(), tables=tables, **extra), tenant="acme")
 
 
+def to_file(
+    server: MariaDB, name: str, tables: str, out: Path, store: MemoryCheckpointStore
+) -> PipelineRunner:
+    """A pipeline from ``tables`` to a JSONL file ``out``, checkpoints in ``store``."""
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"type": "mysql", "config": {"id": "my", "dsn": "${DSN}", "tables": [tables]}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            "storage": {"type": "memory"},
+        },
+    }
+    return PipelineRunner(parse_pipeline(doc, env={"DSN": server.dsn()}), store=store)
+
+
 async def read_n(src: MySQLSource, n: int, timeout: float = 30) -> list[Event]:
     out: list[Event] = []
     loop = asyncio.get_running_loop()
@@ -146,18 +163,8 @@ async def test_added_column_appears_after_alter_and_schema_is_recorded(
         cur.execute("INSERT INTO t VALUES (2, 2, 'new')")
         cur.execute("UPDATE t SET extra = 'x' WHERE id = 1")
     out = tmp_path / "events.jsonl"
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "ddl"},
-        "spec": {
-            "source": {"type": "mysql", "config": {"id": "my", "dsn": "${DSN}", "tables": [f"{db}.*"]}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
-            "storage": {"type": "memory"},
-        },
-    }
     store = MemoryCheckpointStore()
-    runner = PipelineRunner(parse_pipeline(doc, env={"DSN": mariadb.dsn()}), store=store)
+    runner = to_file(mariadb, "ddl", f"{db}.*", out, store)
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
     await runner.drain()
@@ -584,17 +591,7 @@ async def test_a_sinks_skipped_count_is_events_it_held_not_heartbeats(
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
         cur.execute("CREATE TABLE noise (id INT PRIMARY KEY AUTO_INCREMENT)")
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "beats"},
-        "spec": {
-            "source": {"type": "mysql", "config": {"id": "my", "dsn": "${DSN}", "tables": [f"{db}.t"]}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
-            "storage": {"type": "memory"},
-        },
-    }
-    runner = PipelineRunner(parse_pipeline(doc, env={"DSN": mariadb.dsn()}), store=MemoryCheckpointStore())
+    runner = to_file(mariadb, "beats", f"{db}.t", tmp_path / "out.jsonl", MemoryCheckpointStore())
     task = asyncio.create_task(runner.run())
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (1)")
