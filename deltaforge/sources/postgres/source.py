@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import structlog
@@ -43,10 +43,12 @@ from deltaforge.sources.base import (
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.postgres import failover
 from deltaforge.sources.postgres.config import PostgresSourceConfig
-from deltaforge.sources.postgres.decoder import DecoderSettings
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
+
+if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child process needs (70 ms)
+    from deltaforge.sources.postgres.decoder import DecoderSettings
 
 log = structlog.get_logger()
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
