@@ -27,7 +27,12 @@ class Postgres(ServerProcess):
         self.data = self.dir / "data"
 
     def _as_postgres(self, *cmd: str) -> None:
-        done = subprocess.run(["su", "postgres", "-c", " ".join(cmd)], capture_output=True, timeout=120)
+        # In the server's own directory: pg_ctl changes back to its starting directory after
+        # resolving its path, and a CI clone (mktemp -d, mode 700, root's) is not the postgres
+        # user's to enter: "could not change directory ... Permission denied" (seen once in CI).
+        done = subprocess.run(
+            ["su", "postgres", "-c", " ".join(cmd)], capture_output=True, timeout=120, cwd=self.dir
+        )
         if done.returncode != 0:
             raise RuntimeError(
                 f"{cmd[0]} failed ({done.returncode}): {done.stderr.decode(errors='replace')[-1000:]}"
