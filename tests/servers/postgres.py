@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 
+from tests.serve_proc import free_port
 from tests.servers.base import ServerProcess
 
 
@@ -48,8 +49,22 @@ class Postgres(ServerProcess):
                 "wal_level = logical\nmax_replication_slots = 40\nmax_wal_senders = 40\nfsync = off\n"
                 "synchronous_commit = on\nfull_page_writes = off\n"
             )
-        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
-        return self
+        for _ in range(3):
+            try:
+                self._as_postgres(
+                    _bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start"
+                )
+                return self
+            except RuntimeError as exc:
+                log = self.dir / "log"
+                tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                if "Address already in use" not in tail:
+                    raise RuntimeError(f"{exc}\nserver log: {tail}") from None
+                # the free port was taken between picking it and the server binding it: another
+                self.port = free_port()
+                with open(self.data / "postgresql.conf", "a") as f:  # the last setting wins
+                    f.write(f"port = {self.port}\n")
+        raise RuntimeError(f"pg did not start: its port was taken three times ({self.dir / 'log'})")
 
     def halt(self) -> None:
         """Stop the server (fast shutdown), keeping its data: an outage."""
