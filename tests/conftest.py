@@ -6,11 +6,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from deltaforge import logsetup
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Logs as ``serve`` writes them (JSON lines, plain tracebacks). structlog's default console
+    renderer draws every traceback with rich, locals included: under a loaded CI machine one
+    restart's line took seconds, and a test of restart intensity ran out of time (seen once)."""
+    logsetup.configure("info")
 
 
 @pytest.fixture(scope="session")
