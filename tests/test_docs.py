@@ -6,6 +6,9 @@ import doctest
 import importlib
 
 import pytest
+import structlog
+
+from deltaforge import logsetup
 
 MODULES = [
     "actors.actor",
@@ -22,6 +25,10 @@ MODULES = [
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name: str) -> None:
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    structlog.reset_defaults()  # as in a user's fresh interpreter: log lines on stdout, shown
+    try:
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    finally:
+        logsetup.configure("info")  # what conftest sets for every test
     assert result.attempted > 0, f"{name} has no examples"
     assert result.failed == 0
