@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from chaos.harness import ProxyServer
 from deltaforge import logsetup
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats
@@ -69,3 +70,11 @@ def tansu() -> Iterator[Tansu]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture()
+def proxies() -> Iterator[ProxyServer]:
+    """A private Toxiproxy (or the chaos proxy speaking its API) per test."""
+    server = ProxyServer()
+    yield server
+    server.close()

@@ -20,13 +20,6 @@ from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
 
 
-@pytest.fixture()
-def proxies() -> Iterator[ProxyServer]:
-    server = ProxyServer()
-    yield server
-    server.close()
-
-
 @contextlib.contextmanager
 def _shop() -> Iterator[MariaDB]:
     """The primary A, with shop.items; its binlog numbers run ahead of any replica's."""

@@ -19,13 +19,6 @@ from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.postgres import Postgres, Standby
 
 
-@pytest.fixture()
-def proxies() -> Iterator[ProxyServer]:
-    server = ProxyServer()
-    yield server
-    server.close()
-
-
 def _sql(dsn: str, *statements: str) -> Any:
     with psycopg.connect(dsn, autocommit=True) as conn:
         result = None

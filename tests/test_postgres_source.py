@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
@@ -145,6 +146,27 @@ async def test_unchanged_toast_is_marked_not_null(postgres: Postgres) -> None:
     assert events[1].after["body"] == {"__unchanged_toast__": True}
     assert events[1].after["n"] == 2
     await src.close()
+    await conn.close()
+
+
+async def test_a_closed_source_has_let_go_of_its_slot(postgres: Postgres, proxies: ProxyServer) -> None:
+    """The walsender of a stopped stream exits in its own time; until then the slot is active, and
+    a drop (the user's clean-up after stopping a pipeline) or the next reader is refused. close()
+    returns once the slot is free: here the proxy passes each connection's close on to the server
+    1.5 s late, as a loaded server would notice it late."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
+    proxy.add_toxic(type="slow_close", stream="upstream", attributes={"delay": 1500})
+    src = source(postgres, db, dsn=postgres.dsn(db).replace(f":{postgres.port}/", f":{port_of(proxy)}/"))
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    await read_n(src, 1)
+    await src.close()
+    active = "SELECT active FROM pg_replication_slots WHERE slot_name = $1"
+    assert await conn.fetchval(active, f"s_{db}") is False
+    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
     await conn.close()
 
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child pr
 log = structlog.get_logger()
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
+SLOT_RELEASE_S = 10.0  # how long close() waits for the walsender to let go of the slot
 
 
 class PostgresSource(Source):
@@ -257,7 +258,22 @@ class PostgresSource(Source):
             await self._threads.run(decoder.stop)
         if self._conn is not None:
             conn, self._conn = self._conn, None
+            if decoder is not None:
+                await self._slot_released(conn)
             await conn.close(timeout=5)
+
+    async def _slot_released(self, conn: asyncpg.Connection) -> None:
+        """Wait (at most ``SLOT_RELEASE_S``) for the stopped stream's walsender to let go of the
+        slot. It exits when the server notices the connection closed, in its own time; until
+        then the slot is active and refuses a drop (a user cleaning up after stopping the
+        pipeline) or the next reader. Errors (a server going down) end the wait: nothing holds
+        a slot on a server that is down."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(SLOT_RELEASE_S):
+                while await conn.fetchval(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1", self.slot
+                ):
+                    await asyncio.sleep(0.02)  # the server has no notification for it
 
     async def confirm(self, checkpoint: Position) -> None:
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
