@@ -14,6 +14,8 @@ import httpx
 
 from tests.helpers import wait_until_sync
 
+LOG_TAIL = 60  # lines of serve's log printed when a test fails inside ``with Serve(...)``
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -28,6 +30,7 @@ class Serve:
         self.cwd = cwd
         self.port = free_port() if api else None
         addr = f"127.0.0.1:{self.port}" if api else "off"
+        self.log = Path(args[args.index("--log-file") + 1]) if "--log-file" in args else cwd / "serve.err"
         self.stdout = open(cwd / "serve.out", "ab")  # noqa: SIM115
         self.stderr = open(cwd / "serve.err", "ab")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -91,9 +94,15 @@ class Serve:
     def __enter__(self) -> Serve:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if self.proc.poll() is None:
             self.kill()
+        if exc_type is not None and self.log.exists():
+            # A failing test shows what serve was doing (pytest prints a failed test's stdout):
+            # in CI the temporary directory holding the log is gone by the time anyone looks.
+            lines = self.log.read_text(errors="replace").splitlines()
+            print(f"--- the last {min(len(lines), LOG_TAIL)} lines of {self.log.name} ---")
+            print("\n".join(lines[-LOG_TAIL:]))
 
 
 def serve_pipeline(

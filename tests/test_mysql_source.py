@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import itertools
 import subprocess
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.base import PositionLost, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.mysql.checks import MySQLSettings
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
@@ -609,3 +611,66 @@ async def test_a_sinks_skipped_count_is_events_it_held_not_heartbeats(
     await task
     stats = runner.ctx.stats.sinks["f"]
     assert (stats.events, stats.skipped) == (2, 0)
+
+
+async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
+    mariadb: MariaDB, proxies: ProxyServer
+) -> None:
+    """The network stops passing anything and closes nothing (a dead route, a firewall dropping
+    packets): with no read timeout, the stream waited forever on a socket that would never speak
+    again, the pipeline saying ok, and a reconnect hung in its handshake the same way. The stream
+    misses the server's heartbeats (every 50 ms) and reports the server unavailable after
+    ``STALL_S``; a short connection's query gives up after its timeout."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    proxy = proxies.proxy("my", f"127.0.0.1:{mariadb.port}")
+    dsn = mariadb.dsn().replace(f":{mariadb.port}/", f":{port_of(proxy)}/")
+    src = MySQLSource(MySQLSourceConfig(id="my", dsn=dsn, tables=[f"{db}.t"]), tenant="acme")
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (1)")
+    await read_n(src, 1)
+    for stream in ("downstream", "upstream"):
+        proxy.add_toxic(name=f"hole_{stream}", type="timeout", stream=stream, attributes={"timeout": 0})
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(SourceUnavailable, match="timed out"):
+        while loop.time() - began < 60:
+            await src.read()
+    await src.close()
+    src.settings = dataclasses.replace(src.settings, query_timeout_s=2.0)
+    with pytest.raises(SourceUnavailable, match="timed out"):
+        await asyncio.wait_for(src.identity(), 60)
+
+
+async def test_a_lost_stream_connection_reopens_from_the_checkpoint_not_replaying_the_session(
+    mariadb: MariaDB,
+) -> None:
+    """python-mysql-replication reconnects by itself when its connection drops (here: the dump
+    thread is killed on the server), from the GTID it was started at: every transaction of the
+    session came again, and after a failover it would reconnect to another server unreconciled.
+    The loss is reported instead (unavailable), and the source reopened from its checkpoint
+    reads only what came after it."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for i in range(1, 6):
+            cur.execute("INSERT INTO t VALUES (%s)", (i,))
+    first = await read_n(src, 5)
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'")
+        for (thread,) in cur.fetchall():
+            cur.execute(f"KILL {int(thread)}")
+        for i in range(6, 11):
+            cur.execute(f"INSERT INTO {db}.t VALUES (%s)", (i,))
+    with pytest.raises(SourceUnavailable, match="Lost connection"):
+        await read_n(src, 100)
+    await src.close()
+    again = source(mariadb, [f"{db}.t"])
+    await again.open(first[-1].checkpoint)
+    assert [e.after["id"] for e in await read_n(again, 5) if e.after] == [6, 7, 8, 9, 10]
+    await again.close()

@@ -38,6 +38,12 @@ class MySQLSettings:
     user: str
     password: str
     database: str
+    query_timeout_s: float = 60.0
+    """A short connection's reads and writes give up after this: a network that stops passing
+    anything without closing (a dead route) is unavailable, not a thread held forever."""
+    stall_s: float = 10.0
+    """The replication stream's: the server sends a heartbeat every 50 ms when idle, so this
+    long without a byte is a dead connection."""
 
     @classmethod
     def from_dsn(cls, dsn: str) -> MySQLSettings:
@@ -56,14 +62,17 @@ class MySQLSettings:
     def where(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
 
-    def replication(self) -> dict[str, str | int]:
-        return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
+    def replication(self) -> dict[str, str | int | float]:
+        return {
+            "host": self.host, "port": self.port, "user": self.user, "password": self.password,
+            "read_timeout": self.stall_s, "write_timeout": self.stall_s,
+        }  # fmt: skip
 
     def connect(self) -> pymysql.connections.Connection[Any]:
         try:
             return Connection(
                 host=self.host, port=self.port, user=self.user, password=self.password, connect_timeout=10,
-                autocommit=True,
+                read_timeout=self.query_timeout_s, write_timeout=self.query_timeout_s, autocommit=True,
             )  # fmt: skip
         except pymysql.err.OperationalError as exc:
             code = exc.args[0] if exc.args else 0

@@ -24,7 +24,7 @@ from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 class DecoderSettings(TypedDict):
     """What the reader hands this process (pickled on its stdin)."""
 
-    connection: dict[str, str | int]
+    connection: dict[str, str | int | float]
     server_id: int
     is_mariadb: bool
     by_file: bool
@@ -119,7 +119,7 @@ class Undecodable(Exception):
 
 
 def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
-    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication import BinLogStreamReader, binlogstream
     from pymysqlreplication.event import (
         GtidEvent,
         HeartbeatLogEvent,
@@ -132,6 +132,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     )
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
+    # The library reconnects by itself after a lost connection (2013, 2006), from where *it*
+    # thinks the stream is: on MariaDB the GTID it was started at, replaying every transaction
+    # since; by file, the last event's offset, inside a transaction; and after a failover, on
+    # another server, past the reconciler. The loss must reach the source instead, which
+    # reopens from the checkpoint after reconciling.
+    binlogstream.MYSQL_EXPECTED_ERROR_CODES.clear()
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
     patterns = [tuple(p) for p in cfg["patterns"]]
