@@ -13,6 +13,7 @@ import pytest
 from deltaforge.api import build_app
 from deltaforge.config import PipelineConfig
 from deltaforge.events import Event
+from deltaforge.pipeline import delivery
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
@@ -384,3 +385,34 @@ async def test_quorum_gives_up_when_non_retryable_failures_leave_too_few_sinks()
     assert "sink 'b': down" in snap.last_error and "sink 'c': down" in snap.last_error
     assert b.calls <= 4 and c.calls <= 4  # not retried forever: once per coordinator incarnation
     assert await checkpoint(store, "a") is None
+
+
+async def test_a_delivery_that_does_not_return_lists_its_sink_unavailable_until_it_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sink retrying inside one call (Kafka's transaction commit, up to a minute) raised
+    nothing, so /health said ok while nothing could be delivered. After ``UNANSWERED_S`` the
+    sink is listed unavailable (degraded); when the call returns, it is available again and
+    the batch committed."""
+    monkeypatch.setattr(delivery, "UNANSWERED_S", 0.05)
+    answered = asyncio.Event()
+
+    async def hangs_once(call: int, events: list[Event]) -> None:
+        if call == 1:
+            await answered.wait()
+
+    a = ScriptedSink("a", script=hangs_once)
+    runner, task = await start(
+        config(sinks=[sink_doc("a")]), [a], SyntheticSource(10), MemoryCheckpointStore()
+    )
+    await wait_until(lambda: "sink:a" in runner.ctx.availability.view(), what="the sink listed unavailable")
+    assert (
+        runner.ctx.availability.view()["sink:a"]["last_error"]
+        == "delivery unanswered for 0.05 s (still trying)"
+    )
+    assert runner.ctx.stats.events_committed == 0
+    answered.set()
+    await wait_until(lambda: runner.ctx.stats.events_committed == 10, what="all committed")
+    assert not runner.ctx.availability.degraded
+    await stop(runner, task)
+    assert a.received == list(range(1, 11))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
+
 from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
@@ -22,6 +24,10 @@ from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, Sink, Sink
 from supervision import Backoff, Fatal
 
 RETRY = Backoff(base=0.1, max=10.0)
+UNANSWERED_S = 30.0
+"""A delivery that has not returned after this long lists its sink as unavailable: a sink that
+retries inside one call (Kafka's transaction commit, for up to a minute) or waits on a dead
+connection cannot deliver, and ``/health`` must not say ok meanwhile."""
 ATTEMPTS = 3
 
 
@@ -112,6 +118,29 @@ class DeliveryWorker(Actor):
                 return
         self.position = end
 
+    async def _watched(self, events: list[Event], end: Position) -> None:
+        """Deliver (around poison events), listing the sink as unavailable if that has not
+        returned after ``UNANSWERED_S``; whatever it raises is raised as itself."""
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._unanswered)
+            try:
+                try:
+                    await self.sink.deliver(events, end)
+                except PoisonEvent:
+                    await self._isolate(events, end)
+            except Exception as exc:  # noqa: BLE001 - raised below, outside the task group
+                failure = exc  # (inside it, it would come out wrapped in an ExceptionGroup)
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _unanswered(self) -> None:
+        await anyio.sleep(UNANSWERED_S)  # real time: a fake clock's sleeps are the tests' backoffs
+        self.ctx.availability.down(
+            f"sink:{self.sink_id}", f"delivery unanswered for {UNANSWERED_S:g} s (still trying)"
+        )
+
     async def _poisoned(self, event: Event, error: PoisonEvent) -> None:
         """To the DLQ, or (journal off) the failure that halts, naming the event."""
         dlq = self.ctx.dlq
@@ -167,10 +196,7 @@ class DeliveryWorker(Actor):
                     await self._open()
                     events = self._pending(batch)
                     if events:
-                        try:
-                            await self.sink.deliver(events, batch.checkpoint)
-                        except PoisonEvent:
-                            await self._isolate(events, batch.checkpoint)
+                        await self._watched(events, batch.checkpoint)
                     break
                 except Fatal:
                     raise
