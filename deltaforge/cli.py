@@ -64,9 +64,7 @@ async def _serve(
             bound.append((what, addr, event, bind(addr)))
         except OSError as exc:  # before any pipeline starts: nothing to drain
             log.error("api_failed", reason=f"cannot serve the {what} on {addr}: {exc.strerror or exc}")
-            for *_, socks in bound:
-                for sock in socks:
-                    sock.close()
+            _close_all(bound)
             return 2
     registry = PipelineRegistry(Path(data_dir) / "pipelines.json")
     manager = PipelineManager(registry, lambda c: PipelineRunner(c, workload=_workload(c, workload)))
@@ -108,11 +106,15 @@ async def _serve(
     for server, task in servers:
         server.should_exit = True
         await task
-    for *_, socks in bound:  # uvicorn closes what it served; these are the rest
-        for sock in socks:
-            sock.close()
+    _close_all(bound)  # uvicorn closes what it served; these are the rest
     log.info("shutdown_complete")
     return status
+
+
+def _close_all(bound: list[tuple[str, str, str, list[socket.socket]]]) -> None:
+    for *_, socks in bound:
+        for sock in socks:
+            sock.close()
 
 
 def _api_token(args: argparse.Namespace) -> str | None:
