@@ -18,7 +18,7 @@ from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.base import PositionLost, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.source import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -493,3 +493,37 @@ async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_
     commits = [h["position"]["commit_lsn"] for h in history]
     assert commits == sorted(commits) and len(set(commits)) == 3
     assert [e["after"]["id"] for e in jsonl(tmp_path / "events.jsonl")] == [1, 2, 3, 4]
+
+
+async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
+    postgres: Postgres, proxies: ProxyServer
+) -> None:
+    """The network stops passing anything and closes nothing (a dead route, a firewall dropping
+    packets). The stream asks for keepalives while it waits; none answered for
+    ``receiver_timeout_ms`` means the connection is lost (PostgreSQL's own receivers' rule),
+    where before it waited on a socket that would never speak again, the pipeline saying ok.
+    The server here never times the stream out itself (``wal_sender_timeout = 0`` for the role),
+    so nothing but the stream's own rule can notice."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    role = f"quiet_{db}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
+    await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = 0")
+    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
+    dsn = f"postgresql://{role}@127.0.0.1:{port_of(proxy)}/{db}"
+    src = source(postgres, db, dsn=dsn, receiver_timeout_ms=3000)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    await read_n(src, 1)
+    for stream in ("downstream", "upstream"):
+        proxy.add_toxic(name=f"hole_{stream}", type="timeout", stream=stream, attributes={"timeout": 0})
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(SourceUnavailable, match="nothing from the server for 3 s"):
+        while loop.time() - began < 60:
+            await src.read()
+    for stream in ("downstream", "upstream"):
+        proxy.destroy_toxic(f"hole_{stream}")
+    await src.close()
+    await conn.close()

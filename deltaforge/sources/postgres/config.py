@@ -7,6 +7,7 @@ from pydantic import Field
 from deltaforge.configmodel import (
     Bool,
     Identifier,
+    NonNegativeInt,
     PositiveInt,
     PostgresDsn,
     ServerSourceSettings,
@@ -29,3 +30,9 @@ class PostgresSourceConfig(ServerSourceSettings):
         10_000, description="While idle, move checkpoints and the slot this often."
     )
     poll_interval_ms: PositiveInt = Field(100, description="Wait after a read that found nothing new.")
+    receiver_timeout_ms: NonNegativeInt = Field(
+        60_000,
+        description="A stream that answers nothing this long, not even a keepalive it asked for, has "
+        "lost its connection (PostgreSQL's own wal_receiver_timeout rule): a network that drops "
+        "packets without closing is noticed. 0: never.",
+    )

@@ -171,6 +171,7 @@ class DecoderSettings(TypedDict):
     chunk: int
     heartbeat_s: float
     idle_s: float
+    silence_s: float
     last_commit: int
 
 
@@ -245,7 +246,7 @@ def _start(cfg: DecoderSettings, start: int) -> LogicalStream:
     """Open the stream; a slot still held by the walsender of a reader that just stopped is
     waited for (it lets go once it notices), for up to a minute."""
     for attempt in itertools.count():
-        repl = LogicalStream(cfg["dsn"], SESSION)
+        repl = LogicalStream(cfg["dsn"], SESSION, cfg["silence_s"])
         try:
             repl.start(cfg["slot"], cfg["publication"], start)
             return repl

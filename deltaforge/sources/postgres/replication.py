@@ -55,7 +55,7 @@ class StreamError(Exception):
 class LogicalStream:
     """One replication connection streaming one slot with pgoutput."""
 
-    def __init__(self, dsn: str, session: dict[str, str]) -> None:
+    def __init__(self, dsn: str, session: dict[str, str], silence_s: float = 0.0) -> None:
         options = " ".join(f"-c {k}={v.replace(' ', '')}" for k, v in session.items())
         conninfo = make_conninfo(dsn, replication="database", options=options, connect_timeout=10)
         self.pg = pq.PGconn.connect(conninfo.encode())
@@ -68,6 +68,12 @@ class LogicalStream:
         self.received = 0
         self.flushed = 0
         self._last_status = 0.0
+        self.silence_s = silence_s
+        """A reply asked for and nothing at all heard for this long (0: never) means the
+        connection is lost: PostgreSQL's own receivers' rule (``wal_receiver_timeout``). A
+        network that drops packets without closing is noticed in that time, instead of after
+        TCP's minutes of retransmissions; a busy walsender still sends keepalives."""
+        self._asked_at: float | None = None  # the oldest reply request not answered yet
 
     def start(self, slot: str, publication: str, from_lsn: int) -> None:
         """Begin streaming; the server starts at the slot's confirmed position (or ``from_lsn``)."""
@@ -89,17 +95,22 @@ class LogicalStream:
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + timeout
         pg = self.pg
+        self._consume()  # what already arrived counts before any silence is judged
         while len(out) < limit:
             n, buf = pg.get_copy_data(1)
             if n == 0:
                 left = deadline - time.monotonic()
                 if out or left <= 0:
+                    # Nothing new after waiting (anything already in the socket was consumed):
+                    # has the server gone silent?
+                    self._check_silence()
                     break
                 select.select([pg.socket], [], [], min(left, STATUS_EVERY_S))
                 self._consume()
                 continue
             if n == -1:
                 raise self._error(pg.get_result())
+            self._asked_at = None  # heard from
             kind = buf[0]
             if kind == 0x77:  # b"w": XLogData
                 start = XLOG_DATA.unpack_from(buf, 1)[0]
@@ -111,8 +122,17 @@ class LogicalStream:
                 if reply:
                     self.status()
         if time.monotonic() - self._last_status >= STATUS_EVERY_S:
-            self.status()
+            self.status(reply=True)  # the keepalive it asks for shows the connection alive
         return out
+
+    def _check_silence(self) -> None:
+        asked = self._asked_at
+        if asked is not None and self.silence_s > 0 and time.monotonic() - asked > self.silence_s:
+            raise StreamError(
+                f"connection lost: nothing from the server for {self.silence_s:g} s after asking "
+                "for a keepalive (receiver_timeout_ms)",
+                None,
+            )
 
     def confirm(self, lsn: int) -> None:
         """The slot may release WAL up to ``lsn``: every sink holds what came before it durably."""
@@ -132,6 +152,8 @@ class LogicalStream:
         except Exception as exc:  # noqa: BLE001 - psycopg's OperationalError: the connection broke
             raise StreamError(f"connection lost: {exc}", None) from None
         self._last_status = time.monotonic()
+        if reply and self._asked_at is None:
+            self._asked_at = self._last_status
 
     def close(self) -> None:
         self.pg.finish()

@@ -75,6 +75,7 @@ class PostgresSource(Source):
         self.chunk = config.read_chunk
         self.heartbeat_s = config.heartbeat_ms / 1000
         self._idle = config.poll_interval_ms / 1000
+        self._silence = config.receiver_timeout_ms / 1000
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.db = ""
@@ -154,6 +155,7 @@ class PostgresSource(Source):
             "chunk": self.chunk,
             "heartbeat_s": self.heartbeat_s,
             "idle_s": self._idle,
+            "silence_s": self._silence,
             "last_commit": self._last_commit,
         }
         decoder.start(cfg)
