@@ -80,8 +80,7 @@ def test_a_replica_that_lagged_behind_the_checkpoint_halts_as_position_lost(
             with b.root() as conn, conn.cursor() as cur:
                 cur.execute("RESET SLAVE ALL")  # promoted
             _write(b, range(100, 105))
-            url = f"http://{proxies.host}:{proxies.port}/proxies/my"
-            assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+            _point_at(b, proxies)
             record = _halted(serve, "is not in this server's binlog state")
             assert record["kind"] == "failover"
             assert serve.get("/pipelines/shop/identity").json()["identity"]["server_id"] == "1"
@@ -136,12 +135,23 @@ def _replay(tmp: Path) -> dict[int, str]:
     return state
 
 
+def _ten_rows_delivered_and_replicated(tmp: Path, a: MariaDB, b: MariaDB) -> None:
+    _write(a, range(1, 11))
+    wait_until_sync(lambda: len(_ids(tmp)) == 10, timeout=60, what="rows from the primary")
+    wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+
+
+def _point_at(b: MariaDB, proxies: ProxyServer) -> None:
+    """The address the DSN names now leads to B (the proxy drops its connections)."""
+    url = f"http://{proxies.host}:{proxies.port}/proxies/my"
+    assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+
+
 def _fail_over(a: MariaDB, b: MariaDB, proxies: ProxyServer) -> None:
     """A stops, B is promoted, the address the DSN names now leads to B."""
     a.halt()
     b.promote()
-    url = f"http://{proxies.host}:{proxies.port}/proxies/my"
-    assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+    _point_at(b, proxies)
 
 
 def test_a_promoted_replica_holding_the_checkpoint_is_streamed_from_in_a_new_generation(
@@ -192,12 +202,9 @@ def test_a_switchover_with_the_old_primary_still_up_is_reconciled(
     with _shop() as a, a.replica() as b:
         proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
         with _serve(tmp_path, port_of(proxy), a) as serve:
-            _write(a, range(1, 11))
-            wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
-            wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+            _ten_rows_delivered_and_replicated(tmp_path, a, b)
             b.promote()
-            url = f"http://{proxies.host}:{proxies.port}/proxies/my"
-            assert httpx.patch(url, json={"upstream": f"127.0.0.1:{b.port}"}).status_code == 200
+            _point_at(b, proxies)
             _write(b, range(11, 21))
             wait_until_sync(lambda: len(set(_ids(tmp_path))) == 20, timeout=60, what="B's rows")
             [record] = serve.get("/pipelines/shop/reconcile").json()
@@ -216,9 +223,7 @@ def test_a_promoted_replica_with_an_extra_column_adapts_or_halts_as_configured(
     with _shop() as a, a.replica() as b:
         proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
         with _serve(tmp_path, port_of(proxy), a, on_schema_drift=policy) as serve:
-            _write(a, range(1, 11))
-            wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
-            wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+            _ten_rows_delivered_and_replicated(tmp_path, a, b)
             with b.root() as conn, conn.cursor() as cur:
                 cur.execute("SET SESSION sql_log_bin = 0")  # on B only, outside any binlog
                 cur.execute("ALTER TABLE shop.items ADD COLUMN note TEXT")
@@ -270,9 +275,7 @@ def test_a_kill_during_reconciliation_redoes_it_on_the_next_start_with_one_recor
     with _shop() as a, a.replica() as b:
         proxy = proxies.proxy("my", f"127.0.0.1:{a.port}")
         with _serve(tmp_path, port_of(proxy), a) as serve:
-            _write(a, range(1, 11))
-            wait_until_sync(lambda: len(_ids(tmp_path)) == 10, timeout=60, what="rows from the primary")
-            wait_until_sync(_replicated(b, 10), timeout=30, what="the replica caught up")
+            _ten_rows_delivered_and_replicated(tmp_path, a, b)
             proxy.add_toxic(type="latency", attributes={"latency": 700})
             _fail_over(a, b, proxies)
 
