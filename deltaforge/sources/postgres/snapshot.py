@@ -22,7 +22,7 @@ from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION, row
 from deltaforge.sources.postgres.errors import describe, is_unavailable
-from deltaforge.sources.postgres.source import qualified, quote_ident, quote_table
+from deltaforge.sources.postgres.names import qualified, quote_ident, quote_table
 from deltaforge.sources.postgres.values import converter
 
 if TYPE_CHECKING:

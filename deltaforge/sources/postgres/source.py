@@ -15,7 +15,6 @@ where the slot may safely be advanced to.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -41,9 +40,10 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.postgres import failover
+from deltaforge.sources.postgres import failover, slot
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.names import split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child pr
 log = structlog.get_logger()
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
-SLOT_RELEASE_S = 10.0  # how long close() waits for the walsender to let go of the slot
 
 
 class PostgresSource(Source):
@@ -234,7 +233,7 @@ class PostgresSource(Source):
             )
         finally:
             await conn.close()
-        wanted = {_qualified(t) for t in self.tables}
+        wanted = {split(t) for t in self.tables}
         tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for schema, table, column, typ in rows:
             if not wanted or (schema, table) in wanted:
@@ -243,16 +242,9 @@ class PostgresSource(Source):
 
     async def _create(self) -> None:
         assert self._conn is not None
-        exists = await self._conn.fetchval(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1", self.publication
-        )
-        if not exists:
-            listed = [*self.tables, *([self.signal_table] if self.signal_table else [])]
-            target = (
-                "FOR TABLE " + ", ".join(quote_table(t) for t in listed) if self.tables else "FOR ALL TABLES"
-            )
-            await self._conn.execute(f'CREATE PUBLICATION "{self.publication}" {target}')
-        await self._conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", self.slot)
+        # The signal table rides along only when tables are listed (all tables include it).
+        listed = [*self.tables, *([self.signal_table] if self.signal_table else [])] if self.tables else []
+        await slot.create(self._conn, self.slot, self.publication, listed)
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
@@ -261,21 +253,8 @@ class PostgresSource(Source):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             if decoder is not None:
-                await self._slot_released(conn)
+                await slot.released(conn, self.slot)  # a stopped pipeline has let go of its slot
             await conn.close(timeout=5)
-
-    async def _slot_released(self, conn: asyncpg.Connection) -> None:
-        """Wait (at most ``SLOT_RELEASE_S``) for the stopped stream's walsender to let go of the
-        slot. It exits when the server notices the connection closed, in its own time; until
-        then the slot is active and refuses a drop (a user cleaning up after stopping the
-        pipeline) or the next reader. Errors (a server going down) end the wait: nothing holds
-        a slot on a server that is down."""
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(SLOT_RELEASE_S):
-                while await conn.fetchval(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1", self.slot
-                ):
-                    await asyncio.sleep(0.02)  # the server has no notification for it
 
     async def confirm(self, checkpoint: Position) -> None:
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
@@ -289,15 +268,7 @@ class PostgresSource(Source):
         """Move the slot while no stream holds it (before the decoder starts)."""
         if lsn <= self._confirmed or self._conn is None:
             return
-        # The walsender of a reader that just stopped may still hold the slot for a moment.
-        for attempt in range(600):
-            try:
-                await self._conn.execute("SELECT pg_replication_slot_advance($1, $2)", self.slot, lsn)
-                break
-            except asyncpg.ObjectInUseError as exc:
-                if attempt == 599:
-                    raise SourceUnavailable(f"postgres source {self.id!r}: {exc}") from None
-                await asyncio.sleep(0.1)
+        await slot.advance(self._conn, self.slot, lsn, f"postgres source {self.id!r}")
         self._confirmed = lsn
 
     def take_schema_changes(self) -> list[SchemaChange]:
@@ -384,23 +355,3 @@ class PostgresSource(Source):
 
 class DecodeFailed(SourceError):
     """pgoutput bytes that could not be decoded (the message names the LSN)."""
-
-
-def _qualified(name: str) -> tuple[str, str]:
-    schema, _, table = name.rpartition(".")
-    return schema or "public", table
-
-
-def quote_ident(name: str) -> str:
-    """A PostgreSQL identifier, quoted (a double quote in it doubled)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(name: str) -> str:
-    """``table`` or ``schema.table`` as ``schema.table`` (``public`` by default)."""
-    return ".".join(_qualified(name))
-
-
-def quote_table(name: str) -> str:
-    schema, table = _qualified(name)
-    return f"{quote_ident(schema)}.{quote_ident(table)}"

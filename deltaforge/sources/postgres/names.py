@@ -1,0 +1,24 @@
+"""PostgreSQL table names: ``table`` or ``schema.table`` (``public`` by default), quoted."""
+
+from __future__ import annotations
+
+
+def split(name: str) -> tuple[str, str]:
+    """``(schema, table)``."""
+    schema, _, table = name.rpartition(".")
+    return schema or "public", table
+
+
+def quote_ident(name: str) -> str:
+    """A PostgreSQL identifier, quoted (a double quote in it doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qualified(name: str) -> str:
+    """``table`` or ``schema.table`` as ``schema.table``."""
+    return ".".join(split(name))
+
+
+def quote_table(name: str) -> str:
+    schema, table = split(name)
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
