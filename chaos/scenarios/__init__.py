@@ -27,6 +27,7 @@ from chaos.scenarios import (
     slow_sink,
     snapshot_outage,
     soak,
+    source_half_open,
     source_latency,
 )
 
@@ -43,6 +44,9 @@ SCENARIOS: list[Scenario] = [
              toxics=("bandwidth", "latency")),
     Scenario("half_open", "timeout toxic (hold) on Redis, both ways",
              "stall detected (degraded); lost 0; duplicates 0", half_open.run, quick=True, toxics=("timeout",)),
+    Scenario("source_half_open", "timeout toxic (hold) on the PostgreSQL source, both ways, 25 s",
+             "silent stream noticed (degraded); lost 0, order 0; recovers by itself", source_half_open.run,
+             toxics=("timeout",)),
     Scenario("reset_mid_batch", "reset_peer on Redis and the PostgreSQL target, 3 rounds",
              "failed batches retried; lost 0; duplicates 0; target equals source", reset_mid_batch.run,
              quick=True, toxics=("reset_peer",)),

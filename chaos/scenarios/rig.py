@@ -141,10 +141,15 @@ class Rig:
         self.sinks["target"] = sink
         return sink
 
-    def start(self, batch: dict[str, Any] | None = None, **extra: Any) -> Serve:
+    def start(
+        self, batch: dict[str, Any] | None = None, source: dict[str, Any] | None = None, **extra: Any
+    ) -> Serve:
+        """Write the pipeline (``source``: more source settings; ``extra``: more of the spec) and
+        start serve on it."""
         spec = {
             "source": {"type": "postgres", "config": {"id": "pg", "dsn": self.source_dsn, "slot": "chaos",
-                                                      "publication": "chaos", "heartbeat_ms": 1000}},
+                                                      "publication": "chaos", "heartbeat_ms": 1000,
+                                                      **(source or {})}},
             "sinks": [{"type": "file", "config": {"id": "file", "path": str(self.ctx.workdir / "events.jsonl")}},
                       *(s.entry for s in self.sinks.values())],
             "batch": batch or {"max_events": 200, "max_ms": 50},
