@@ -191,20 +191,16 @@ class MySQLSource(Source):
             conn.close()
 
     async def describe_tables(self) -> list[DeclaredTable]:
-        return await self._threads.run(self._describe_sync)
+        return await self._threads.run(self._with_connection, self._describe_sync)
 
-    def _describe_sync(self) -> list[DeclaredTable]:
-        conn = self.settings.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
-                    "WHERE TABLE_SCHEMA NOT IN ('mysql', 'sys', 'information_schema', 'performance_schema') "
-                    "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION"
-                )
-                rows = cur.fetchall()
-        finally:
-            conn.close()
+    def _describe_sync(self, conn: Any) -> list[DeclaredTable]:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA NOT IN ('mysql', 'sys', 'information_schema', 'performance_schema') "
+                "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION"
+            )
+            rows = cur.fetchall()
         tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for schema, table, column, typ in rows:
             if self.captures(schema, table):
