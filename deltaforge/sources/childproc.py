@@ -8,12 +8,18 @@ send more frames later (:meth:`ChildDecoder.send`, e.g. what sinks now hold
 durably), and reads length-prefixed pickled frames from stdout. A full queue stops the pump, the
 pipe fills, the child blocks: backpressure reaches the database connection.
 The child dies with its parent (``PR_SET_PDEATHSIG``), so a SIGKILLed service
-leaves no decoder behind.
+leaves no decoder behind. What the child logs (its libraries' warnings, a crash's
+traceback) goes as one JSON object per line on its stderr; the parent logs each as its own
+event, so it reaches ``deltaforge logs`` and the log file, not bare text on a terminal.
 """
 
 from __future__ import annotations
 
+import collections
+import contextvars
 import importlib
+import json
+import logging
 import pickle
 import queue
 import signal
@@ -47,9 +53,35 @@ def read_frame(inp: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+class _JsonLines(logging.Handler):
+    """In the child: each log record as one JSON line on stderr, for the parent to relay."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a library's bad format string must not lose the line
+            message = str(record.msg)
+        # python-mysql-replication writes its warnings over several indented lines
+        doc = {"level": record.levelname.lower(), "logger": record.name, "message": " ".join(message.split())}
+        if record.exc_info:
+            doc["exception"] = logging.Formatter().formatException(record.exc_info)
+        try:
+            sys.stderr.write(json.dumps(doc) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass  # the parent has gone
+
+
+def log_crash(exc: BaseException) -> None:
+    """In the child: an error nothing expected, with its traceback, to the parent's log (the
+    error frame that follows carries only its message)."""
+    logging.getLogger("deltaforge.decoder").error("%s: %s", type(exc).__name__, exc, exc_info=exc)
+
+
 def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
-    """In the child: die with the parent, tune the GC, import the ``warm`` modules (while the
-    parent may still be preparing the settings), read the settings; returns (cfg, out).
+    """In the child: die with the parent, log as JSON lines to stderr, tune the GC, import the
+    ``warm`` modules (while the parent may still be preparing the settings), read the settings;
+    returns (cfg, out).
 
     ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it).
     Later frames from the parent are read from ``sys.stdin.buffer`` with :func:`read_frame`."""
@@ -60,6 +92,8 @@ def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    logging.getLogger().addHandler(_JsonLines(logging.WARNING))
+    sys.excepthook = lambda kind, exc, tb: log_crash(exc)
     gctune.tune()
     for module in warm:
         importlib.import_module(module)
@@ -84,6 +118,9 @@ class ChildDecoder:
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
+        self._relay: threading.Thread | None = None
+        self._said: collections.deque[str] = collections.deque(maxlen=1)
+        """The child's last error message: why it exited, when it did."""
 
     def spawn(self) -> None:
         """Start the child process before its settings are known: it starts Python and imports
@@ -95,8 +132,16 @@ class ChildDecoder:
                 [sys.executable, "-m", self.module],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 bufsize=1 << 20,
             )
+            # In this context: the relayed lines carry the pipeline's name (structlog contextvars).
+            run = contextvars.copy_context().run
+            self._relay = threading.Thread(
+                target=run, args=(self._relay_stderr, self._proc.stderr), name=f"decoder-log-{self.name}",
+                daemon=True,
+            )  # fmt: skip
+            self._relay.start()
 
     def start(self, cfg: Mapping[str, object]) -> None:
         """Send the child its settings (spawning it first if need be) and start the pump.
@@ -131,8 +176,13 @@ class ChildDecoder:
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
-        if proc is not None and proc.stdout is not None:
-            proc.stdout.close()
+        if self._relay is not None:
+            self._relay.join(5.0)
+            self._relay = None
+        if proc is not None:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def next_chunk(self, max_events: int, wait: float = 0.2) -> list[Event] | BaseException:
         """Up to about ``max_events`` events, or the error the pump met ([] after ``wait`` idle)."""
@@ -179,5 +229,41 @@ class ChildDecoder:
             if isinstance(exc, EOFError):
                 from deltaforge.sources.base import SourceError
 
-                exc = SourceError(f"{self.name}: decoder process exited (code {proc.poll()})")
+                try:
+                    code: int | None = proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    code = None
+                relay = self._relay
+                if relay is not None:
+                    relay.join(5.0)  # its stderr ends with it: then what it said last is in
+                said = f": {self._said[-1]}" if self._said else ""
+                exc = SourceError(f"{self.name}: decoder process exited (code {code}){said}")
             self._put(exc)
+
+    def _relay_stderr(self, err: IO[bytes]) -> None:
+        """The child's stderr, line by line, as log events; remembers its last error."""
+        import structlog
+
+        log = structlog.get_logger().bind(decoder=self.name)
+        try:
+            for raw in err:
+                line = raw.decode(errors="replace").rstrip()
+                if not line:
+                    continue
+                try:
+                    doc = json.loads(line) if line.startswith("{") else None
+                except ValueError:
+                    doc = None
+                if not isinstance(doc, dict) or "logger" not in doc:
+                    # Not from our handler: the interpreter's own last words, a C library's print
+                    log.warning("decoder_output", actor="decoder", line=line)
+                    self._said.append(line)
+                    continue
+                fields = {k: v for k, v in doc.items() if k in ("message", "exception")}
+                if doc.get("level") in ("error", "critical"):
+                    log.error("library_error", actor=doc["logger"], **fields)
+                    self._said.append(str(doc.get("message")))
+                else:
+                    log.warning("library_warning", actor=doc["logger"], **fields)
+        except (OSError, ValueError):
+            pass  # closed by stop()

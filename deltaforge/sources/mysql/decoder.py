@@ -16,7 +16,7 @@ from datetime import UTC
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
-from deltaforge.sources.childproc import child_setup, write_frame
+from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
@@ -349,6 +349,8 @@ def main() -> None:
             kind = "position_lost"
         else:
             kind = "unavailable" if is_unavailable(exc) else "source"
+        if kind == "source":
+            log_crash(exc)
         detail = (
             exc.args[-1]
             if code in _LOST_CODES

@@ -27,7 +27,7 @@ from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
-from deltaforge.sources.childproc import child_setup, read_frame, write_frame
+from deltaforge.sources.childproc import child_setup, log_crash, read_frame, write_frame
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -282,6 +282,7 @@ def report() -> None:
         elif (isinstance(exc, StreamError) and exc.unavailable) or isinstance(exc, OSError):
             frame = ("error", "unavailable", f"{type(exc).__name__}: {exc}")
         else:
+            log_crash(exc)
             frame = ("error", "source", f"{type(exc).__name__}: {exc}")
         try:
             write_frame(out, frame)

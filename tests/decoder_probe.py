@@ -1,0 +1,25 @@
+"""A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
+settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from deltaforge.sources.childproc import child_setup, write_frame
+
+
+def main() -> None:
+    cfg, out = child_setup()
+    logging.getLogger("some.library").warning("first line,\n        then an indented second")
+    write_frame(out, ("said",))
+    if cfg["then"] == "crash":
+        raise RuntimeError("the probe crashed on purpose")
+    if cfg["then"] == "print":
+        sys.stderr.write("Fatal Python error: the probe's last words\n")
+        sys.stderr.flush()
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
