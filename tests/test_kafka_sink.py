@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from deltaforge.config import parse_pipeline
+from deltaforge.events import with_images
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -216,6 +217,21 @@ async def test_a_batch_whose_records_fail_never_writes_its_position(tansu: Tansu
     assert not failed.value.retryable  # an invalid topic name: retrying cannot help
     assert consume(tansu.bootstrap, "deltaforge.offsets", 0, committed_only=False, timeout=3) == []
     assert await sink.stored_position() is None
+
+
+async def test_a_batch_with_a_value_that_cannot_be_encoded_sends_none_of_itself(tansu: Tansu) -> None:
+    """Values are encoded while the batch is being produced: when one fails, what was queued
+    before it is dropped, so the batch never half-arrives (and arrives again on its retry)."""
+    tansu.create_topic("cdc.t")
+    sink = KafkaSink(parse_pipeline(kafka_doc(tansu.bootstrap), env={}).sinks[0])
+    await sink.open()
+    good = [make_event(i) for i in range(1, 4)]
+    bad = with_images(make_event(4), "c", None, {"id": 4, "thing": object()})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        await sink.deliver([*good, bad])
+    await sink.deliver([make_event(5)])  # flushes whatever is still queued
+    await sink.close()
+    assert [d["event_id"] for _, _, d, _ in consume(tansu.bootstrap, "cdc.t", 1, timeout=10)] == ["5"]
 
 
 async def test_message_too_large_is_non_retryable(tansu: Tansu) -> None:

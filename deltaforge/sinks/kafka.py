@@ -44,7 +44,8 @@ from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableS
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
-Record = tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]
+Record = tuple[str, Event, bytes | str | None, list[tuple[str, str | bytes | None]], bool]
+"""Topic, the event whose envelope is the value, key, headers, and whether a tombstone follows."""
 
 _POISON = {  # the event's fault: to the DLQ, with this kind
     KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
@@ -199,8 +200,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             if err is not None:
                 errors.append(err)
 
-        # Every record's topic, key and value first: an event whose template does not resolve
-        # fails the batch before anything of it is sent.
+        # Every record's topic and key first: an event whose template does not resolve fails the
+        # batch before anything of it is sent. Values are encoded as they are produced, so the
+        # broker takes the first records while the rest are still being built.
         records = [rec for e in events for rec in self._records(e)]
         try:
             try:
@@ -257,6 +259,15 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         except SinkError:
             self._abort(producer, None)
             raise
+        except Fatal:
+            raise
+        except Exception:
+            # A value that cannot be encoded (a bug, not the broker): none of this batch may stay
+            # queued, or half of it could be sent now and all of it again on the retry.
+            self._abort(producer, None)
+            if not self.exactly_once:
+                producer.purge(in_queue=True, in_flight=False)
+            raise
 
     def _commit(self, producer: Producer) -> None:
         """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
@@ -294,7 +305,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         ]
 
     def _record(self, e: Event, moved: tuple[str, bytes | str | None] | None = None) -> Record:
-        """Topic, value, key, headers, and whether a tombstone follows."""
+        """Topic, the event for the value, key, headers, and whether a tombstone follows."""
         key = self.key_of(e) if self.key_of is not None else row_key(e)
         headers: list[tuple[str, str | bytes | None]] = [
             ("idempotency_key", e.idempotency_key.encode()),
@@ -302,10 +313,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         ]
         if moved is not None:
             headers.append(moved)
-        return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
+        return self.topic_of(e), e, key, headers, e.op == "d" and self.tombstones
 
-    def _produce(self, producer: Producer, record: tuple[Any, ...], on_delivery: Any) -> None:
-        topic, value, key, headers, tombstone = record
+    def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
+        topic, event, key, headers, tombstone = record
+        value = encode(self.envelope(event))
         while True:
             try:
                 producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
