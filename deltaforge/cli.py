@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -28,6 +28,9 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
 from deltaforge.redact import redact
 from deltaforge.service.client import VERBS as PIPELINE_VERBS
+
+if TYPE_CHECKING:
+    from deltaforge.service.manager import PipelineManager
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
@@ -102,13 +105,31 @@ async def _serve(
     if bars is not None:
         bars.cancel()
     log.info("shutdown_requested", reason="signal" if status == 0 else "api_failed")
-    await manager.drain_all()
+    await _drain_unless_hurried(manager, log)
     for server, task in servers:
         server.should_exit = True
         await task
     _close_all(bound)  # uvicorn closes what it served; these are the rest
     log.info("shutdown_complete")
     return status
+
+
+async def _drain_unless_hurried(manager: PipelineManager, log: Any) -> None:
+    """Drain every pipeline; a second SIGINT/SIGTERM stops them at once instead (a drain can wait
+    up to 30 s for a sink that is down, and whoever presses Ctrl-C twice means it)."""
+    loop = asyncio.get_running_loop()
+    hurry = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, hurry.set)
+    drain = asyncio.create_task(manager.drain_all())
+    hurried = asyncio.create_task(hurry.wait())
+    await asyncio.wait({drain, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    hurried.cancel()
+    if not drain.done():
+        log.warning("drain_skipped", reason="a second signal: stopping without delivering what is buffered; "
+                    "checkpoints stay at the last delivered batch, the next start reads the rest")  # fmt: skip
+        manager.stop_all_now()
+    await drain
 
 
 def _close_all(bound: list[tuple[str, str, str, list[socket.socket]]]) -> None:

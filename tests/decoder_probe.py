@@ -1,9 +1,12 @@
 """A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
-settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3)."""
+settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3;
+``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 from deltaforge.sources.childproc import child_setup, write_frame
@@ -15,6 +18,9 @@ def main() -> None:
     write_frame(out, ("said",))
     if cfg["then"] == "crash":
         raise RuntimeError("the probe crashed on purpose")
+    if cfg["then"] == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+        write_frame(out, ("still here",))
     if cfg["then"] == "print":
         sys.stderr.write("Fatal Python error: the probe's last words\n")
         sys.stderr.flush()

@@ -20,8 +20,8 @@ def logs() -> Iterator[list[dict[str, Any]]]:
         yield captured
 
 
-def run_probe(then: str) -> BaseException:
-    """The probe child's frames until it ends: what the pump reports then."""
+def run_probe(then: str, frames: tuple[tuple[Any, ...], ...] = (("said",),)) -> BaseException:
+    """The probe child's frames until it ends (``frames``): what the pump reports then."""
     seen: list[tuple[Any, ...]] = []
     structlog.contextvars.bind_contextvars(pipeline="orders")
     try:
@@ -33,7 +33,7 @@ def run_probe(then: str) -> BaseException:
         ended = decoder.queue.get(timeout=30)
     finally:
         decoder.stop()
-    assert seen == [("said",)]
+    assert seen == list(frames)
     assert isinstance(ended, BaseException)
     return ended
 
@@ -70,3 +70,10 @@ def test_bare_text_from_the_child_is_logged_line_by_line_and_named_at_exit(
     assert line["line"] == "Fatal Python error: the probe's last words"
     assert line["pipeline"] == "orders"
     assert str(ended).endswith("decoder process exited (code 3): Fatal Python error: the probe's last words")
+
+
+def test_a_ctrl_c_reaches_the_parent_not_the_decoder() -> None:
+    """Ctrl-C signals the whole process group; the decoder goes on until its parent, draining,
+    stops it: a KeyboardInterrupt would end it mid-stream with an error."""
+    ended = run_probe("sigint", frames=(("said",), ("still here",)))
+    assert str(ended).endswith("decoder process exited (code 0)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -227,6 +228,38 @@ def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
     assert stderr and all(line.startswith("{") for line in stderr), [
         x for x in stderr if not x.startswith("{")
     ][:5]
+
+
+def test_a_second_signal_stops_at_once_while_the_drain_waits_on_a_sink_that_is_down(tmp_path: Path) -> None:
+    """The first SIGTERM drains, which waits (up to 30 s) for a sink that is down; a second one
+    stops without delivering what is buffered, saying so, and exits 0."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: stuck}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}, workload: {{rows_per_second: 50}}}}}}\n"
+        f"  sinks: [{{type: redis, config: {{id: r, uri: 'redis://127.0.0.1:{free_port()}', stream: s}}}}]\n"
+        f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
+    )  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log)) as serve:
+        serve.wait_api()
+
+        def waiting_on_the_sink() -> bool:
+            body = serve.get("/health").json()
+            return body["status"] == "degraded" and "sink:r" in body["unavailable"].get("stuck", {})
+
+        wait_until_sync(waiting_on_the_sink, timeout=60, what="the sink listed unavailable")
+        serve.proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: any(r["event"] == "shutdown_requested" for r in lines(log)), timeout=30,
+                        what="the drain begun")  # fmt: skip
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(20) == 0  # well inside the drain's own 30 s
+    events = [r["event"] for r in lines(log)]
+    assert "drain_skipped" in events and events[-1] == "shutdown_complete"
+    assert "pipeline_drained" not in events
+    held = subprocess.run([sys.executable, "-m", "deltaforge", "checkpoints", "--storage-path", str(tmp_path / "cp.db")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert held.returncode == 0 and "stuck::sink::r" not in held.stdout  # nothing delivered, none moved
 
 
 def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(tmp_path: Path) -> None:

@@ -187,6 +187,13 @@ class PipelineRunner:
             self.log.warning("pipeline_drain_incomplete", reason=str(exc))
         self.supervisor.request_stop()
 
+    def stop_now(self) -> None:
+        """Stop the tree without delivering what is buffered (a drain that waits on a sink that is
+        down can be cut short this way): nothing is lost, checkpoints stay where the last
+        delivered batch left them, and the next start reads the rest again."""
+        self._stop_asked = True
+        self.supervisor.request_stop()
+
     async def _run_workload(self) -> None:
         assert self.workload is not None
         wl = self.workload

@@ -95,6 +95,11 @@ class PipelineManager:
         await asyncio.gather(*(r.drain() for r in self.pipelines.values()))
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
+    def stop_all_now(self) -> None:
+        """Every pipeline stops at once, without draining (see :meth:`PipelineRunner.stop_now`)."""
+        for runner in self.pipelines.values():
+            runner.stop_now()
+
     def _start(self, name: str) -> None:
         runner = self.pipelines[name]
         self.tasks[name] = asyncio.create_task(runner.run(), name=f"pipeline:{name}")
