@@ -11,13 +11,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost, SourceMisconfigured, SourceUnavailable
+from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.mysql.checks import MySQLSettings
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
@@ -292,6 +293,85 @@ def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_s
         msg = asyncio.run(scenario(server))
     assert "a MariaDB compressed" in msg and "at mysql-bin.000001:" in msg
     assert "set log_bin_compress=OFF" in msg
+
+
+def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivered() -> None:
+    """A byte changed in a closed binlog file on the server's disk. MariaDB's dump thread sends it
+    as it is (master_verify_checksum is OFF by default); the event fails its CRC32, so reading
+    fails saying where, and the damaged row never becomes an event."""
+
+    async def scenario(server: MariaDB) -> str:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+            cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
+            cur.execute("FLUSH BINARY LOGS")  # mysql-bin.000001 is closed: nothing writes it again
+        binlog = server.data / "mysql-bin.000001"
+        raw = binlog.read_bytes()
+        # Twice: in the statement's annotation (binlog_annotate_row_events), then in the rows event
+        at = raw.rindex(b"the original note")
+        binlog.write_bytes(raw[:at] + b"the damaged note!" + raw[at + 17 :])  # same length
+        src = source(server, ["z.t"])
+        await src.open(src.load_position({"file": "mysql-bin.000001", "pos": 4, "row": 0, "gtid": ""}))
+        try:
+            seen: list[Event] = []
+            with pytest.raises(SourceError) as info:
+                while len(seen) < 2:  # the damaged row, delivered, ends it too
+                    seen.extend(e for e in await src.read() if e.op != "h")
+            assert [e.after for e in seen] == [{"id": 1, "note": "plain"}]
+            return str(info.value)
+        finally:
+            await src.close()
+
+    with MariaDB(server_id=11) as server:
+        msg = asyncio.run(scenario(server))
+    assert "the binlog event at mysql-bin.000001:" in msg and "does not match its CRC32 checksum" in msg
+
+
+def test_a_pipeline_meeting_a_damaged_binlog_event_halts_saying_where_after_what_came_before(
+    tmp_path: Path,
+) -> None:
+    """Through the pipeline: it resumes from its checkpoint into a damaged event, restarts its
+    source (a damage in transit would be cured), then halts with the event's coordinates; the
+    file holds what came before it and none of the damaged row."""
+
+    async def scenario(server: MariaDB) -> str | None:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+        out, store = tmp_path / "events.jsonl", MemoryCheckpointStore()
+        runner = to_file(server, "crc", "z.t", out, store)  # no checkpoint: from the oldest binlog
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 1, timeout=30, what="row 1")
+        await runner.drain()
+        await task
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
+            cur.execute("FLUSH BINARY LOGS")
+        binlog = server.data / "mysql-bin.000001"
+        raw = binlog.read_bytes()
+        at = raw.rindex(b"the original note")
+        binlog.write_bytes(raw[:at] + b"the damaged note!" + raw[at + 17 :])
+        runner = to_file(server, "crc", "z.t", out, store)
+        task = asyncio.create_task(runner.run())
+
+        def ids() -> list[int]:
+            return [orjson.loads(x)["after"]["id"] for x in out.read_bytes().splitlines()]
+
+        await wait_until(lambda: task.done() or len(ids()) > 1, timeout=120, what="a halt (or row 2)")
+        if not task.done():  # the damaged row was delivered: stop, then fail below
+            await runner.drain()
+            await task
+        assert ids() == [1]
+        assert runner.state == "failed"
+        return runner.failure
+
+    with MariaDB(server_id=12) as server:
+        reason = asyncio.run(scenario(server))
+    assert reason is not None and "does not match its CRC32 checksum" in reason, reason
+    assert "the binlog event at mysql-bin.000001:" in reason
 
 
 async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:

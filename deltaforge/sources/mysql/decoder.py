@@ -118,6 +118,12 @@ class Undecodable(Exception):
     """The binlog holds an event whose rows cannot be decoded here; the message says where and why."""
 
 
+class CorruptEvent(Exception):
+    """An event whose bytes do not match its CRC32 checksum: damaged on the server's disk or on the
+    way. Reading again from the checkpoint cures the second, not the first: the source restarts a
+    few times, then the pipeline halts with this message, instead of delivering damaged rows."""
+
+
 def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     from pymysqlreplication import BinLogStreamReader, binlogstream
     from pymysqlreplication.event import (
@@ -130,7 +136,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         XAPrepareEvent,
         XidEvent,
     )
-    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+    from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
     # The library reconnects by itself after a lost connection (2013, 2006), from where *it*
     # thinks the stream is: on MariaDB the GTID it was started at, replaying every transaction
@@ -179,10 +185,14 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             HeartbeatLogEvent,
             NotImplementedEvent,
             XAPrepareEvent,
+            TableMapEvent,  # its column types decode the rows after it: its checksum counts too
         ],
         only_schemas=cfg["schemas"] or None,
         filter_non_implemented_events=False,  # they are checked for undecodable rows below
         slave_heartbeat=HEARTBEAT_S,
+        # Each event's CRC32 (binlog_checksum=CRC32, the default) is checked below; the library
+        # only logs a mismatch and goes on decoding the damaged bytes.
+        verify_checksum=True,
         **kw,
     )
     file = resume.file
@@ -204,7 +214,24 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     last_mark = time.monotonic()
     since = time.monotonic()
     chunk = int(cfg["chunk"])
+
+    def halting(exc: Exception) -> Exception:
+        """``exc``, after the whole transactions read before it: they are delivered and
+        checkpointed, so the halt stops right at the event that caused it."""
+        if pending:
+            write_frame(out, ("txs", pending))
+        return exc
+
     for ev in reader:
+        if ev._is_event_valid is False:
+            raise halting(
+                CorruptEvent(
+                    f"the binlog event at {file}:{ev.packet.log_pos} (type {ev.event_type}) does not match its "
+                    "CRC32 checksum: damaged on the server's disk or in transit; its rows are not delivered"
+                )
+            )
+        if isinstance(ev, TableMapEvent):
+            continue
         if isinstance(ev, HeartbeatLogEvent):
             if pending:
                 write_frame(out, ("txs", pending))
@@ -217,10 +244,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if isinstance(ev, NotImplementedEvent):
             what = _UNDECODABLE.get(ev.event_type)
             if what is not None:
-                raise Undecodable(
-                    f"{what} (type {ev.event_type}) at {file}:{ev.packet.log_pos} cannot be decoded and may "
-                    "hold rows; set log_bin_compress=OFF (MariaDB) or binlog_transaction_compression=OFF "
-                    "(MySQL) and re-snapshot from a position after it"
+                raise halting(
+                    Undecodable(
+                        f"{what} (type {ev.event_type}) at {file}:{ev.packet.log_pos} cannot be decoded and may "
+                        "hold rows; set log_bin_compress=OFF (MariaDB) or binlog_transaction_compression=OFF "
+                        "(MySQL) and re-snapshot from a position after it"
+                    )
                 )
             continue
         if isinstance(ev, MariadbGtidEvent | GtidEvent):
@@ -275,9 +304,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             if (key := xa_key(ev.query, "COMMIT")) is not None:
                 held = xa.committed(key, int(ev.packet.log_pos))
                 if held is None:
-                    raise XaUnknown(
-                        f"XA COMMIT {key} at {file}:{ev.packet.log_pos}: its XA PREPARE is before the "
-                        "position this reader started from, so its rows cannot be read"
+                    raise halting(
+                        XaUnknown(
+                            f"XA COMMIT {key} at {file}:{ev.packet.log_pos}: its XA PREPARE is before the "
+                            "position this reader started from, so its rows cannot be read"
+                        )
                     )
                 tx, standalone = held, True  # XA COMMIT ends its own group
             elif (key := xa_key(ev.query, "ROLLBACK")) is not None:
@@ -349,7 +380,7 @@ def main() -> None:
             kind = "position_lost"
         else:
             kind = "unavailable" if is_unavailable(exc) else "source"
-        if kind == "source":
+        if kind == "source" and not isinstance(exc, CorruptEvent):  # its message says it all
             log_crash(exc)
         detail = (
             exc.args[-1]
