@@ -25,51 +25,36 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDB]:
     """A private MariaDB 10.11 with ROW binlog, FULL image and metadata, GTID strict mode."""
-    server = MariaDB().start()
-    try:
+    with MariaDB() as server:  # a start that fails stops what it started and removes its files
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
     """A private PostgreSQL 15 cluster with wal_level=logical."""
-    server = Postgres().start()
-    try:
+    with Postgres() as server:  # a start that fails stops what it started and removes its files
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture()
 def redis_server() -> Iterator[Redis]:
     """A private redis-server per test (tests stop and restart it)."""
-    server = Redis().start()
-    try:
+    with Redis() as server:  # a start that fails stops what it started and removes its files
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture()
 def nats_server() -> Iterator[Nats]:
     """A private nats-server with JetStream, per test."""
-    server = Nats().start()
-    try:
+    with Nats() as server:  # a start that fails stops what it started and removes its files
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture()
 def tansu() -> Iterator[Tansu]:
     """A private Tansu broker (Kafka protocol, memory storage), per test."""
-    server = Tansu().start()
-    try:
+    with Tansu() as server:  # a start that fails stops what it started and removes its files
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture()

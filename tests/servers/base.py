@@ -75,7 +75,11 @@ class ServerProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # a half-started server: its process and its files go too
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
