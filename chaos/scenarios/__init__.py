@@ -9,6 +9,7 @@ from __future__ import annotations
 from chaos.runner import Scenario
 from chaos.scenarios import (
     backlog_drain,
+    binlog_damaged,
     binlog_purge,
     crash_recovery,
     cut_mid_stream,
@@ -71,6 +72,9 @@ SCENARIOS: list[Scenario] = [
              "halts: position lost … Re-snapshot required.; /health 503", slot_dropped.run),
     Scenario("binlog_purge", "MariaDB binlogs purged past the checkpoint while stopped",
              "halts: position lost … Re-snapshot required.; /health 503", binlog_purge.run),
+    Scenario("binlog_damaged", "a byte of a MariaDB binlog event changed on disk while serve is stopped",
+             "halts naming the event's file:position, /health 503; what came before delivered, nothing after",
+             binlog_damaged.run),
     Scenario("backlog_drain", "source down 15 s under 300 tx/s, then back",
              "backlog drains; lost 0; drain rate reported", backlog_drain.run, toxics=("down",)),
     Scenario("soak", "a random fault every 1-3 s for --duration (60 s)",

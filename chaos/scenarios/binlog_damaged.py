@@ -1,0 +1,66 @@
+"""MariaDB: a byte of a binlog event changes on the server's disk while serve is stopped (a bad
+disk, a bad copy). At start serve delivers every transaction before the damaged one, then halts
+naming the event's file:position, /health 503; the damaged transaction and everything after it are
+never delivered."""
+
+from __future__ import annotations
+
+import contextlib
+
+from chaos.harness import file_changes, mariadb_workload, port_of
+from chaos.runner import Failed, RunContext
+from chaos.scenarios.rig import wait_for
+from tests.serve_proc import Serve
+from tests.servers.mariadb import MariaDB
+
+MARK = b"damage-here"
+
+
+def run(ctx: RunContext) -> None:
+    with contextlib.ExitStack() as stack:
+        db = stack.enter_context(MariaDB())
+        with db.root() as conn, conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+        proxy = ctx.proxies.proxy("mariadb", f"127.0.0.1:{db.port}")
+        dsn = db.dsn("shop").replace(f":{db.port}", f":{port_of(proxy)}")
+        workload = mariadb_workload(lambda: db.root("shop"), ctx.seed)
+        events = ctx.workdir / "events.jsonl"
+        cfg = ctx.pipeline("chaos", {
+            "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
+            "sinks": [{"type": "file", "config": {"id": "file", "path": str(events)}}],
+            "storage": {"type": "sqlite", "path": str(ctx.workdir / "checkpoints.db")},
+        })  # fmt: skip
+        args = ("--config", str(cfg), "--log-file", str(ctx.workdir / "log.jsonl"))
+        serve = stack.enter_context(Serve(ctx.workdir, *args))
+        serve.wait_api()
+        serve.wait_source_open("chaos")
+        for _ in range(20):
+            workload.transaction()
+        wait_for(lambda: len(file_changes(events)) == len(workload.committed), 60, "first changes delivered")
+        ctx.expect("serve exit code", serve.terminate(), 0)
+        for _ in range(10):  # read at the next start, before the damage
+            workload.transaction()
+        before = list(workload.committed)
+        workload.execute(
+            [("INSERT INTO items (id, ver, payload) VALUES (%s, 1, %s)", (10**6, MARK.decode()))]
+        )
+        for _ in range(10):  # after the damage: never delivered
+            workload.transaction()
+        with db.root() as conn, conn.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            binlog = db.data / str(cur.fetchone()[0])
+            cur.execute("FLUSH BINARY LOGS")  # that file is closed: nothing writes it again
+        raw = binlog.read_bytes()
+        at = raw.rindex(MARK)  # in the rows event (the statement's annotation holds it first)
+        binlog.write_bytes(raw[:at] + MARK.upper() + raw[at + len(MARK) :])
+        serve = stack.enter_context(Serve(ctx.workdir, *args))
+        serve.wait_api()
+        took = wait_for(lambda: serve.get("/health").status_code == 503, 120, "/health 503")
+        ctx.figures["halted_after_s"] = round(took, 1)
+        reasons = " ".join(serve.get("/health").json().get("reasons", []))
+        if "CRC32 checksum" not in reasons or f"{binlog.name}:" not in reasons:
+            raise Failed(f"/health does not say what and where: {reasons!r}")
+        ctx.figures["reason"] = reasons[reasons.find("the binlog event") :][:100]
+        got = file_changes(events)
+        ctx.figures["delivered"], ctx.figures["before the damage"] = len(got), len(before)
+        ctx.expect("the file holds exactly the changes before the damage, in order", got == before, True)
