@@ -74,6 +74,8 @@ class LogicalStream:
         network that drops packets without closing is noticed in that time, instead of after
         TCP's minutes of retransmissions; a busy walsender still sends keepalives."""
         self._asked_at: float | None = None  # the oldest reply request not answered yet
+        self._ended: StreamError | None = None
+        """How the stream ended, once the messages read before the end have been handed over."""
 
     def start(self, slot: str, publication: str, from_lsn: int) -> None:
         """Begin streaming; the server starts at the slot's confirmed position (or ``from_lsn``)."""
@@ -92,6 +94,8 @@ class LogicalStream:
     def read(self, limit: int, timeout: float) -> list[tuple[int, bytes]]:
         """Up to ``limit`` pgoutput messages as ``(lsn, payload)``: what has arrived, waiting up
         to ``timeout`` for the first. Keepalives are answered here and only move :attr:`wal_end`."""
+        if self._ended is not None:
+            raise self._ended
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + timeout
         pg = self.pg
@@ -109,7 +113,12 @@ class LogicalStream:
                 self._consume()
                 continue
             if n == -1:
-                raise self._error(pg.get_result())
+                ended = self._error(pg.get_result())
+                if not out:
+                    raise ended
+                # What came before the error (whole transactions, maybe) first; the error next time.
+                self._ended = ended
+                return out
             self._asked_at = None  # heard from
             kind = buf[0]
             if kind == 0x77:  # b"w": XLogData
@@ -142,6 +151,8 @@ class LogicalStream:
 
     def status(self, reply: bool = False) -> None:
         """Send a standby status update; ``reply`` asks for a keepalive (a fresh :attr:`wal_end`)."""
+        if self._ended is not None:  # the server ended the stream: say why, not "connection lost"
+            raise self._ended
         now_us = int(time.time() * 1_000_000) - PG_EPOCH_US
         written = max(self.received, self.flushed)
         msg = STATUS.pack(b"r", written, self.flushed, self.flushed, now_us, int(reply))
