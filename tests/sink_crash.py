@@ -60,7 +60,11 @@ def _catch_up(tmp_path: Path, without: Path, key: str, env: dict[str, str]) -> l
     """Run without the workload until the sink's checkpoint holds the last change; the changes."""
     changes, last = read_cdc(tmp_path / "app.db")
     cp_db = tmp_path / "cp.db"
-    with Serve(tmp_path, "--config", str(without), api=False, env=env) as serve:
+    with Serve(tmp_path, "--config", str(without), env=env) as serve:
+        # Up first: the checkpoint may already hold the last change (the last kill came after it),
+        # and a SIGTERM during start-up, before serve handles signals, ends it with -15.
+        serve.wait_api()
+        serve.wait_source_open("crash")
 
         def caught_up() -> bool:
             cp = stored_checkpoint(cp_db, key)
