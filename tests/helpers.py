@@ -133,3 +133,12 @@ def next_offsets(records: list[dict[str, Any]], partitions: int) -> dict[int, in
             o += 1
         out[p] = o
     return out
+
+
+def damage_on_disk(path: Path, text: bytes) -> None:
+    """Change the last copy of ``text`` in the file ``path`` (its case swapped, same length): a
+    server's log damaged on disk. The last copy: MariaDB's binlog holds a statement's text in its
+    annotation before the rows event, PostgreSQL's WAL may hold a page image before the record."""
+    raw = path.read_bytes()
+    at = raw.rindex(text)
+    path.write_bytes(raw[:at] + text.swapcase() + raw[at + len(text) :])

@@ -23,7 +23,7 @@ from deltaforge.sources.mysql.checks import MySQLSettings
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import wait_until
+from tests.helpers import damage_on_disk, wait_until
 from tests.servers.mariadb import MariaDB
 
 _db_counter = itertools.count(1)
@@ -307,11 +307,7 @@ def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivere
             cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
             cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
             cur.execute("FLUSH BINARY LOGS")  # mysql-bin.000001 is closed: nothing writes it again
-        binlog = server.data / "mysql-bin.000001"
-        raw = binlog.read_bytes()
-        # Twice: in the statement's annotation (binlog_annotate_row_events), then in the rows event
-        at = raw.rindex(b"the original note")
-        binlog.write_bytes(raw[:at] + b"the damaged note!" + raw[at + 17 :])  # same length
+        damage_on_disk(server.data / "mysql-bin.000001", b"the original note")
         src = source(server, ["z.t"])
         await src.open(src.load_position({"file": "mysql-bin.000001", "pos": 4, "row": 0, "gtid": ""}))
         try:
@@ -350,10 +346,7 @@ def test_a_pipeline_meeting_a_damaged_binlog_event_halts_saying_where_after_what
         with server.root() as c, c.cursor() as cur:
             cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
             cur.execute("FLUSH BINARY LOGS")
-        binlog = server.data / "mysql-bin.000001"
-        raw = binlog.read_bytes()
-        at = raw.rindex(b"the original note")
-        binlog.write_bytes(raw[:at] + b"the damaged note!" + raw[at + 17 :])
+        damage_on_disk(server.data / "mysql-bin.000001", b"the original note")
         runner = to_file(server, "crc", "z.t", out, store)
         task = asyncio.create_task(runner.run())
 

@@ -22,7 +22,7 @@ from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigur
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.source import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import jsonl, wait_until
+from tests.helpers import damage_on_disk, jsonl, wait_until
 from tests.kit import ScriptedSink
 from tests.servers.postgres import Postgres
 
@@ -543,9 +543,7 @@ async def _damage_the_wal_after_row_1(pg: Postgres) -> str:
     segment = pg.data / "pg_wal" / await conn.fetchval("SELECT pg_walfile_name(pg_current_wal_lsn())")
     await conn.execute("SELECT pg_switch_wal()")  # that segment is closed: nothing writes it again
     await conn.close()
-    raw = segment.read_bytes()
-    at = raw.rindex(b"the original note")
-    segment.write_bytes(raw[:at] + b"the damaged note!" + raw[at + 17 :])
+    damage_on_disk(segment, b"the original note")
     return db
 
 

@@ -7,30 +7,19 @@ from __future__ import annotations
 
 import contextlib
 
-from chaos.harness import file_changes, mariadb_workload, port_of
+from chaos.harness import file_changes
 from chaos.runner import Failed, RunContext
-from chaos.scenarios.rig import wait_for
+from chaos.scenarios.rig import mariadb_to_file, wait_for
+from tests.helpers import damage_on_disk
 from tests.serve_proc import Serve
-from tests.servers.mariadb import MariaDB
 
 MARK = b"damage-here"
 
 
 def run(ctx: RunContext) -> None:
     with contextlib.ExitStack() as stack:
-        db = stack.enter_context(MariaDB())
-        with db.root() as conn, conn.cursor() as cur:
-            cur.execute("CREATE DATABASE shop")
-        proxy = ctx.proxies.proxy("mariadb", f"127.0.0.1:{db.port}")
-        dsn = db.dsn("shop").replace(f":{db.port}", f":{port_of(proxy)}")
-        workload = mariadb_workload(lambda: db.root("shop"), ctx.seed)
-        events = ctx.workdir / "events.jsonl"
-        cfg = ctx.pipeline("chaos", {
-            "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
-            "sinks": [{"type": "file", "config": {"id": "file", "path": str(events)}}],
-            "storage": {"type": "sqlite", "path": str(ctx.workdir / "checkpoints.db")},
-        })  # fmt: skip
-        args = ("--config", str(cfg), "--log-file", str(ctx.workdir / "log.jsonl"))
+        rig = mariadb_to_file(ctx, stack)
+        db, workload, args, events = rig.db, rig.workload, rig.args, rig.events
         serve = stack.enter_context(Serve(ctx.workdir, *args))
         serve.wait_api()
         serve.wait_source_open("chaos")
@@ -50,9 +39,7 @@ def run(ctx: RunContext) -> None:
             cur.execute("SHOW MASTER STATUS")
             binlog = db.data / str(cur.fetchone()[0])
             cur.execute("FLUSH BINARY LOGS")  # that file is closed: nothing writes it again
-        raw = binlog.read_bytes()
-        at = raw.rindex(MARK)  # in the rows event (the statement's annotation holds it first)
-        binlog.write_bytes(raw[:at] + MARK.upper() + raw[at + len(MARK) :])
+        damage_on_disk(binlog, MARK)  # in the rows event (the statement's annotation holds it first)
         serve = stack.enter_context(Serve(ctx.workdir, *args))
         serve.wait_api()
         took = wait_for(lambda: serve.get("/health").status_code == 503, 120, "/health 503")

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from toxiproxy.proxy import Proxy
@@ -18,6 +19,7 @@ from chaos.harness import (
     checks,
     file_changes,
     kafka_changes,
+    mariadb_workload,
     nats_changes,
     port_of,
     postgres_workload,
@@ -25,6 +27,7 @@ from chaos.harness import (
 )
 from chaos.runner import Failed, RunContext
 from tests.serve_proc import Serve, free_port
+from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
@@ -252,3 +255,30 @@ def postgres_rig(ctx: RunContext) -> Iterator[Rig]:
             rig.workload.stop_quietly()
             if rig.serve is not None and rig.serve.proc.poll() is None:
                 rig.serve.kill()
+
+
+@dataclass
+class MariaDBToFile:
+    """A private MariaDB behind a proxy with the workload's table, and ``serve``'s arguments for a
+    pipeline from it to a file (checkpoints in SQLite): the stop-and-start MariaDB scenarios."""
+
+    db: MariaDB
+    workload: Workload
+    args: tuple[str, ...]
+    events: Path
+
+
+def mariadb_to_file(ctx: RunContext, stack: contextlib.ExitStack) -> MariaDBToFile:
+    db = stack.enter_context(MariaDB())
+    with db.root() as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE shop")
+    proxy = ctx.proxies.proxy("mariadb", f"127.0.0.1:{db.port}")
+    dsn = db.dsn("shop").replace(f":{db.port}", f":{port_of(proxy)}")
+    events = ctx.workdir / "events.jsonl"
+    cfg = ctx.pipeline(PIPELINE, {
+        "source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"]}},
+        "sinks": [{"type": "file", "config": {"id": "file", "path": str(events)}}],
+        "storage": {"type": "sqlite", "path": str(ctx.workdir / "checkpoints.db")},
+    })  # fmt: skip
+    args = ("--config", str(cfg), "--log-file", str(ctx.workdir / "log.jsonl"))
+    return MariaDBToFile(db, mariadb_workload(lambda: db.root("shop"), ctx.seed), args, events)
