@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,6 +26,9 @@ from deltaforge.snapshot.chunks import SnapshotRefused
 from deltaforge.snapshot.driver import SnapshotDriver
 from deltaforge.sources.base import PositionLost
 from supervision import Unavailable
+
+SETTLE_S = 30.0
+"""How long an error that ends a reading waits for what was read before it to be delivered."""
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.accumulator import Accumulator
@@ -63,11 +67,14 @@ class SourceReader(Actor):
         ctx: PipelineContext,
         accumulator: ActorRef[Accumulator],
         reconciler: ActorRef[FailoverReconciler] | None = None,
+        settle: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
         self.ctx = ctx
         self.accumulator = accumulator
         self.reconciler = reconciler
+        self.settle = settle
+        """Delivers everything handed downstream (see :meth:`_deliver_what_was_read`)."""
         self.timers = StageTimers(ctx.config.name)
         self.schemas: dict[str, list[dict[str, Any]] | None] = {}  # table -> its latest recorded columns
         self.reading = True
@@ -115,6 +122,19 @@ class SourceReader(Actor):
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
 
+    async def _deliver_what_was_read(self) -> None:
+        """Before an error that ends this reading (a damaged event, a lost position): what came
+        before it is delivered and checkpointed, so a halt leaves the checkpoints right before
+        what failed. A restart would otherwise drop the batches in flight, and the next reading
+        could fail again before they go out. A sink that does not take them within SETTLE_S is
+        not waited for longer: the error goes up all the same."""
+        if self.settle is None:
+            return
+        try:
+            await self.settle(SETTLE_S)
+        except Exception as exc:  # noqa: BLE001 - the source's error is the one raised
+            self.log.warning("delivery_before_error_incomplete", reason=f"{type(exc).__name__}: {exc}")
+
     async def _resnapshot_or_halt(self, lost: PositionLost) -> None:
         """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt."""
         if not self.snapshots.recovers:
@@ -159,6 +179,7 @@ class SourceReader(Actor):
                 raise
             except Exception:
                 self.ctx.stats.source_errors += 1
+                await self._deliver_what_was_read()
                 raise
             self.ctx.availability.up("source")
             for table, columns, position in source.take_schema_changes():

@@ -16,8 +16,6 @@ from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
 from deltaforge.pipeline.messages import (
-    Barrier,
-    FlushNow,
     ReleaseHeld,
     ReplayDeadLetters,
     ResumeReading,
@@ -176,10 +174,7 @@ class PipelineRunner:
         try:
             async with asyncio.timeout(timeout):
                 await tree.reader.ask(StopReading(), timeout=timeout)
-                await tree.accumulator.ask(FlushNow(), timeout=timeout)
-                if tree.transformer is not None:
-                    await tree.transformer.ask(Barrier(), timeout=timeout)
-                await tree.coordinator.ask(Barrier(), timeout=timeout)
+                await tree.deliver_buffered(timeout)
                 await tree.reader.ask(ReleaseHeld(), timeout=timeout)
             last = self.ctx.stats.last_checkpoint
             self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)

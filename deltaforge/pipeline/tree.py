@@ -41,6 +41,7 @@ from deltaforge.pipeline.committer import CheckpointCommitter
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.coordinator import DeliveryCoordinator
 from deltaforge.pipeline.delivery import DeliveryWorker
+from deltaforge.pipeline.messages import Barrier, FlushNow
 from deltaforge.pipeline.reader import SourceReader
 from deltaforge.pipeline.reconciler import FailoverReconciler
 from supervision import Backoff, ChildSpec, FunctionChild, Intensity, Restart, Strategy, Supervisor
@@ -59,6 +60,10 @@ class MissingExtra(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class PipelineTree:
     """The running tree and the refs the runner talks to (to drain it)."""
+
+    async def deliver_buffered(self, timeout: float) -> None:
+        """Everything handed past the reader delivered and checkpointed (the drain's middle)."""
+        await deliver_buffered(self.accumulator, self.transformer, self.coordinator, timeout)
 
     supervisor: Supervisor
     reader: ActorRef[SourceReader]
@@ -124,8 +129,12 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
     reconciler: ActorCell[FailoverReconciler] = ActorCell(
         "FailoverReconciler", lambda: FailoverReconciler(ctx)
     )
+
+    async def settle(timeout: float) -> None:
+        await deliver_buffered(accumulator.ref, transformer_ref, coordinator.ref, timeout)
+
     reader: ActorCell[SourceReader] = ActorCell(
-        "SourceReader", lambda: SourceReader(ctx, accumulator.ref, reconciler.ref)
+        "SourceReader", lambda: SourceReader(ctx, accumulator.ref, reconciler.ref, settle)
     )
     children = [
         ChildSpec(committer),
@@ -148,6 +157,20 @@ def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> Pi
         max_unavailable=sup.max_unavailable_s,
     )
     return PipelineTree(supervisor, reader.ref, accumulator.ref, transformer_ref, coordinator.ref, workers)
+
+
+async def deliver_buffered(
+    accumulator: ActorRef[Accumulator],
+    transformer: ActorRef[SparkTransformer] | None,
+    coordinator: ActorRef[DeliveryCoordinator],
+    timeout: float,
+) -> None:
+    """The accumulator cuts what it holds, the transformer and the coordinator finish every batch
+    sent before: what the reader handed over is delivered and checkpointed."""
+    await accumulator.ask(FlushNow(), timeout=timeout)
+    if transformer is not None:
+        await transformer.ask(Barrier(), timeout=timeout)
+    await coordinator.ask(Barrier(), timeout=timeout)
 
 
 class _WorkerFactory:
