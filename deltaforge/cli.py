@@ -28,12 +28,12 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
 from deltaforge.redact import redact
 from deltaforge.service.client import VERBS as PIPELINE_VERBS
-
-if TYPE_CHECKING:
-    from deltaforge.service.manager import PipelineManager
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import open_store
+
+if TYPE_CHECKING:
+    from deltaforge.service.manager import PipelineManager
 
 
 def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:

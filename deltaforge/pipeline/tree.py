@@ -61,16 +61,16 @@ class MissingExtra(RuntimeError):
 class PipelineTree:
     """The running tree and the refs the runner talks to (to drain it)."""
 
-    async def deliver_buffered(self, timeout: float) -> None:
-        """Everything handed past the reader delivered and checkpointed (the drain's middle)."""
-        await deliver_buffered(self.accumulator, self.transformer, self.coordinator, timeout)
-
     supervisor: Supervisor
     reader: ActorRef[SourceReader]
     accumulator: ActorRef[Accumulator]
     transformer: ActorRef[SparkTransformer] | None
     coordinator: ActorRef[DeliveryCoordinator]
     workers: dict[str, ActorRef[DeliveryWorker]]
+
+    async def deliver_buffered(self, timeout: float) -> None:
+        """Everything handed past the reader delivered and checkpointed (the drain's middle)."""
+        await deliver_buffered(self.accumulator, self.transformer, self.coordinator, timeout)
 
 
 def build_tree(ctx: PipelineContext, extra: list[ChildSpec] | None = None) -> PipelineTree:

@@ -15,7 +15,6 @@ event, so it reaches ``deltaforge logs`` and the log file, not bare text on a te
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import importlib
 import json
@@ -122,7 +121,7 @@ class ChildDecoder:
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._relay: threading.Thread | None = None
-        self._said: collections.deque[str] = collections.deque(maxlen=1)
+        self._last_words: str | None = None
         """The child's last error message: why it exited, when it did."""
 
     def spawn(self) -> None:
@@ -239,7 +238,7 @@ class ChildDecoder:
                 relay = self._relay
                 if relay is not None:
                     relay.join(5.0)  # its stderr ends with it: then what it said last is in
-                said = f": {self._said[-1]}" if self._said else ""
+                said = f": {self._last_words}" if self._last_words else ""
                 exc = SourceError(f"{self.name}: decoder process exited (code {code}){said}")
             self._put(exc)
 
@@ -260,12 +259,12 @@ class ChildDecoder:
                 if not isinstance(doc, dict) or "logger" not in doc:
                     # Not from our handler: the interpreter's own last words, a C library's print
                     log.warning("decoder_output", actor="decoder", line=line)
-                    self._said.append(line)
+                    self._last_words = line
                     continue
                 fields = {k: v for k, v in doc.items() if k in ("message", "exception")}
                 if doc.get("level") in ("error", "critical"):
                     log.error("library_error", actor=doc["logger"], **fields)
-                    self._said.append(str(doc.get("message")))
+                    self._last_words = str(doc.get("message"))
                 else:
                     log.warning("library_warning", actor=doc["logger"], **fields)
         except (OSError, ValueError):
