@@ -103,7 +103,13 @@ async def test_a_lagging_optional_sink_that_comes_back_catches_up_in_the_same_ru
         if down:
             raise RetryableSinkError("b is down")
 
-    a, b = ScriptedSink("a"), ScriptedSink("b", required=False, script=flaky)
+    class DownUntilUp(ScriptedSink):
+        # A probe that says "reachable" while deliveries still fail would let b rejoin, fail
+        # again and be briefly not lagging: the probe and the deliveries agree, as a server's do.
+        async def reachable(self) -> None:
+            flaky(0, [])
+
+    a, b = ScriptedSink("a"), DownUntilUp("b", required=False, script=flaky)
     source = SyntheticSource(N, chunk=50)
     cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)], batch={"max_events": 50, "max_ms": 5})
     runner, task = await start(cfg, [a, b], source, store)
