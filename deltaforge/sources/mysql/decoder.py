@@ -12,12 +12,12 @@ from __future__ import annotations
 import fnmatch
 import ssl
 import time
-from datetime import UTC
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
+from deltaforge.sources.mysql.rowvalues import STRING_TYPES, TIMESTAMP_TYPES, as_bytes, as_utc, primary_key
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 
@@ -54,21 +54,6 @@ _UNDECODABLE = {
 }
 
 
-_TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
-
-
-def _primary_key(ev: Any) -> tuple[str, ...]:
-    """A rows event's primary-key columns, from the table map's metadata (binlog_row_metadata=FULL)."""
-    simple = tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
-    if simple:
-        return simple
-    meta = getattr(getattr(ev, "table_obj", None), "optional_metadata", None) or getattr(
-        ev, "optional_metadata", None
-    )
-    prefixed = getattr(meta, "primary_keys_with_prefix", None) or {}
-    return tuple(ev.columns[i].name for i in sorted(prefixed) if i < len(ev.columns))
-
-
 def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
     """The GTID position once ``gtid`` is committed (MariaDB: every domain's last GTID)."""
     if is_mariadb and gtid:
@@ -84,34 +69,6 @@ class XaUnknown(Exception):
 def gtid_domains(state: str) -> dict[str, str]:
     """``"0-1-5,1-1-9"`` -> ``{"0": "0-1-5", "1": "1-1-9"}`` (MariaDB GTID positions)."""
     return {g.split("-", 1)[0]: g for g in (p.strip() for p in state.split(",")) if g.count("-") == 2}
-
-
-_STRING_TYPES = {15, 253, 254}  # VARCHAR, VAR_STRING, STRING (BINARY/VARBINARY with charset binary)
-
-
-def _as_bytes(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    """BINARY/VARBINARY values as bytes. python-mysql-replication "decodes" them with the codec
-    named "binary", which fails and keeps the bytes, except for an empty value: Python decodes
-    b"" to "" without looking the codec up, so an empty VARBINARY came out as text."""
-    for row in rows:
-        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
-            if image is not None:
-                for name in columns:
-                    value = image.get(name)
-                    if isinstance(value, str):
-                        image[name] = value.encode("latin-1")
-
-
-def _as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    """TIMESTAMP values as aware UTC datetimes. python-mysql-replication returns them naive (in
-    UTC), which would make them indistinguishable from DATETIME, a wall-clock time without a zone."""
-    for row in rows:
-        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
-            if image is not None:
-                for name in columns:
-                    value = image.get(name)
-                    if value is not None:
-                        image[name] = value.replace(tzinfo=UTC)
 
 
 class Undecodable(Exception):
@@ -265,21 +222,21 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             columns = tuple((c.name, c.type) for c in ev.columns)
             if schemas.get(table) != columns:
                 schemas[table] = columns
-                instants[table] = tuple(n for n, t in columns if t in _TIMESTAMP_TYPES)
+                instants[table] = tuple(n for n, t in columns if t in TIMESTAMP_TYPES)
                 binaries[table] = tuple(
                     c.name for c in ev.columns
-                    if c.type in _STRING_TYPES and getattr(c, "character_set_name", None) == "binary"
+                    if c.type in STRING_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
-                keys = _primary_key(ev)
+                keys = primary_key(ev)
                 cols = [{"name": n, "type": t, "key": n in keys} for n, t in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             op = op_of[type(ev)]
             ts = int(ev.timestamp)
             rows = ev.rows
             if instants[table]:
-                _as_utc(rows, instants[table])
+                as_utc(rows, instants[table])
             if binaries[table]:
-                _as_bytes(rows, binaries[table])
+                as_bytes(rows, binaries[table])
             for i, row in enumerate(rows):
                 if op == "u":
                     tx.append(
