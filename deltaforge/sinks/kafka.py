@@ -28,7 +28,6 @@ delete before the insert it deletes, and keep the row.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Literal
 
@@ -41,6 +40,7 @@ from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
@@ -58,8 +58,6 @@ _NON_RETRYABLE = {
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._AUTHENTICATION,
 }
-LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
-IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -377,42 +375,3 @@ def row_key(e: Event) -> bytes | str | None:
     if key:
         return encode({k: row.get(k) for k in key})
     return str(next(iter(row.values())))
-
-
-def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> PositionDoc | None:
-    """The last committed position recorded under ``key`` in ``topic`` (read_committed), if any."""
-    import orjson
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": brokers,
-            "group.id": f"deltaforge-position-{key.decode()}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "log_level": 3,
-            "logger": LIBRDKAFKA_LOG,
-        }
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return None
-        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
-        found: PositionDoc | None = None
-        idle_since = time.monotonic()
-        # Read to the end. Watermarks would say where the end is, but Kafka-compatible brokers
-        # disagree on them (Tansu's count batches), so the end is when nothing more comes.
-        while time.monotonic() - idle_since < IDLE_END_S:
-            msgs = consumer.consume(500, 0.2)
-            for m in msgs:
-                value = m.value()
-                if m.error() is None and m.key() == key and value is not None:
-                    found = orjson.loads(value)["position"]
-            if msgs:
-                idle_since = time.monotonic()
-        return found
-    except KafkaException as exc:
-        raise RetryableSinkError(f"cannot read positions from {topic!r}: {exc.args[0].str()}") from None
-    finally:
-        consumer.close()
