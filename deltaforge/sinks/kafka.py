@@ -45,6 +45,7 @@ from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
 Record = tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]
+"""Topic, value, key, headers, and whether a tombstone follows."""
 
 _POISON = {  # the event's fault: to the DLQ, with this kind
     KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
