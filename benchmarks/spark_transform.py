@@ -18,10 +18,13 @@ import argparse
 import asyncio
 import datetime as dt
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import Figure
 from benchmarks.drain import drain_rate
