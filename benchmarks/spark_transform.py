@@ -109,7 +109,8 @@ def pipeline(
 async def drain(doc: dict[str, Any], total: int) -> float:
     # Processors drop events, so "done" is the checkpoint reaching the last one read.
     def done(stats: PipelineStats) -> bool:
-        return stats.last_checkpoint is not None and stats.last_checkpoint["seq"] >= total - 1
+        last = stats.last_checkpoint
+        return isinstance(last, SeqPosition) and last.seq >= total - 1
 
     return await drain_rate(doc, total, TypedSource(total), done)
 
