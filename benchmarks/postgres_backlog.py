@@ -98,7 +98,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--tx", type=int, default=1000, help="rows per source transaction")
-    ap.add_argument("--chunk", type=int, default=5000, help="the source's read_chunk (changes per peek)")
+    ap.add_argument(
+        "--chunk", type=int, default=5000, help="the source's read_chunk (pgoutput messages decoded per read)"
+    )
     args = ap.parse_args()
     with Postgres() as pg, tempfile.TemporaryDirectory() as tmp:
         asyncio.run(fill(pg, args.rows, args.tx))
