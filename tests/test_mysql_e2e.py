@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
+from tests.mysql_kit import fresh_db, purge_all_but_newest
 from tests.serve_proc import Serve
 from tests.servers.mariadb import CDC_PASSWORD, MariaDB
-from tests.test_mysql_source import fresh_db, purge_all_but_newest
 
 
 def pipeline_yaml(tmp: Path, db: str) -> Path:

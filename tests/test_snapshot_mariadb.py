@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
+from tests.mysql_kit import fresh_db
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import CDC_USER, MariaDB
 from tests.snapshot_kit import (
@@ -25,7 +26,6 @@ from tests.snapshot_kit import (
     snapshot_rows_in,
     snapshot_status,
 )
-from tests.test_mysql_source import fresh_db
 
 ROWS = 200_000
 

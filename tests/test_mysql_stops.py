@@ -1,0 +1,183 @@
+"""What stops the MySQL/MariaDB source, and what it says: a lost position, wrong settings or
+rights, compressed or damaged binlog events (never skipped)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from deltaforge.events import Event
+from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured
+from deltaforge.sources.mysql.config import MySQLSourceConfig
+from deltaforge.sources.mysql.source import MySQLSource
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import damage_on_disk, wait_until
+from tests.mysql_kit import fresh_db, purge_all_but_newest, read_n, source, to_file
+from tests.servers.mariadb import MariaDB
+
+
+async def test_purged_binlog_is_position_lost(mariadb: MariaDB) -> None:
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (1)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    [ev] = await read_n(src, 1)
+    await src.close()
+    purge_all_but_newest(mariadb, ev.checkpoint.file)
+    src2 = source(mariadb, [f"{db}.t"])
+    with pytest.raises(PositionLost) as info:
+        await src2.open(ev.checkpoint)
+    msg = str(info.value)
+    assert msg.startswith(f"position lost: binlog file {ev.checkpoint.file} is no longer on the server")
+    assert msg.endswith("Re-snapshot required.")
+
+
+async def test_gtid_ahead_of_server_is_position_lost(mariadb: MariaDB) -> None:
+    src = source(mariadb, ["x.t"])
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        file = cur.fetchone()[0]
+    with pytest.raises(PositionLost, match=r"GTID 0-1-999999 is ahead of the server's binlog state"):
+        await src.open(src.load_position({"file": file, "pos": 4, "row": 0, "gtid": "0-1-999999"}))
+
+
+async def test_missing_privileges_are_named(mariadb: MariaDB) -> None:
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("CREATE USER IF NOT EXISTS 'weak'@'%' IDENTIFIED BY 'weak-pw'")
+        cur.execute("GRANT SELECT ON *.* TO 'weak'@'%'")
+    src = MySQLSource(MySQLSourceConfig(id="w", dsn=mariadb.dsn(user="weak", password="weak-pw")))
+    with pytest.raises(SourceMisconfigured) as info:
+        await src.open(None)
+    assert "user lacks REPLICATION SLAVE, BINLOG MONITOR" in str(info.value)
+    assert "weak-pw" not in str(info.value)
+
+
+async def test_wrong_password_is_clear_and_does_not_leak(mariadb: MariaDB) -> None:
+    src = MySQLSource(MySQLSourceConfig(id="w", dsn=mariadb.dsn(password="not-the-pw")))
+    with pytest.raises(SourceMisconfigured, match="access denied") as info:
+        await src.open(None)
+    assert "not-the-pw" not in str(info.value)
+
+
+def test_statement_format_fails_at_start_saying_what_to_set() -> None:
+    with MariaDB(extra_args=["--binlog-format=STATEMENT"], server_id=7) as server:
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn()))
+        with pytest.raises(SourceMisconfigured) as info:
+            asyncio.run(src.open(None))
+    msg = str(info.value)
+    assert "binlog_format is STATEMENT; set binlog_format=ROW (--binlog-format=ROW)" in msg
+
+
+def test_compressed_binlog_is_refused_at_start_saying_what_to_set() -> None:
+    with MariaDB(extra_args=["--log-bin-compress=ON"], server_id=8) as server:
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn()))
+        with pytest.raises(SourceMisconfigured) as info:
+            asyncio.run(src.open(None))
+    assert "log_bin_compress is ON; set log_bin_compress=OFF" in str(info.value)
+
+
+def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
+    """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
+
+    async def scenario(server: MariaDB) -> str:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+        src = source(server, ["z.t"])
+        await src.open(None)
+        first = await read_n(src, 1)
+        assert first[0].after == {"id": 1, "note": "plain"}
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL log_bin_compress_min_len = 10")
+            cur.execute("SET GLOBAL log_bin_compress = ON")
+        with server.root() as c, c.cursor() as cur:  # a new session: the setting applies
+            cur.execute("INSERT INTO z.t VALUES (2, %s)", ("x" * 150,))
+        try:
+            with pytest.raises(SourceMisconfigured) as info:
+                await read_n(src, 1)
+            return str(info.value)
+        finally:
+            await src.close()
+
+    with MariaDB(server_id=9) as server:
+        msg = asyncio.run(scenario(server))
+    assert "a MariaDB compressed" in msg and "at mysql-bin.000001:" in msg
+    assert "set log_bin_compress=OFF" in msg
+
+
+def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivered() -> None:
+    """A byte changed in a closed binlog file on the server's disk. MariaDB's dump thread sends it
+    as it is (master_verify_checksum is OFF by default); the event fails its CRC32, so reading
+    fails saying where, and the damaged row never becomes an event."""
+
+    async def scenario(server: MariaDB) -> str:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+            cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
+            cur.execute("FLUSH BINARY LOGS")  # mysql-bin.000001 is closed: nothing writes it again
+        damage_on_disk(server.data / "mysql-bin.000001", b"the original note")
+        src = source(server, ["z.t"])
+        await src.open(src.load_position({"file": "mysql-bin.000001", "pos": 4, "row": 0, "gtid": ""}))
+        try:
+            seen: list[Event] = []
+            with pytest.raises(SourceError) as info:
+                while len(seen) < 2:  # the damaged row, delivered, ends it too
+                    seen.extend(e for e in await src.read() if e.op != "h")
+            assert [e.after for e in seen] == [{"id": 1, "note": "plain"}]
+            return str(info.value)
+        finally:
+            await src.close()
+
+    with MariaDB(server_id=11) as server:
+        msg = asyncio.run(scenario(server))
+    assert "the binlog event at mysql-bin.000001:" in msg and "does not match its CRC32 checksum" in msg
+
+
+def test_a_pipeline_meeting_a_damaged_binlog_event_halts_saying_where_after_what_came_before(
+    tmp_path: Path,
+) -> None:
+    """Through the pipeline: it resumes from its checkpoint into a damaged event, restarts its
+    source (a damage in transit would be cured), then halts with the event's coordinates; the
+    file holds what came before it and none of the damaged row."""
+
+    async def scenario(server: MariaDB) -> str | None:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
+        out, store = tmp_path / "events.jsonl", MemoryCheckpointStore()
+        runner = to_file(server, "crc", "z.t", out, store)  # no checkpoint: from the oldest binlog
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 1, timeout=30, what="row 1")
+        await runner.drain()
+        await task
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("INSERT INTO z.t VALUES (2, 'the original note')")
+            cur.execute("FLUSH BINARY LOGS")
+        damage_on_disk(server.data / "mysql-bin.000001", b"the original note")
+        runner = to_file(server, "crc", "z.t", out, store)
+        task = asyncio.create_task(runner.run())
+
+        def ids() -> list[int]:
+            return [orjson.loads(x)["after"]["id"] for x in out.read_bytes().splitlines()]
+
+        await wait_until(lambda: task.done() or len(ids()) > 1, timeout=120, what="a halt (or row 2)")
+        if not task.done():  # the damaged row was delivered: stop, then fail below
+            await runner.drain()
+            await task
+        assert ids() == [1]
+        assert runner.state == "failed"
+        return runner.failure
+
+    with MariaDB(server_id=12) as server:
+        reason = asyncio.run(scenario(server))
+    assert reason is not None and "does not match its CRC32 checksum" in reason, reason
+    assert "the binlog event at mysql-bin.000001:" in reason
