@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from deltaforge.config import parse_pipeline
-from deltaforge.events import with_images
+from deltaforge.events import Event, with_images
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -110,21 +110,40 @@ async def test_hundred_thousand_events_complete_and_in_order_per_key(
     assert all(len(p) == 1 for p in partitions.values())  # one key, one partition
 
 
-async def test_fenced_producer_stops_the_pipeline_as_fatal(tansu: Tansu) -> None:
-    tansu.create_topic("cdc.t")
-    # A commit that times out is retried (librdkafka's guidance), so the fence may surface only
-    # after one commit timeout: keep it short for the test's 30 s.
-    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True, timeout_s=5), env={})
+class HeldSource(PacedSource):
+    """A PacedSource that holds back every event after ``hold_at`` until ``resume`` is set."""
 
-    runner = PipelineRunner(
-        cfg, store=MemoryCheckpointStore(), source=PacedSource(100_000, chunk=100, delay=0.02)
-    )
+    def __init__(self, total: int, chunk: int, delay: float, hold_at: int) -> None:
+        super().__init__(total, chunk=chunk, delay=delay)
+        self.hold_at = hold_at
+        self.resume = asyncio.Event()
+
+    async def read(self) -> list[Event]:
+        if self.next > self.hold_at and not self.resume.is_set():
+            await asyncio.sleep(self.delay)  # nothing new yet, as a quiet database says
+            return []
+        return await super().read()
+
+
+async def test_fenced_producer_stops_the_pipeline_as_fatal(tansu: Tansu) -> None:
+    """A second producer with our transactional.id fences ours: the pipeline stops, as fatal.
+
+    The rival comes while the sink has no transaction open. Tansu 0.6 fences reliably only then:
+    an InitProducerId that meets an open transaction waits for it to end, and one that met a
+    commit in flight left the old producer unfenced for 90 s in a loop of 25 (a race in Tansu's
+    coordinator; Kafka aborts the open transaction and fences its producer)."""
+    tansu.create_topic("cdc.t")
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True, timeout_s=5), env={})
+    source = HeldSource(100_000, chunk=100, delay=0.02, hold_at=300)
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=source)
     task = asyncio.create_task(runner.run())
-    await wait_until(lambda: runner.ctx.stats.events_committed > 300, timeout=30, what="some committed")
+    # Everything read so far committed: the sink's last transaction has ended.
+    await wait_until(lambda: runner.ctx.stats.events_committed == 300, timeout=30, what="300 committed")
     usurper = Producer(
         {"bootstrap.servers": tansu.bootstrap, "transactional.id": "deltaforge-kp-k", "log_level": 3}
     )
     await asyncio.to_thread(usurper.init_transactions, 10)
+    source.resume.set()
     await asyncio.wait_for(task, 30)
     assert runner.state == "failed"
     assert runner.failure is not None and "kafka sink 'k'" in runner.failure and "_FENCED" in runner.failure
