@@ -23,10 +23,10 @@ from tests.helpers import jsonl, wait_until
 from tests.kit import SyntheticSource, config, make_event
 from tests.mysql_kit import fresh_db as my_fresh_db
 from tests.mysql_kit import source as my_source
+from tests.postgres_kit import fresh_db as pg_fresh_db
+from tests.postgres_kit import source as pg_source
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
-from tests.test_postgres_source import fresh_db as pg_fresh_db
-from tests.test_postgres_source import source as pg_source
 from tests.test_turso_source import source as turso_source
 from tests.test_turso_source import writer as turso_writer
 

@@ -19,13 +19,13 @@ from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.postgres_kit import fresh_db
 from tests.serve_proc import free_port
 from tests.servers.postgres import Postgres
 from tests.servers.proxy import TcpProxy
 from tests.servers.tansu import Tansu
 from tests.sink_crash import crash_and_recover, outage_and_recover
 from tests.test_postgres_sink import _reader_up
-from tests.test_postgres_source import fresh_db
 
 
 def kafka_doc(brokers: str, **sink: Any) -> dict[str, Any]:

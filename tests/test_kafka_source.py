@@ -22,11 +22,11 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.state.deadletters import Select
 from tests.helpers import jsonl, next_offsets, offsets_in_order, wait_until, wait_until_sync
 from tests.mysql_kit import fresh_db as fresh_mariadb_db
+from tests.postgres_kit import fresh_db
 from tests.serve_proc import serve_pipeline
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 from tests.servers.tansu import Tansu
-from tests.test_postgres_source import fresh_db
 
 
 def produce(bootstrap: str, records: list[tuple[str, int, bytes | None, bytes | None]]) -> None:

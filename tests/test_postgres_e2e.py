@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
+from tests.postgres_kit import fresh_db
 from tests.serve_proc import Serve
 from tests.servers.postgres import Postgres
-from tests.test_postgres_source import fresh_db
 
 
 def pipeline_yaml(tmp: Path, pg: Postgres, db: str) -> Path:

@@ -19,9 +19,9 @@ from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.postgres_kit import fresh_db
 from tests.servers.postgres import Postgres
 from tests.sink_crash import crash_and_recover, outage_and_recover
-from tests.test_postgres_source import fresh_db
 
 
 def pg_doc(dsn: str, **sink: Any) -> dict[str, Any]:

@@ -1,59 +1,21 @@
-"""The PostgreSQL source against a real private PostgreSQL 15 (pgoutput via SQL decoding)."""
+"""The PostgreSQL source against a real private PostgreSQL 15 (pgoutput over streaming
+replication): rows, types, transactions, resumes, schema changes."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import itertools
-import os
-import signal
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import asyncpg
-import pytest
 
-from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
-from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
-from deltaforge.sources.postgres.config import PostgresSourceConfig
-from deltaforge.sources.postgres.source import PostgresSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import damage_on_disk, jsonl, wait_until
-from tests.kit import ScriptedSink
+from tests.helpers import jsonl, wait_until
+from tests.postgres_kit import fresh_db, read_n, source
 from tests.servers.postgres import Postgres
-
-_n = itertools.count(1)
-
-
-async def fresh_db(pg: Postgres) -> str:
-    name = f"app{next(_n)}"
-    conn = await asyncpg.connect(pg.dsn())
-    await conn.execute(f"CREATE DATABASE {name}")
-    await conn.close()
-    return name
-
-
-def source(pg: Postgres, db: str, **extra: Any) -> PostgresSource:
-    cfg = {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}", **extra}
-    return PostgresSource(PostgresSourceConfig.model_validate(cfg), tenant="acme")
-
-
-async def read_n(src: PostgresSource, n: int, timeout: float = 60) -> list[Event]:
-    out: list[Event] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(out) < n:
-        assert loop.time() < deadline, f"read {len(out)} of {n}"
-        got = [e for e in await src.read() if e.op != "h"]
-        out.extend(got)
-        if not got:
-            await asyncio.sleep(0.02)
-    return out
-
 
 TYPES = """CREATE TABLE types (
     id int PRIMARY KEY, big bigint, num numeric(20,6), fl double precision, txt text, raw bytea, ok boolean,
@@ -149,132 +111,6 @@ async def test_unchanged_toast_is_marked_not_null(postgres: Postgres) -> None:
     await conn.close()
 
 
-async def test_a_closed_source_has_let_go_of_its_slot(postgres: Postgres, proxies: ProxyServer) -> None:
-    """The walsender of a stopped stream exits in its own time; until then the slot is active, and
-    a drop (the user's clean-up after stopping a pipeline) or the next reader is refused. close()
-    returns once the slot is free: here the proxy passes each connection's close on to the server
-    1.5 s late, as a loaded server would notice it late."""
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
-    proxy.add_toxic(type="slow_close", stream="upstream", attributes={"delay": 1500})
-    src = source(postgres, db, dsn=postgres.dsn(db).replace(f":{postgres.port}/", f":{port_of(proxy)}/"))
-    await src.open(None)
-    await conn.execute("INSERT INTO t VALUES (1)")
-    await read_n(src, 1)
-    await src.close()
-    active = "SELECT active FROM pg_replication_slots WHERE slot_name = $1"
-    assert await conn.fetchval(active, f"s_{db}") is False
-    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
-    await conn.close()
-
-
-async def test_dropped_slot_is_position_lost(postgres: Postgres) -> None:
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    src = source(postgres, db)
-    await src.open(None)
-    await conn.execute("INSERT INTO t VALUES (1)")
-    [ev] = await read_n(src, 1)
-    await src.close()
-    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
-    again = source(postgres, db)
-    with pytest.raises(PositionLost, match=rf"^position lost: replication slot 's_{db}' does not exist"):
-        await again.open(ev.checkpoint)
-    await conn.close()
-
-
-async def slot_lsn(conn: asyncpg.Connection, slot: str) -> int:
-    return int(
-        await conn.fetchval("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", slot)
-    )
-
-
-async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(postgres: Postgres) -> None:
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    await conn.execute("CREATE TABLE unrelated (id int PRIMARY KEY)")
-    gate = asyncio.Event()
-
-    async def stall(call: int, events: list[Event]) -> None:
-        if call >= 2:
-            await gate.wait()  # the second batch hangs until released
-
-    sink = ScriptedSink("a", script=stall)
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "pgslot"},
-        "spec": {
-            "source": {
-                "type": "postgres",
-                "config": {
-                    "id": "pg",
-                    "dsn": postgres.dsn(db),
-                    "slot": "s1",
-                    "publication": "p1",
-                    "tables": ["public.t"],
-                    "heartbeat_ms": 100,
-                    "poll_interval_ms": 20,
-                },
-            },
-            "sinks": [{"type": "stdout", "config": {"id": "a"}}],
-            "batch": {"max_events": 10, "max_ms": 10},
-            "storage": {"type": "memory"},
-        },
-    }
-    store = MemoryCheckpointStore()
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
-    task = asyncio.create_task(runner.run())
-    await wait_until(lambda: "s1" in runner.ctx.source.slot, what="started")
-    await wait_until(lambda: runner.ctx.stats.events_read >= 0 and runner.state == "running", what="running")
-    await asyncio.sleep(0.3)
-    for i in range(50):
-        await conn.execute("INSERT INTO t VALUES ($1)", i)
-    await wait_until(lambda: sink.calls >= 2, timeout=20, what="second batch stalled")
-    samples = []
-    for _ in range(20):  # while the sink is stalled, the slot stays at or behind the durable checkpoint
-        durable = await store.get("pg::sink::a")
-        lsn = await slot_lsn(conn, "s1")
-        assert durable is not None
-        assert lsn <= int(durable["lsn"]), "slot advanced past what the sink durably has"
-        samples.append(lsn)
-        await asyncio.sleep(0.05)
-    stalled_at = await store.get("pg::sink::a")
-    assert stalled_at is not None and samples[-1] <= int(stalled_at["lsn"])
-    gate.set()
-    await wait_until(lambda: len(sink.received) == 50, timeout=20, what="all delivered")
-    # idle on our table, busy elsewhere: heartbeats still move the slot forward
-    before = await slot_lsn(conn, "s1")
-    for i in range(20):
-        await conn.execute("INSERT INTO unrelated VALUES ($1)", i)
-    target = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
-    deadline = asyncio.get_running_loop().time() + 20
-    while await slot_lsn(conn, "s1") < target:
-        assert asyncio.get_running_loop().time() < deadline, "slot did not advance while idle"
-        await asyncio.sleep(0.05)
-    assert await slot_lsn(conn, "s1") > before
-    assert len(sink.received) == 50  # heartbeats never reach a sink
-    await runner.drain()
-    await task
-    await conn.close()
-
-
-async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -> None:
-    first, second = await fresh_db(postgres), await fresh_db(postgres)
-    a = source(postgres, first, slot="shared_slot")
-    await a.open(None)
-    await a.close()
-    b = source(postgres, second, slot="shared_slot")
-    with pytest.raises(
-        SourceMisconfigured, match=rf"'shared_slot' belongs to database '{first}', not '{second}'"
-    ):
-        await b.open(None)
-
-
 async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: Postgres) -> None:
     """A database whose default DateStyle is not ISO (SQL, DMY; another time zone) still gives
     datetimes and dates, not text that merely looks like one."""
@@ -346,64 +182,6 @@ async def test_events_carry_the_primary_key_under_default_and_full_replica_ident
     events = await read_n(src, 3)
     await src.close()
     assert [(e.table, e.source.key) for e in events] == [("d", ("b", "a")), ("f", ("id",)), ("f", ("id",))]
-
-
-async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
-    """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
-    pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write
-    position would put every sink's checkpoint past the commit, and its rows would be skipped as
-    already held when they arrive. They must arrive."""
-    with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-        await conn.execute("CREATE TABLE filler (payload text)")
-        out = tmp_path / "events.jsonl"
-        doc = {
-            "apiVersion": "deltaforge/v1",
-            "kind": "Pipeline",
-            "metadata": {"name": "flush"},
-            "spec": {
-                "source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "slot": "s", "publication": "p",
-                                                          "tables": ["public.t"], "heartbeat_ms": 50,
-                                                          "poll_interval_ms": 10}},
-                "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
-                "batch": {"max_events": 10, "max_ms": 10},
-                "storage": {"type": "memory"},
-            },
-        }  # fmt: skip
-        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
-        task = asyncio.create_task(runner.run())
-
-        async def streaming() -> bool:
-            return bool(await conn.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = 's'"))
-
-        while not await streaming():  # the slot exists and the reader streams it
-            await asyncio.sleep(0.02)
-        await conn.execute("INSERT INTO t VALUES (1)")
-        await wait_until(lambda: out.exists() and len(jsonl(out)) == 1, timeout=30, what="first row")
-        walwriter = int(
-            await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
-        )
-        os.kill(walwriter, signal.SIGSTOP)
-        try:
-            await conn.execute("SET synchronous_commit = off")
-            await conn.execute("INSERT INTO t VALUES (2)")
-            committed = int(await conn.fetchval("SELECT pg_current_wal_insert_lsn()"))
-            # Twice the WAL buffers (4 MB here), so a backend writes them out, past the commit, with no flush.
-            await conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 8000)")
-            written = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
-            flushed = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
-            assert flushed < committed <= written, "the scenario needs a written, unflushed commit"
-            # The scenario: the flush is held back for 40 heartbeat periods, whatever the reader does.
-            await asyncio.sleep(2.0)
-        finally:
-            os.kill(walwriter, signal.SIGCONT)
-        await wait_until(
-            lambda: [d["after"]["id"] for d in jsonl(out)] == [1, 2], timeout=30, what="the unflushed row"
-        )
-        await runner.drain()
-        await task
-        await conn.close()
 
 
 async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_with_its_columns(
@@ -493,115 +271,3 @@ async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_
     commits = [h["position"]["commit_lsn"] for h in history]
     assert commits == sorted(commits) and len(set(commits)) == 3
     assert [e["after"]["id"] for e in jsonl(tmp_path / "events.jsonl")] == [1, 2, 3, 4]
-
-
-async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
-    postgres: Postgres, proxies: ProxyServer
-) -> None:
-    """The network stops passing anything and closes nothing (a dead route, a firewall dropping
-    packets). The stream asks for keepalives while it waits; none answered for
-    ``receiver_timeout_ms`` means the connection is lost (PostgreSQL's own receivers' rule),
-    where before it waited on a socket that would never speak again, the pipeline saying ok.
-    The server here never times the stream out itself (``wal_sender_timeout = 0`` for the role),
-    so nothing but the stream's own rule can notice."""
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    role = f"quiet_{db}"
-    await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
-    await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = 0")
-    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
-    dsn = f"postgresql://{role}@127.0.0.1:{port_of(proxy)}/{db}"
-    src = source(postgres, db, dsn=dsn, receiver_timeout_ms=3000)
-    await src.open(None)
-    await conn.execute("INSERT INTO t VALUES (1)")
-    await read_n(src, 1)
-    for stream in ("downstream", "upstream"):
-        proxy.add_toxic(name=f"hole_{stream}", type="timeout", stream=stream, attributes={"timeout": 0})
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    with pytest.raises(SourceUnavailable, match="nothing from the server for 3 s"):
-        while loop.time() - began < 60:
-            await src.read()
-    for stream in ("downstream", "upstream"):
-        proxy.destroy_toxic(f"hole_{stream}")
-    await src.close()
-    await conn.close()
-
-
-async def _damage_the_wal_after_row_1(pg: Postgres) -> str:
-    """A database whose slot (created first) has rows 1 and 2 to read, row 2's WAL record damaged
-    on disk: a byte changed in its closed WAL segment."""
-    db = await fresh_db(pg)
-    conn = await asyncpg.connect(pg.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, note text)")
-    src = source(pg, db)
-    await src.open(None)  # the slot starts here
-    await src.close()
-    await conn.execute("INSERT INTO t VALUES (1, 'plain')")
-    await conn.execute("INSERT INTO t VALUES (2, 'the original note')")
-    segment = pg.data / "pg_wal" / await conn.fetchval("SELECT pg_walfile_name(pg_current_wal_lsn())")
-    await conn.execute("SELECT pg_switch_wal()")  # that segment is closed: nothing writes it again
-    await conn.close()
-    damage_on_disk(segment, b"the original note")
-    return db
-
-
-def test_a_damaged_wal_record_ends_the_stream_after_what_came_before_as_an_error() -> None:
-    """A byte changed in a closed WAL segment on the server's disk: PostgreSQL's own CRC check
-    refuses the record. The source hands over the transaction before it, then fails naming the
-    record's LSN: an error (the pipeline halts after its restarts), never "unavailable" (waiting
-    cannot mend it), and the damaged row is never delivered."""
-
-    async def scenario(pg: Postgres) -> tuple[list[Event], BaseException]:
-        src = source(pg, await _damage_the_wal_after_row_1(pg))
-        await src.open(None)
-        seen: list[Event] = []
-        try:
-            with pytest.raises(SourceError) as info:
-                while len(seen) < 2:  # the damaged row, delivered, ends it too
-                    got = [e for e in await src.read() if e.op != "h"]
-                    seen.extend(got)
-                    if not got:
-                        await asyncio.sleep(0.02)
-            return seen, info.value
-        finally:
-            await src.close()
-
-    with Postgres() as pg:
-        seen, error = asyncio.run(scenario(pg))
-    assert [e.after for e in seen] == [{"id": 1, "note": "plain"}]
-    assert not isinstance(error, SourceUnavailable)
-    assert "incorrect resource manager data checksum in record at" in str(error)
-
-
-def test_a_pipeline_meeting_a_damaged_wal_record_halts_saying_where(tmp_path: Path) -> None:
-    """Through the pipeline: row 1 is delivered, the source restarts (in case it was the
-    connection), then the pipeline halts naming the record; row 2 never arrives."""
-    out = tmp_path / "events.jsonl"
-
-    async def scenario(pg: Postgres) -> tuple[str, str | None]:
-        db = await _damage_the_wal_after_row_1(pg)
-        doc = {
-            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "wal"},
-            "spec": {"source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}",
-                                                               "publication": f"p_{db}"}},
-                     "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]},
-        }  # fmt: skip
-        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
-        task = asyncio.create_task(runner.run())
-
-        def ids() -> list[int]:
-            return [e["after"]["id"] for e in jsonl(out)] if out.exists() else []
-
-        await wait_until(lambda: task.done() or len(ids()) > 1, timeout=120, what="a halt (or row 2)")
-        if not task.done():  # the damaged row was delivered: stop, then fail below
-            await runner.drain()
-            await task
-        assert ids() == [1]
-        return runner.state, runner.failure
-
-    with Postgres() as pg:
-        state, failure = asyncio.run(scenario(pg))
-    assert state == "failed"
-    assert failure is not None and "incorrect resource manager data checksum in record at" in failure

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
+from tests.postgres_kit import fresh_db
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.snapshot_kit import (
@@ -29,7 +30,6 @@ from tests.snapshot_kit import (
     snapshot_rows_in,
     snapshot_status,
 )
-from tests.test_postgres_source import fresh_db
 
 ROWS = 200_000
 

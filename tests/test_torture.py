@@ -16,12 +16,12 @@ import pytest
 
 from tests import torture
 from tests.mysql_kit import fresh_db as fresh_mysql_db
+from tests.postgres_kit import fresh_db
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
 from tests.test_kafka_sink import consume
-from tests.test_postgres_source import fresh_db
 
 COLUMNS_A = ("id", "txt", "num", "bin", "ts", "ver")
 

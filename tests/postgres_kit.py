@@ -1,0 +1,48 @@
+"""Helpers for the PostgreSQL source's tests: a fresh database, a source, reading, the slot."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import asyncpg
+
+from deltaforge.events import Event
+from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.source import PostgresSource
+from tests.servers.postgres import Postgres
+
+_n = itertools.count(1)
+
+
+async def fresh_db(pg: Postgres) -> str:
+    name = f"app{next(_n)}"
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute(f"CREATE DATABASE {name}")
+    await conn.close()
+    return name
+
+
+def source(pg: Postgres, db: str, **extra: Any) -> PostgresSource:
+    cfg = {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}", **extra}
+    return PostgresSource(PostgresSourceConfig.model_validate(cfg), tenant="acme")
+
+
+async def read_n(src: PostgresSource, n: int, timeout: float = 60) -> list[Event]:
+    out: list[Event] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(out) < n:
+        assert loop.time() < deadline, f"read {len(out)} of {n}"
+        got = [e for e in await src.read() if e.op != "h"]
+        out.extend(got)
+        if not got:
+            await asyncio.sleep(0.02)
+    return out
+
+
+async def slot_lsn(conn: asyncpg.Connection, slot: str) -> int:
+    return int(
+        await conn.fetchval("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", slot)
+    )

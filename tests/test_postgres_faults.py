@@ -1,0 +1,131 @@
+"""The PostgreSQL source meeting faults: a half-open network, a damaged WAL record."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from chaos.harness import ProxyServer, port_of
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import SourceError, SourceUnavailable
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import damage_on_disk, jsonl, wait_until
+from tests.postgres_kit import fresh_db, read_n, source
+from tests.servers.postgres import Postgres
+
+
+async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
+    postgres: Postgres, proxies: ProxyServer
+) -> None:
+    """The network stops passing anything and closes nothing (a dead route, a firewall dropping
+    packets). The stream asks for keepalives while it waits; none answered for
+    ``receiver_timeout_ms`` means the connection is lost (PostgreSQL's own receivers' rule),
+    where before it waited on a socket that would never speak again, the pipeline saying ok.
+    The server here never times the stream out itself (``wal_sender_timeout = 0`` for the role),
+    so nothing but the stream's own rule can notice."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    role = f"quiet_{db}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
+    await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = 0")
+    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
+    dsn = f"postgresql://{role}@127.0.0.1:{port_of(proxy)}/{db}"
+    src = source(postgres, db, dsn=dsn, receiver_timeout_ms=3000)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    await read_n(src, 1)
+    for stream in ("downstream", "upstream"):
+        proxy.add_toxic(name=f"hole_{stream}", type="timeout", stream=stream, attributes={"timeout": 0})
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(SourceUnavailable, match="nothing from the server for 3 s"):
+        while loop.time() - began < 60:
+            await src.read()
+    for stream in ("downstream", "upstream"):
+        proxy.destroy_toxic(f"hole_{stream}")
+    await src.close()
+    await conn.close()
+
+
+async def _damage_the_wal_after_row_1(pg: Postgres) -> str:
+    """A database whose slot (created first) has rows 1 and 2 to read, row 2's WAL record damaged
+    on disk: a byte changed in its closed WAL segment."""
+    db = await fresh_db(pg)
+    conn = await asyncpg.connect(pg.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, note text)")
+    src = source(pg, db)
+    await src.open(None)  # the slot starts here
+    await src.close()
+    await conn.execute("INSERT INTO t VALUES (1, 'plain')")
+    await conn.execute("INSERT INTO t VALUES (2, 'the original note')")
+    segment = pg.data / "pg_wal" / await conn.fetchval("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    await conn.execute("SELECT pg_switch_wal()")  # that segment is closed: nothing writes it again
+    await conn.close()
+    damage_on_disk(segment, b"the original note")
+    return db
+
+
+def test_a_damaged_wal_record_ends_the_stream_after_what_came_before_as_an_error() -> None:
+    """A byte changed in a closed WAL segment on the server's disk: PostgreSQL's own CRC check
+    refuses the record. The source hands over the transaction before it, then fails naming the
+    record's LSN: an error (the pipeline halts after its restarts), never "unavailable" (waiting
+    cannot mend it), and the damaged row is never delivered."""
+
+    async def scenario(pg: Postgres) -> tuple[list[Event], BaseException]:
+        src = source(pg, await _damage_the_wal_after_row_1(pg))
+        await src.open(None)
+        seen: list[Event] = []
+        try:
+            with pytest.raises(SourceError) as info:
+                while len(seen) < 2:  # the damaged row, delivered, ends it too
+                    got = [e for e in await src.read() if e.op != "h"]
+                    seen.extend(got)
+                    if not got:
+                        await asyncio.sleep(0.02)
+            return seen, info.value
+        finally:
+            await src.close()
+
+    with Postgres() as pg:
+        seen, error = asyncio.run(scenario(pg))
+    assert [e.after for e in seen] == [{"id": 1, "note": "plain"}]
+    assert not isinstance(error, SourceUnavailable)
+    assert "incorrect resource manager data checksum in record at" in str(error)
+
+
+def test_a_pipeline_meeting_a_damaged_wal_record_halts_saying_where(tmp_path: Path) -> None:
+    """Through the pipeline: row 1 is delivered, the source restarts (in case it was the
+    connection), then the pipeline halts naming the record; row 2 never arrives."""
+    out = tmp_path / "events.jsonl"
+
+    async def scenario(pg: Postgres) -> tuple[str, str | None]:
+        db = await _damage_the_wal_after_row_1(pg)
+        doc = {
+            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "wal"},
+            "spec": {"source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(db), "slot": f"s_{db}",
+                                                               "publication": f"p_{db}"}},
+                     "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]},
+        }  # fmt: skip
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+        task = asyncio.create_task(runner.run())
+
+        def ids() -> list[int]:
+            return [e["after"]["id"] for e in jsonl(out)] if out.exists() else []
+
+        await wait_until(lambda: task.done() or len(ids()) > 1, timeout=120, what="a halt (or row 2)")
+        if not task.done():  # the damaged row was delivered: stop, then fail below
+            await runner.drain()
+            await task
+        assert ids() == [1]
+        return runner.state, runner.failure
+
+    with Postgres() as pg:
+        state, failure = asyncio.run(scenario(pg))
+    assert state == "failed"
+    assert failure is not None and "incorrect resource manager data checksum in record at" in failure

@@ -1,0 +1,201 @@
+"""The PostgreSQL source's replication slot: held back to what sinks hold durably, let go of,
+lost, or refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from chaos.harness import ProxyServer, port_of
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import jsonl, wait_until
+from tests.kit import ScriptedSink
+from tests.postgres_kit import fresh_db, read_n, slot_lsn, source
+from tests.servers.postgres import Postgres
+
+
+async def test_a_closed_source_has_let_go_of_its_slot(postgres: Postgres, proxies: ProxyServer) -> None:
+    """The walsender of a stopped stream exits in its own time; until then the slot is active, and
+    a drop (the user's clean-up after stopping a pipeline) or the next reader is refused. close()
+    returns once the slot is free: here the proxy passes each connection's close on to the server
+    1.5 s late, as a loaded server would notice it late."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    proxy = proxies.proxy("pg", f"127.0.0.1:{postgres.port}")
+    proxy.add_toxic(type="slow_close", stream="upstream", attributes={"delay": 1500})
+    src = source(postgres, db, dsn=postgres.dsn(db).replace(f":{postgres.port}/", f":{port_of(proxy)}/"))
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    await read_n(src, 1)
+    await src.close()
+    active = "SELECT active FROM pg_replication_slots WHERE slot_name = $1"
+    assert await conn.fetchval(active, f"s_{db}") is False
+    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
+    await conn.close()
+
+
+async def test_dropped_slot_is_position_lost(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    src = source(postgres, db)
+    await src.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    [ev] = await read_n(src, 1)
+    await src.close()
+    await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")
+    again = source(postgres, db)
+    with pytest.raises(PositionLost, match=rf"^position lost: replication slot 's_{db}' does not exist"):
+        await again.open(ev.checkpoint)
+    await conn.close()
+
+
+async def test_slot_never_passes_the_durable_checkpoint_and_advances_when_idle(postgres: Postgres) -> None:
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    await conn.execute("CREATE TABLE unrelated (id int PRIMARY KEY)")
+    gate = asyncio.Event()
+
+    async def stall(call: int, events: list[Event]) -> None:
+        if call >= 2:
+            await gate.wait()  # the second batch hangs until released
+
+    sink = ScriptedSink("a", script=stall)
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "pgslot"},
+        "spec": {
+            "source": {
+                "type": "postgres",
+                "config": {
+                    "id": "pg",
+                    "dsn": postgres.dsn(db),
+                    "slot": "s1",
+                    "publication": "p1",
+                    "tables": ["public.t"],
+                    "heartbeat_ms": 100,
+                    "poll_interval_ms": 20,
+                },
+            },
+            "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+            "batch": {"max_events": 10, "max_ms": 10},
+            "storage": {"type": "memory"},
+        },
+    }
+    store = MemoryCheckpointStore()
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: "s1" in runner.ctx.source.slot, what="started")
+    await wait_until(lambda: runner.ctx.stats.events_read >= 0 and runner.state == "running", what="running")
+    await asyncio.sleep(0.3)
+    for i in range(50):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await wait_until(lambda: sink.calls >= 2, timeout=20, what="second batch stalled")
+    samples = []
+    for _ in range(20):  # while the sink is stalled, the slot stays at or behind the durable checkpoint
+        durable = await store.get("pg::sink::a")
+        lsn = await slot_lsn(conn, "s1")
+        assert durable is not None
+        assert lsn <= int(durable["lsn"]), "slot advanced past what the sink durably has"
+        samples.append(lsn)
+        await asyncio.sleep(0.05)
+    stalled_at = await store.get("pg::sink::a")
+    assert stalled_at is not None and samples[-1] <= int(stalled_at["lsn"])
+    gate.set()
+    await wait_until(lambda: len(sink.received) == 50, timeout=20, what="all delivered")
+    # idle on our table, busy elsewhere: heartbeats still move the slot forward
+    before = await slot_lsn(conn, "s1")
+    for i in range(20):
+        await conn.execute("INSERT INTO unrelated VALUES ($1)", i)
+    target = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+    deadline = asyncio.get_running_loop().time() + 20
+    while await slot_lsn(conn, "s1") < target:
+        assert asyncio.get_running_loop().time() < deadline, "slot did not advance while idle"
+        await asyncio.sleep(0.05)
+    assert await slot_lsn(conn, "s1") > before
+    assert len(sink.received) == 50  # heartbeats never reach a sink
+    await runner.drain()
+    await task
+    await conn.close()
+
+
+async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -> None:
+    first, second = await fresh_db(postgres), await fresh_db(postgres)
+    a = source(postgres, first, slot="shared_slot")
+    await a.open(None)
+    await a.close()
+    b = source(postgres, second, slot="shared_slot")
+    with pytest.raises(
+        SourceMisconfigured, match=rf"'shared_slot' belongs to database '{first}', not '{second}'"
+    ):
+        await b.open(None)
+
+
+async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
+    """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
+    pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write
+    position would put every sink's checkpoint past the commit, and its rows would be skipped as
+    already held when they arrive. They must arrive."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        await conn.execute("CREATE TABLE filler (payload text)")
+        out = tmp_path / "events.jsonl"
+        doc = {
+            "apiVersion": "deltaforge/v1",
+            "kind": "Pipeline",
+            "metadata": {"name": "flush"},
+            "spec": {
+                "source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "slot": "s", "publication": "p",
+                                                          "tables": ["public.t"], "heartbeat_ms": 50,
+                                                          "poll_interval_ms": 10}},
+                "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+                "batch": {"max_events": 10, "max_ms": 10},
+                "storage": {"type": "memory"},
+            },
+        }  # fmt: skip
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+        task = asyncio.create_task(runner.run())
+
+        async def streaming() -> bool:
+            return bool(await conn.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = 's'"))
+
+        while not await streaming():  # the slot exists and the reader streams it
+            await asyncio.sleep(0.02)
+        await conn.execute("INSERT INTO t VALUES (1)")
+        await wait_until(lambda: out.exists() and len(jsonl(out)) == 1, timeout=30, what="first row")
+        walwriter = int(
+            await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
+        )
+        os.kill(walwriter, signal.SIGSTOP)
+        try:
+            await conn.execute("SET synchronous_commit = off")
+            await conn.execute("INSERT INTO t VALUES (2)")
+            committed = int(await conn.fetchval("SELECT pg_current_wal_insert_lsn()"))
+            # Twice the WAL buffers (4 MB here), so a backend writes them out, past the commit, with no flush.
+            await conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 8000)")
+            written = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+            flushed = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
+            assert flushed < committed <= written, "the scenario needs a written, unflushed commit"
+            # The scenario: the flush is held back for 40 heartbeat periods, whatever the reader does.
+            await asyncio.sleep(2.0)
+        finally:
+            os.kill(walwriter, signal.SIGCONT)
+        await wait_until(
+            lambda: [d["after"]["id"] for d in jsonl(out)] == [1, 2], timeout=30, what="the unflushed row"
+        )
+        await runner.drain()
+        await task
+        await conn.close()
