@@ -129,9 +129,9 @@ async def test_fenced_producer_stops_the_pipeline_as_fatal(tansu: Tansu) -> None
     """A second producer with our transactional.id fences ours: the pipeline stops, as fatal.
 
     The rival comes while the sink has no transaction open. Tansu 0.6 fences reliably only then:
-    an InitProducerId that meets an open transaction waits for it to end, and one that met a
-    commit in flight left the old producer unfenced for 90 s in a loop of 25 (a race in Tansu's
-    coordinator; Kafka aborts the open transaction and fences its producer)."""
+    an InitProducerId that meets an open transaction waits for it to end, and in a probe of 25
+    rivals arriving at random moments one left the old producer committing, unfenced, for 90 s
+    (a race in Tansu's coordinator; Kafka aborts the open transaction and fences its producer)."""
     tansu.create_topic("cdc.t")
     cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True, timeout_s=5), env={})
     source = HeldSource(100_000, chunk=100, delay=0.02, hold_at=300)
