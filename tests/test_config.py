@@ -145,6 +145,16 @@ def test_validate_cli_accepts_good_file(tmp_path: Path) -> None:
     assert "ok: pipeline 'orders'" in r.stdout
 
 
+def test_a_fixed_kafka_topic_that_kafka_does_not_allow_is_refused_naming_it() -> None:
+    sink = {"type": "kafka", "config": {"id": "k", "brokers": "b:9092", "topic": "bad topic!"}}
+    assert errors_of(doc(sinks=[sink])) == [
+        "spec.sinks[0].config.topic: 'bad topic!' is not a legal Kafka topic name "
+        "(1-249 letters, digits, '.', '_' or '-')"
+    ]
+    sink["config"]["topic"] = "cdc.${source.table}"  # rendered per event: checked then (poison)
+    parse_pipeline(doc(sinks=[sink]), env={})
+
+
 def test_ten_different_mistakes_are_all_reported_with_their_paths() -> None:
     d = doc(
         sinks=[

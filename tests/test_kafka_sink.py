@@ -217,23 +217,28 @@ async def test_broker_outage_holds_the_checkpoint_and_recovers(tansu: Tansu) -> 
     assert set(range(int(held["seq"]) + 1, n + 1)) <= ids  # everything after the held checkpoint arrived
 
 
-async def test_a_batch_whose_records_fail_never_writes_its_position(tansu: Tansu) -> None:
+async def test_a_batch_whose_records_fail_never_writes_its_position(
+    tansu: Tansu, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """exactly_once: the position record goes into the transaction only after every record of the
     batch is acknowledged. Tansu shows aborted records to read_committed readers (its bug), so a
     position written beside records that never landed would be adopted and the batch skipped."""
+    from deltaforge.sinks import kafka_names
     from deltaforge.sinks.base import SinkError
 
+    # Records the broker refuses: a topic name it does not allow, past the sink's own check of it
+    # (which would stop the batch before anything is sent; see the test after the next one).
+    monkeypatch.setattr(kafka_names, "topic_problem", lambda name: None)
     tansu.create_topic("deltaforge.offsets", partitions=1)
-    doc = kafka_doc(
-        tansu.bootstrap, topic="bad topic!", exactly_once=True, timeout_s=2
-    )  # the broker refuses it
+    doc = kafka_doc(tansu.bootstrap, topic="bad topic!", exactly_once=True, timeout_s=2)
     sink = KafkaSink(parse_pipeline(doc, env={}).sinks[0])
     await sink.open()
     events = [make_event(i) for i in range(1, 4)]
-    with pytest.raises(SinkError) as failed:
+    # Refused as the broker's TOPIC_EXCEPTION, or as librdkafka's local _UNKNOWN_TOPIC once its
+    # metadata knows the answer (timing): either way the batch fails and its position is not written.
+    with pytest.raises(SinkError):
         await sink.deliver(events, events[-1].checkpoint)
     await sink.close()
-    assert not failed.value.retryable  # an invalid topic name: retrying cannot help
     assert consume(tansu.bootstrap, "deltaforge.offsets", 0, committed_only=False, timeout=3) == []
     assert await sink.stored_position() is None
 
@@ -251,6 +256,29 @@ async def test_a_batch_with_a_value_that_cannot_be_encoded_sends_none_of_itself(
     await sink.deliver([make_event(5)])  # flushes whatever is still queued
     await sink.close()
     assert [d["event_id"] for _, _, d, _ in consume(tansu.bootstrap, "cdc.t", 1, timeout=10)] == ["5"]
+
+
+async def test_a_topic_name_kafka_does_not_allow_is_poison_before_anything_of_the_batch_is_sent(
+    tansu: Tansu,
+) -> None:
+    """A template that renders an illegal topic name: that event is poison (``routing``) before any
+    record of its batch is produced, on every attempt. Left to the broker, the refusal came as
+    TOPIC_EXCEPTION (poison) after the batch's other records were sent, or, once librdkafka had
+    the topic's metadata, as a local _UNKNOWN_TOPIC read as retryable: retried forever."""
+    from deltaforge.sinks.base import PoisonEvent
+
+    tansu.create_topic("cdc.t")
+    sink = KafkaSink(parse_pipeline(kafka_doc(tansu.bootstrap, topic="cdc.${after.region}"), env={}).sinks[0])
+    await sink.open()
+    good = [with_images(make_event(i), "c", None, {"id": i, "region": "t"}) for i in (1, 2)]
+    bad = with_images(make_event(3), "c", None, {"id": 3, "region": "east coast"})
+    for _ in range(3):
+        with pytest.raises(PoisonEvent) as info:
+            await sink.deliver([*good, bad])
+        assert info.value.kind == "routing"
+        assert "topic 'cdc.east coast' is not a legal Kafka topic name" in str(info.value)
+    await sink.close()
+    assert consume(tansu.bootstrap, "cdc.t", 0, committed_only=False, timeout=3) == []
 
 
 async def test_message_too_large_is_non_retryable(tansu: Tansu) -> None:

@@ -40,6 +40,7 @@ from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.kafka_names import TopicCheck, TopicTemplate
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
@@ -69,7 +70,7 @@ class KafkaSinkConfig(SinkSettings):
     """Kafka (or a Kafka-protocol broker): one record per event, idempotent producer."""
 
     brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
-    topic: Template = Field(description="Topic per event, e.g. cdc.${source.table}.")
+    topic: TopicTemplate = Field(description="Topic per event, e.g. cdc.${source.table}.")
     key: Template | None = Field(
         None, description='Record key per event (default: the primary key as JSON, {"id": 1}).'
     )
@@ -101,6 +102,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         cfg = self.settings
         self.brokers = cfg.brokers
         self.topic_of = compile_template(cfg.topic)
+        self.legal_topic = TopicCheck(self.id)
         self.key_of = compile_template(cfg.key) if cfg.key else None
         self.tombstones = cfg.tombstones
         self.exactly_once = cfg.exactly_once
@@ -312,7 +314,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         ]
         if moved is not None:
             headers.append(moved)
-        return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
+        topic = self.legal_topic(self.topic_of(e))
+        return topic, encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record

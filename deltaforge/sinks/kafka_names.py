@@ -1,0 +1,65 @@
+"""Kafka's rule for topic names, applied before anything is sent.
+
+A broker refuses a record for a topic whose name breaks the rule, but how that refusal reaches
+the sink depends on timing: as the broker's ``TOPIC_EXCEPTION`` for the first records, and as
+librdkafka's local ``_UNKNOWN_TOPIC`` (which reads as "not created yet", so retryable) once its
+metadata cache has the answer. Checked here, such a name is always what it is: a fixed name is a
+config error, a name a template rendered is the event's fault (poison, ``routing``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+from deltaforge.configmodel import fail
+from deltaforge.sinks.base import PoisonEvent
+from deltaforge.sinks.templates import Template
+
+_LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def topic_problem(name: str) -> str | None:
+    """Why ``name`` is not a legal Kafka topic name (Kafka's ``Topic.validate``), or None."""
+    if _LEGAL.fullmatch(name) and name not in (".", ".."):
+        return None
+    return f"{name!r} is not a legal Kafka topic name (1-249 letters, digits, '.', '_' or '-')"
+
+
+class IllegalTopic(PoisonEvent):
+    """A template rendered a topic name Kafka does not allow for this event."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "routing")
+
+
+def _check_fixed(text: str) -> str:
+    problem = topic_problem(text) if "${" not in text else None
+    if problem:
+        fail(problem)
+    return text
+
+
+TopicTemplate = Annotated[Template, AfterValidator(_check_fixed)]
+"""A topic template; a name without placeholders must already be a legal topic name."""
+
+
+class TopicCheck:
+    """Remembers the names already found legal: one set lookup per record after the first."""
+
+    def __init__(self, sink_id: str) -> None:
+        self.sink_id = sink_id
+        self._legal: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        if name in self._legal:
+            return name
+        problem = topic_problem(name)
+        if problem:
+            raise IllegalTopic(f"kafka sink {self.sink_id!r}: topic {problem}")
+        if len(self._legal) >= 4096:  # names from row values (cdc.${after.region}) must not pile up
+            self._legal.clear()
+        self._legal.add(name)
+        return name
