@@ -40,7 +40,7 @@ from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
-from deltaforge.sinks.kafka_names import TopicCheck, TopicTemplate
+from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
@@ -101,8 +101,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         super().__init__(config)
         cfg = self.settings
         self.brokers = cfg.brokers
-        self.topic_of = compile_template(cfg.topic)
-        self.legal_topic = TopicCheck(self.id)
+        self.topic_of = topic_renderer(cfg.topic, self.id)
         self.key_of = compile_template(cfg.key) if cfg.key else None
         self.tombstones = cfg.tombstones
         self.exactly_once = cfg.exactly_once
@@ -314,8 +313,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         ]
         if moved is not None:
             headers.append(moved)
-        topic = self.legal_topic(self.topic_of(e))
-        return topic, encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
+        return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record

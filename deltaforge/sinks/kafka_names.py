@@ -10,13 +10,15 @@ config error, a name a template rendered is the event's fault (poison, ``routing
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator
 
 from deltaforge.configmodel import fail
+from deltaforge.events import Event
 from deltaforge.sinks.base import PoisonEvent
-from deltaforge.sinks.templates import Template
+from deltaforge.sinks.templates import Template, compile_template, is_fixed
 
 _LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -36,7 +38,7 @@ class IllegalTopic(PoisonEvent):
 
 
 def _check_fixed(text: str) -> str:
-    problem = topic_problem(text) if "${" not in text else None
+    problem = topic_problem(text) if is_fixed(text) else None
     if problem:
         fail(problem)
     return text
@@ -46,14 +48,24 @@ TopicTemplate = Annotated[Template, AfterValidator(_check_fixed)]
 """A topic template; a name without placeholders must already be a legal topic name."""
 
 
-class TopicCheck:
-    """Remembers the names already found legal: one set lookup per record after the first."""
+def topic_renderer(template: str, sink_id: str) -> Callable[[Event], str]:
+    """The topic per event: a fixed name as it is (the config check has passed it), a rendered
+    one checked against Kafka's rule."""
+    render = compile_template(template)
+    return render if is_fixed(template) else CheckedTopic(render, sink_id)
 
-    def __init__(self, sink_id: str) -> None:
+
+class CheckedTopic:
+    """Renders a topic and refuses an illegal one; names found legal are remembered, so after the
+    first time a name costs one set lookup."""
+
+    def __init__(self, render: Callable[[Event], str], sink_id: str) -> None:
+        self.render = render
         self.sink_id = sink_id
         self._legal: set[str] = set()
 
-    def __call__(self, name: str) -> str:
+    def __call__(self, e: Event) -> str:
+        name = self.render(e)
         if name in self._legal:
             return name
         problem = topic_problem(name)

@@ -42,6 +42,11 @@ def _getter(path: str) -> Callable[[Event], Any]:
     )
 
 
+def is_fixed(text: str) -> bool:
+    """A text with no ``${...}`` placeholder: the same name for every event."""
+    return _PART.search(text) is None
+
+
 def compile_template(text: str) -> Callable[[Event], str]:
     """A function from event to name; a text without ``${...}`` is returned as is (fast path)."""
     parts = _PART.split(text)
