@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import gc
 
+from deltaforge import malloctune
+
 
 def tune() -> None:
-    """Freeze start-up objects and collect the young generation less often."""
+    """Freeze start-up objects and collect the young generation less often; and keep the heap
+    a batch frees for the next one (:mod:`deltaforge.malloctune`)."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    malloctune.keep_freed_heap()
 
 
 def freeze_loaded() -> None:
