@@ -124,3 +124,52 @@ def test_server_stopped_for_a_minute_is_waited_for_with_one_entry_per_change(
     )
     got = [int(d["source"]["change_id"]) for d in entries(redis_server, "out.orders")]
     assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_server_that_lost_the_sinks_script_is_sent_it_again(
+    redis_server: Redis, exactly_once: bool
+) -> None:
+    cfg = parse_pipeline(redis_doc(redis_server.uri(), exactly_once), env={})
+    sink = RedisSink(cfg.sinks[0])
+    await sink.open()
+    await sink.deliver([make_event(i) for i in range(1, 6)])
+    redis_server.client().script_flush()  # what a restart does to the server's scripts
+    await sink.deliver([make_event(i) for i in range(6, 2_501)])  # several script calls
+    await sink.close()
+    assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 2_501))
+
+
+async def test_maxlen_trims_each_stream_and_keeps_its_newest_entries(redis_server: Redis) -> None:
+    config = {"id": "r", "uri": redis_server.uri(), "stream": "cdc.${source.table}", "maxlen": 100}
+    cfg = parse_pipeline(sink_pipeline("r", "redis", config), env={})
+    sink = RedisSink(cfg.sinks[0])
+    await sink.open()
+    for start in range(1, 5_001, 500):
+        await sink.deliver([make_event(i) for i in range(start, start + 500)])
+    await sink.close()
+    ids = [int(d["event_id"]) for d in entries(redis_server)]
+    # "~": Redis trims whole nodes of the stream (100 entries each by default), never below 100.
+    assert 100 <= len(ids) < 300, len(ids)
+    assert ids == list(range(5_001 - len(ids), 5_001))
+
+
+async def test_a_user_who_may_not_run_scripts_gets_one_xadd_per_event_and_exactly_once_stops(
+    redis_server: Redis,
+) -> None:
+    admin = redis_server.client()
+    admin.acl_setuser(
+        "noscripts", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"]
+    )
+    uri = redis_server.uri().replace("redis://", "redis://noscripts:pw@")
+    sink = RedisSink(parse_pipeline(redis_doc(uri), env={}).sinks[0])
+    await sink.deliver([make_event(i) for i in range(1, 1_501)])
+    await sink.deliver([make_event(i) for i in range(1_501, 1_601)])
+    await sink.close()
+    assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 1_601))
+
+    sink = RedisSink(parse_pipeline(redis_doc(uri, exactly_once=True), env={}).sinks[0])
+    with pytest.raises(NonRetryableSinkError, match=r"redis sink 'r'") as info:
+        await sink.deliver([make_event(1_601)])
+    await sink.close()
+    assert "evalsha" in str(info.value).lower()  # the refused command is named

@@ -1,12 +1,20 @@
 """Redis Streams sink: pipelined XADD, idempotency keys, optional exactly-once watermarks.
 
-Default (at-least-once): each event is ``XADD stream * event <json> idempotency_key <key>``,
-a batch is one pipeline round trip. Consumers dedup on ``idempotency_key``.
+Default (at-least-once): each event is ``XADD stream * event <json> idempotency_key <key>``.
+Consumers dedup on ``idempotency_key``.
 
 ``exactly_once: true`` goes beyond the reference: every stream keeps a watermark
 (``<stream>:df:watermark``) of the last source position written to it, and a Lua
 script adds only entries past the watermark and moves it, atomically per stream.
 A replay after a crash is then a no-op on the server: one entry per source change.
+
+In both modes the XADDs are made by a Lua script, one call per stream and up to ``PER_CALL``
+events, all of a batch's calls in one pipeline round trip. A command costs redis-py far more
+than an entry costs the script, so a batch costs one command per stream rather than one per
+event (docs/performance.md). The scripts are sent by hash; a server that has lost them (a
+restart, ``SCRIPT FLUSH``) is sent them again. Where the sink's user may not run scripts
+(``NOPERM``), the default mode falls back to one pipelined XADD per event and says so once in
+the log; ``exactly_once`` cannot do without its script, so there the refusal stops the sink.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
+import structlog
 from pydantic import Field
 from redis import exceptions as rex
 
@@ -47,6 +56,26 @@ end
 if last ~= wm then redis.call('SET', KEYS[2], last) end
 return added
 """
+
+
+_APPEND = """
+local maxlen = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  if maxlen > 0 then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
+  else
+    redis.call('XADD', KEYS[1], '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
+  end
+end
+return (#ARGV - 1) / 2
+"""
+
+PER_CALL = 1000
+"""Events per script call: the server runs nothing else while a script runs, so a large batch
+is split rather than holding other clients up for the whole of it."""
+
+Call = tuple[list[str], list[Any]]
+"""One script call: its keys and its arguments."""
 
 
 def position_text(order: tuple[int, ...]) -> str:
@@ -81,10 +110,11 @@ class RedisSink(Sink[RedisSinkConfig]):
         self.envelope = shape(config.envelope)
         self._client: aioredis.Redis | None = None
         self._script: Any = None
+        self._scripted = True  # False once the server refused the default mode's script
 
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
-        self._script = self._client.register_script(_EXACTLY_ONCE)
+        self._script = self._client.register_script(_EXACTLY_ONCE if self.exactly_once else _APPEND)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -94,11 +124,32 @@ class RedisSink(Sink[RedisSinkConfig]):
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._client is None:
             await self.open()
+        by_stream: dict[str, list[Any]] = defaultdict(list)
+        for e in events:
+            entry = (encode(self.envelope(e)), e.idempotency_key)
+            by_stream[self.stream_of(e)].append(
+                (position_text(e.order), *entry) if self.exactly_once else entry
+            )
         with self._errors():
-            if self.exactly_once:
-                await self._deliver_exactly_once(events)
-            else:
-                await self._deliver_pipelined(events)
+            if self._scripted:
+                try:
+                    await self._run(
+                        [
+                            call
+                            for stream, entries in by_stream.items()
+                            for call in self._calls(stream, entries)
+                        ]
+                    )
+                    return
+                except rex.NoPermissionError as exc:
+                    if self.exactly_once:
+                        raise
+                    self._scripted = False
+                    structlog.get_logger().warning(
+                        "redis_scripts_refused", actor="RedisSink", sink=self.id, reason=str(exc),
+                        fallback="one pipelined XADD per event",
+                    )  # fmt: skip
+            await self._xadd(by_stream)
 
     async def reachable(self) -> None:
         if self._client is None:
@@ -122,25 +173,41 @@ class RedisSink(Sink[RedisSinkConfig]):
         except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
             raise RetryableSinkError(f"redis sink {self.id!r}: {type(exc).__name__}: {exc}") from None
 
-    async def _deliver_pipelined(self, events: list[Event]) -> None:
+    def _calls(self, stream: str, entries: list[Any]) -> Iterator[Call]:
+        """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time."""
+        keys = [stream, f"{stream}:df:watermark"] if self.exactly_once else [stream]
+        for i in range(0, len(entries), PER_CALL):
+            yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
+
+    async def _xadd(self, by_stream: dict[str, list[Any]]) -> None:
+        """The fallback: one XADD per event, pipelined, in one round trip."""
         assert self._client is not None
         pipe = self._client.pipeline(transaction=False)
         maxlen = self.maxlen or None
-        for e in events:
-            fields: dict[Any, Any] = {"event": encode(self.envelope(e)), "idempotency_key": e.idempotency_key}
-            pipe.xadd(self.stream_of(e), fields, maxlen=maxlen, approximate=True)
+        for stream, entries in by_stream.items():
+            for value, key in entries:
+                pipe.xadd(stream, {"event": value, "idempotency_key": key}, maxlen=maxlen, approximate=True)
         await pipe.execute()
 
-    async def _deliver_exactly_once(self, events: list[Event]) -> None:
+    async def _run(self, calls: list[Call]) -> None:
+        """The script's calls in order, in one round trip. A server without the script answers
+        every call NOSCRIPT and has run none of them: it is sent the script and the calls again.
+        If only some calls were refused (the scripts flushed between two of them), the others
+        ran, and sending the refused ones again alone could put their entries after later ones
+        of the same stream: the whole batch is retried instead (at-least-once, as any retry)."""
         assert self._client is not None
-        by_stream: dict[str, list[Any]] = defaultdict(list)
-        for e in events:
-            by_stream[self.stream_of(e)].extend(
-                (position_text(e.order), encode(self.envelope(e)), e.idempotency_key)
-            )
-        pipe = self._client.pipeline(transaction=False)
-        for stream, args in by_stream.items():
-            await self._script(
-                keys=[stream, f"{stream}:df:watermark"], args=[self.maxlen, *args], client=pipe
-            )
-        await pipe.execute()
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            missing = [r for r in results if isinstance(r, rex.NoScriptError)]
+            if missing:
+                self._script.sha = await self._client.script_load(self._script.script)
+                if len(missing) == len(results) and attempt == 0:
+                    continue
+                raise RetryableSinkError(f"redis sink {self.id!r}: the server lost its scripts mid-batch")
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return
