@@ -1,4 +1,4 @@
-"""Redis Streams sink: pipelined XADD, idempotency keys, optional exactly-once watermarks.
+"""Redis Streams sink: XADDs by a Lua script per stream, idempotency keys, optional exactly-once watermarks.
 
 Default (at-least-once): each event is ``XADD stream * event <json> idempotency_key <key>``.
 Consumers dedup on ``idempotency_key``.
@@ -125,11 +125,10 @@ class RedisSink(Sink[RedisSinkConfig]):
         if self._client is None:
             await self.open()
         by_stream: dict[str, list[Any]] = defaultdict(list)
+        eo = self.exactly_once
         for e in events:
-            entry = (encode(self.envelope(e)), e.idempotency_key)
-            by_stream[self.stream_of(e)].append(
-                (position_text(e.order), *entry) if self.exactly_once else entry
-            )
+            value, key = encode(self.envelope(e)), e.idempotency_key
+            by_stream[self.stream_of(e)].append((position_text(e.order), value, key) if eo else (value, key))
         with self._errors():
             if self._scripted:
                 try:
@@ -203,7 +202,7 @@ class RedisSink(Sink[RedisSinkConfig]):
             results = await pipe.execute(raise_on_error=False)
             missing = [r for r in results if isinstance(r, rex.NoScriptError)]
             if missing:
-                self._script.sha = await self._client.script_load(self._script.script)
+                await self._client.script_load(self._script.script)  # same hash: the text's SHA-1
                 if len(missing) == len(results) and attempt == 0:
                     continue
                 raise RetryableSinkError(f"redis sink {self.id!r}: the server lost its scripts mid-batch")
