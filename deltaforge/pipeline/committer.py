@@ -16,7 +16,8 @@ class CheckpointCommitter(Actor):
 
     It is asked only after the commit policy is satisfied, so a checkpoint
     never names a position a sink has not acknowledged. The reply comes after
-    the write is durable; the coordinator waits for it before the next batch.
+    the write is durable. The coordinator delivers the next batch meanwhile but
+    sends one write at a time, so checkpoints are written in batch order.
     """
 
     mailbox_size = 4

@@ -157,6 +157,11 @@ class CommitCheckpoint(Ask[int]):
 
 
 @message
+class CheckpointWritten:
+    """DeliveryCoordinator to itself: the checkpoint write it started has ended; take its result."""
+
+
+@message
 class JobDone:
     """SparkTransformer to itself: a batch's Spark job finished; forward what is ready."""
 

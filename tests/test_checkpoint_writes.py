@@ -1,0 +1,140 @@
+"""Checkpoints are written behind delivery: the next batch goes out while the last one's
+checkpoint is being made durable, and nothing counts as committed before it is."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import anyio
+
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.pipeline.tree import deliver_buffered
+from deltaforge.position import PositionDoc
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
+from tests.helpers import first_occurrences, wait_until
+from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+
+KEY = sink_key("src", "a")
+
+
+class HeldStore(MemoryCheckpointStore):
+    """A checkpoint store whose writes wait until the test lets them through, one by one or all.
+
+    ``written`` is each write's ``seq`` for sink ``a``, in the order the writes became durable.
+    """
+
+    def __init__(self, fail: str | None = None) -> None:
+        super().__init__()
+        self.permits = asyncio.Semaphore(0)
+        self.open = False
+        self.held = 0
+        self.written: list[int] = []
+        self.fail = fail
+
+    def let_one_through(self) -> None:
+        self.permits.release()
+
+    def let_all_through(self) -> None:
+        self.open = True
+        self.permits.release()
+
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
+        if not self.open:
+            self.held += 1
+            await self.permits.acquire()
+            self.held -= 1
+            if self.open:
+                self.permits.release()  # the next one passes too
+        if self.fail is not None:
+            raise OSError(self.fail)
+        await super().put_many(values)
+        self.written.append(int(values[KEY]["seq"]))
+
+
+async def stored(store: MemoryCheckpointStore) -> int | None:
+    cp = await store.get(KEY)
+    return None if cp is None else int(cp["seq"])
+
+
+async def test_the_next_batch_is_delivered_while_the_last_ones_checkpoint_is_written() -> None:
+    total = 5000
+    store = HeldStore()
+    a = ScriptedSink("a")
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50})
+    runner = PipelineRunner(cfg, store=store, sinks={"a": a}, source=SyntheticSource(total, chunk=50))
+    task = asyncio.create_task(runner.run())
+    # Batch 2 reaches the sink while batch 1's checkpoint write is held: delivery did not wait for it.
+    await wait_until(lambda: len(a.received) >= 100, what="a second batch delivered during the first write")
+    await anyio.wait_all_tasks_blocked()  # nothing can move until a write ends
+    stats = runner.ctx.stats
+    # It runs ahead by one full batch at most, and nothing is committed that is not durable.
+    assert len(a.received) == 100
+    assert store.held == 1 and store.written == []
+    assert stats.events_committed == 0 and stats.batches_committed == 0 and stats.last_checkpoint is None
+    assert runner.ctx.durable == {}  # so the source is not told to let go of anything yet
+    assert await stored(store) is None
+
+    store.let_one_through()
+    await wait_until(lambda: stats.events_committed == 50, what="the first batch committed")
+    store.let_all_through()
+    await wait_until(lambda: stats.events_committed == total, what="all committed")
+    await runner.drain()
+    await asyncio.wait_for(task, 10)
+    assert first_occurrences(a.received) == list(range(1, total + 1))
+    assert await stored(store) == total
+    assert store.written == sorted(set(store.written))  # one write at a time, in batch order
+    assert store.written[0] == 50
+
+
+async def test_what_was_handed_on_counts_as_delivered_only_once_its_checkpoints_are_durable() -> None:
+    """A drain (and the reader's settling before an error) asks that everything handed past the
+    reader be delivered *and checkpointed*: it returns only after the last write is durable, though
+    batches were delivered while earlier writes were held."""
+    total = 120  # batches of 50, 50 and 20
+    store = HeldStore()
+    a = ScriptedSink("a")
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50})
+    runner = PipelineRunner(cfg, store=store, sinks={"a": a}, source=SyntheticSource(total, chunk=50))
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.ctx.stats.events_read == total, what="the source read to its end")
+    tree = runner.tree
+    settled = asyncio.ensure_future(deliver_buffered(tree.accumulator, None, tree.coordinator, 30))
+    # Let the writes through one at a time, each time nothing else can move.
+    while True:
+        await anyio.wait_all_tasks_blocked()
+        if settled.done():
+            break
+        store.let_one_through()
+    await settled
+    assert len(a.received) == total
+    assert await stored(store) == total
+    assert runner.ctx.stats.events_committed == total
+    store.let_all_through()
+    await runner.drain()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_checkpoint_write_that_fails_stops_the_pipeline_and_commits_nothing() -> None:
+    """The write runs beside delivery, but its failure still stops the pipeline (restarts from
+    the durable checkpoints, here until the intensity runs out), and no batch whose checkpoint was
+    never stored is counted as committed."""
+    store = HeldStore(fail="disk full")
+    store.let_all_through()
+    a = ScriptedSink("a")
+    cfg = config(
+        sinks=[sink_doc("a")],
+        batch={"max_events": 50},
+        supervision={"max_restarts": 2, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}},
+    )
+    runner = PipelineRunner(
+        cfg, store=store, sinks={"a": a}, source=SyntheticSource(500, chunk=50), rng=random.Random(3)
+    )
+    await asyncio.wait_for(runner.run(), 30)  # a bound for a hang: the restarts run out at once
+    assert runner.state == "failed"
+    snap = runner.snapshot().find("CheckpointCommitter")
+    assert snap is not None and snap.last_error == "OSError: disk full"
+    assert runner.ctx.stats.events_committed == 0 and runner.ctx.stats.batches_committed == 0
+    assert runner.ctx.stats.last_checkpoint is None
+    assert await stored(store) is None
+    assert a.received  # delivered, never committed: the next start delivers it again
