@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import ssl
 import time
+from collections.abc import Iterator
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
@@ -179,7 +180,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             write_frame(out, ("txs", pending))
         return exc
 
-    for ev in reader:
+    for ev in _each_once(reader):
         if ev._is_event_valid is False:
             raise halting(
                 CorruptEvent(
@@ -295,6 +296,18 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
+
+
+def _each_once(reader: Any) -> Iterator[Any]:
+    """The reader's events, each cut from its packet once the loop is done with it.
+
+    pymysqlreplication's event and its packet wrapper refer to each other: a cycle per binlog
+    event, which only the cyclic collector frees. At 5k rows/s that was 30k objects and a pause
+    of 10-17 ms every 1.5 s in this process, and the pause is on the latency path. Cut, the two
+    are freed at once by reference counting."""
+    for ev in reader:
+        yield ev
+        ev.packet = None
 
 
 def drained(reader: Any) -> bool:
