@@ -138,3 +138,22 @@ async def test_a_checkpoint_write_that_fails_stops_the_pipeline_and_commits_noth
     assert runner.ctx.stats.last_checkpoint is None
     assert await stored(store) is None
     assert a.received  # delivered, never committed: the next start delivers it again
+
+
+async def test_a_stop_without_a_drain_still_writes_what_was_delivered() -> None:
+    """``stop_now`` (a second signal, a restart) cuts delivery short but writes the checkpoints
+    of the batches already delivered on the way out, so the next start delivers again only what
+    was not delivered."""
+    store = HeldStore()
+    a = ScriptedSink("a")
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50})
+    runner = PipelineRunner(cfg, store=store, sinks={"a": a}, source=SyntheticSource(5000, chunk=50))
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: len(a.received) >= 100, what="a second batch delivered during the first write")
+    runner.stop_now()
+    await anyio.wait_all_tasks_blocked()  # the stop waits on the held write
+    assert not task.done()
+    store.let_all_through()
+    await asyncio.wait_for(task, 10)
+    assert len(a.received) == 100
+    assert await stored(store) == 100

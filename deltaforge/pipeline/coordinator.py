@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from actors import Actor, ActorRef, ActorStopped
 from deltaforge.config import CommitPolicy
 from deltaforge.metrics import StageTimers
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from deltaforge.pipeline.reader import SourceReader
 
 ASK_TIMEOUT = 120.0
+STOP_WRITE_S = 5.0
 MAX_UNWRITTEN_BATCHES = 64
 """With a write under way, delivery waits once this many batches (or ``batch.max_events`` events)
 are delivered and not yet written: a store that hangs holds the pipeline, and what a crash
@@ -138,6 +141,24 @@ class DeliveryCoordinator(Actor):
     async def on_stop(self) -> None:
         if self._prober is not None:
             self._prober.cancel()
+        await self._write_on_the_way_out()
+
+    async def _write_on_the_way_out(self) -> None:
+        """The checkpoints of batches delivered and not yet written, written as this actor stops
+        (a restart, a stop that does not drain), if the committer still takes them: it stops
+        after this actor. Then what is delivered again next time is only what was not delivered.
+        Bounded, so a store that does not answer cannot hold the stop."""
+        if self.writing is None and not self.unwritten.batches:
+            return
+        with anyio.move_on_after(STOP_WRITE_S) as scope:
+            try:
+                self._write_next()
+                await self._written()
+            except Exception as exc:  # noqa: BLE001 - stopping anyway; the next start reads from the store
+                self.log.info("checkpoints_not_written_at_stop", reason=f"{type(exc).__name__}: {exc}")
+                return
+        if scope.cancelled_caught:
+            self.log.info("checkpoints_not_written_at_stop", reason=f"no answer in {STOP_WRITE_S:g} s")
 
     def _probe_later(self) -> None:
         """Run the probe timer while some sink is lagging (and not given up)."""

@@ -184,9 +184,9 @@ class PipelineRunner:
 
     def stop_now(self) -> None:
         """Stop the tree without delivering what is buffered (a drain that waits on a sink that is
-        down can be cut short this way): nothing is lost, checkpoints stay where the last
-        written one left them (a batch or two behind what was delivered: checkpoints are written
-        behind delivery), and the next start reads the rest again."""
+        down can be cut short this way): nothing is lost, the checkpoints of the batches already
+        delivered are written on the way out (if the store answers within a few seconds), and the
+        next start reads the rest again."""
         self._stop_asked = True
         self.supervisor.request_stop()
 
