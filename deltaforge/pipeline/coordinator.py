@@ -203,11 +203,7 @@ class DeliveryCoordinator(Actor):
         if isinstance(message, DeliverBatch):
             if message.batch.epoch > self.epoch:
                 self._rejoin(message.batch)
-            try:
-                await self._deliver(message.batch)
-            except DeliveryAbandoned:
-                await self._written()  # a halt leaves the checkpoints right before the batch that failed
-                raise
+            await self._deliver(message.batch)  # a halt's checkpoints are written by on_stop
             return None
         if isinstance(message, ProbeLagging):
             await self._probe()
