@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from deltaforge.events import Event
+from deltaforge.events import Event, SourceInfo
 
 ENVELOPES = ("native", "debezium", "cloudevents")
 
@@ -60,11 +60,15 @@ def _source(ev: Event) -> dict[str, Any]:
 
 def native(ev: Event) -> dict[str, Any]:
     """deltaforge's own shape: everything an event carries."""
+    return _native(ev, _source(ev))
+
+
+def _native(ev: Event, source: dict[str, Any]) -> dict[str, Any]:
     return {
         "op": ev.op,
         "before": ev.before,
         "after": ev.after,
-        "source": _source(ev),
+        "source": source,
         "tx": {"id": ev.tx_id, "end": ev.tx_end},
         "event_id": ev.event_id,
         "idempotency_key": ev.idempotency_key,
@@ -74,10 +78,14 @@ def native(ev: Event) -> dict[str, Any]:
 
 def debezium(ev: Event) -> dict[str, Any]:
     """Debezium's value envelope (``payload`` only, no inline schema)."""
+    return _debezium(ev, _source(ev))
+
+
+def _debezium(ev: Event, source: dict[str, Any]) -> dict[str, Any]:
     return {
         "before": ev.before,
         "after": ev.after,
-        "source": {**_source(ev), "name": ev.tenant, "snapshot": snapshot_marker(ev)},
+        "source": {**source, "name": ev.tenant, "snapshot": snapshot_marker(ev)},
         "op": ev.op,
         "ts_ms": ev.source.ts_ms,
         "transaction": {"id": ev.tx_id, "total_order": None, "data_collection_order": None},
@@ -86,6 +94,10 @@ def debezium(ev: Event) -> dict[str, Any]:
 
 def cloudevents(ev: Event) -> dict[str, Any]:
     """CloudEvents 1.0 structured mode with the native event as ``data``."""
+    return _cloudevents(ev, _source(ev))
+
+
+def _cloudevents(ev: Event, source: dict[str, Any]) -> dict[str, Any]:
     s = ev.source
     return {
         "specversion": "1.0",
@@ -95,7 +107,7 @@ def cloudevents(ev: Event) -> dict[str, Any]:
         "subject": f"{s.db}.{s.table}",
         "time": datetime.fromtimestamp(s.ts_ms / 1000).astimezone().isoformat(),
         "datacontenttype": "application/json",
-        "data": native(ev),
+        "data": _native(ev, source),
     }
 
 
@@ -108,10 +120,13 @@ _SHAPES: dict[str, Callable[[Event], dict[str, Any]]] = {
 
 def shape(name: str) -> Callable[[Event], dict[str, Any]]:
     """The envelope function called ``name``."""
-    try:
-        return _SHAPES[name]
-    except KeyError:
-        raise ValueError(f"unknown envelope {name!r}; expected one of {', '.join(ENVELOPES)}") from None
+    return _SHAPES[_known(name)]
+
+
+def _known(name: str) -> str:
+    if name not in _SHAPES:
+        raise ValueError(f"unknown envelope {name!r}; expected one of {', '.join(ENVELOPES)}")
+    return name
 
 
 def encode(doc: dict[str, Any]) -> bytes:
@@ -119,7 +134,48 @@ def encode(doc: dict[str, Any]) -> bytes:
     return orjson.dumps(doc, default=_default)
 
 
+_SHAPES_OF: dict[str, Callable[[Event, dict[str, Any]], dict[str, Any]]] = {
+    "native": _native,
+    "debezium": _debezium,
+    "cloudevents": _cloudevents,
+}
+"""The shapes given their ``source`` part already made (:func:`encoder`, :func:`encode_lines`)."""
+
+
+def encoder(name: str) -> Callable[[Event], bytes]:
+    """``lambda ev: encode(shape(name)(ev))``, for one sink: each has its own, used by one thread
+    at a time (the batch it is delivering).
+
+    Events that share their ``SourceInfo`` object, one after another, share the ``source`` part
+    of their envelope, made once: a snapshot chunk's rows of one table do (docs/performance.md
+    has what it saves). The part is only ever serialised, never
+    changed; the ``SourceInfo`` it was made from is kept with it, so an identity check cannot
+    match a newer object at a reused address. A closure, not a class: an instance's
+    ``__call__`` cost more per change event (each has an origin of its own) than sharing saves.
+    """
+    fn, dumps, default = _SHAPES_OF[_known(name)], orjson.dumps, _default
+    info: SourceInfo | None = None
+    source: dict[str, Any] = {}
+
+    def encode_one(ev: Event) -> bytes:
+        nonlocal info, source
+        if ev.source is not info:
+            source, info = _source(ev), ev.source
+        return dumps(fn(ev, source), default=default)
+
+    return encode_one
+
+
 def encode_lines(events: list[Event], envelope: str) -> bytes:
-    """One JSON document per line: the body of a JSONL write."""
-    fn = shape(envelope)
-    return b"".join(orjson.dumps(fn(e), default=_default, option=orjson.OPT_APPEND_NEWLINE) for e in events)
+    """One JSON document per line: the body of a JSONL write (shared ``source`` parts as in
+    :func:`encoder`, the loop written out: it is the file sink's whole cost per event)."""
+    fn, newline = _SHAPES_OF[_known(envelope)], orjson.OPT_APPEND_NEWLINE
+    dumps, default = orjson.dumps, _default
+    info: SourceInfo | None = None
+    source: dict[str, Any] = {}
+    out: list[bytes] = []
+    for e in events:
+        if e.source is not info:
+            source, info = _source(e), e.source
+        out.append(dumps(fn(e, source), default=default, option=newline))
+    return b"".join(out)

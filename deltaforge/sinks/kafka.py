@@ -36,7 +36,7 @@ from pydantic import Field
 
 from actors import BlockingRunner
 from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text
-from deltaforge.envelopes import encode, shape
+from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
@@ -107,7 +107,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.exactly_once = cfg.exactly_once
         self.timeout = cfg.timeout_s
         self.extra: dict[str, ProducerValue] = dict(cfg.producer)
-        self.envelope = shape(config.envelope)
+        self.encode = encoder(config.envelope)
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)
         self.commits = 0
@@ -313,7 +313,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         ]
         if moved is not None:
             headers.append(moved)
-        return self.topic_of(e), encode(self.envelope(e)), key, headers, e.op == "d" and self.tombstones
+        return self.topic_of(e), self.encode(e), key, headers, e.op == "d" and self.tombstones
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record

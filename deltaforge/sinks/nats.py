@@ -17,7 +17,7 @@ from nats.js import errors as jserr
 from pydantic import Field
 
 from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text, matching
-from deltaforge.envelopes import encode, shape
+from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
@@ -54,7 +54,7 @@ class NatsSink(Sink[NatsSinkConfig]):
         self.create_stream = cfg.create_stream if cfg.create_stream is not None else bool(cfg.stream)
         self.duplicate_window = cfg.duplicate_window_s
         self.ack_timeout = cfg.ack_timeout_s
-        self.envelope = shape(config.envelope)
+        self.encode = encoder(config.envelope)
         self._nc: Any = None
         self._js: Any = None
         self.duplicates = 0
@@ -109,7 +109,7 @@ class NatsSink(Sink[NatsSinkConfig]):
         try:
             futures = [
                 await js.publish_async(
-                    self.subject_of(e), encode(self.envelope(e)), headers={"Nats-Msg-Id": e.idempotency_key}
+                    self.subject_of(e), self.encode(e), headers={"Nats-Msg-Id": e.idempotency_key}
                 )
                 for e in events
             ]

@@ -30,7 +30,7 @@ from pydantic import Field
 from redis import exceptions as rex
 
 from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSettings, Text, matching
-from deltaforge.envelopes import encode, shape
+from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
@@ -107,7 +107,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         self.stream_of = compile_template(cfg.stream)
         self.maxlen = cfg.maxlen
         self.exactly_once = cfg.exactly_once
-        self.envelope = shape(config.envelope)
+        self.encode = encoder(config.envelope)
         self._client: aioredis.Redis | None = None
         self._script: Any = None
         self._scripted = True  # False once the server refused the default mode's script
@@ -127,7 +127,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         by_stream: dict[str, list[Any]] = defaultdict(list)
         eo = self.exactly_once
         for e in events:
-            value, key = encode(self.envelope(e)), e.idempotency_key
+            value, key = self.encode(e), e.idempotency_key
             by_stream[self.stream_of(e)].append((position_text(e.order), value, key) if eo else (value, key))
         with self._errors():
             if self._scripted:
