@@ -142,18 +142,19 @@ _SHAPES_OF: dict[str, Callable[[Event, dict[str, Any]], dict[str, Any]]] = {
 """The shapes given their ``source`` part already made (:func:`encoder`, :func:`encode_lines`)."""
 
 
-def encoder(name: str) -> Callable[[Event], bytes]:
-    """``lambda ev: encode(shape(name)(ev))``, for one sink: each has its own, used by one thread
-    at a time (the batch it is delivering).
+def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
+    """``lambda ev: encode(shape(name)(ev))`` (with a newline after each with ``lines``), for one
+    sink: each has its own, used by one thread at a time (the batch it is delivering).
 
     Events that share their ``SourceInfo`` object, one after another, share the ``source`` part
     of their envelope, made once: a snapshot chunk's rows of one table do (docs/performance.md
-    has what it saves). The part is only ever serialised, never
-    changed; the ``SourceInfo`` it was made from is kept with it, so an identity check cannot
-    match a newer object at a reused address. A closure, not a class: an instance's
-    ``__call__`` cost more per change event (each has an origin of its own) than sharing saves.
+    has what it saves). The part is only ever serialised, never changed; the ``SourceInfo`` it
+    was made from is kept with it, so an identity check cannot match a newer object at a reused
+    address. A closure, not a class: an instance's ``__call__`` cost more per change event (each
+    has an origin of its own) than sharing saves.
     """
     fn, dumps, default = _SHAPES_OF[_known(name)], orjson.dumps, _default
+    option = orjson.OPT_APPEND_NEWLINE if lines else None
     info: SourceInfo | None = None
     source: dict[str, Any] = {}
 
@@ -161,21 +162,12 @@ def encoder(name: str) -> Callable[[Event], bytes]:
         nonlocal info, source
         if ev.source is not info:
             source, info = _source(ev), ev.source
-        return dumps(fn(ev, source), default=default)
+        return dumps(fn(ev, source), default=default, option=option)
 
     return encode_one
 
 
 def encode_lines(events: list[Event], envelope: str) -> bytes:
-    """One JSON document per line: the body of a JSONL write (shared ``source`` parts as in
-    :func:`encoder`, the loop written out: it is the file sink's whole cost per event)."""
-    fn, newline = _SHAPES_OF[_known(envelope)], orjson.OPT_APPEND_NEWLINE
-    dumps, default = orjson.dumps, _default
-    info: SourceInfo | None = None
-    source: dict[str, Any] = {}
-    out: list[bytes] = []
-    for e in events:
-        if e.source is not info:
-            source, info = _source(e), e.source
-        out.append(dumps(fn(e, source), default=default, option=newline))
-    return b"".join(out)
+    """One JSON document per line: the body of a JSONL write."""
+    encode_one = encoder(envelope, lines=True)
+    return b"".join([encode_one(e) for e in events])
