@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson
 
+from benchmarks import percentile
 from tests.serve_proc import serve_pipeline
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
@@ -92,10 +93,6 @@ def consume(port: int, total: int, out: str, timeout: float) -> None:
                 after = doc.get("after") or doc.get("payload", {}).get("after")
                 seen.setdefault(int(after["id"]), now)
     Path(out).write_text(json.dumps(seen))
-
-
-def percentile(sorted_ms: list[float], p: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(p / 100 * len(sorted_ms)))]
 
 
 def measure(kind: str, rate: int, seconds: float) -> dict[str, Any]:
