@@ -29,6 +29,8 @@ class Plugin:
     module: str
     config_name: str
     class_name: str
+    decoder: str | None = None
+    """A source's decoder child module (``sources/childproc.py``): ``serve`` starts one early."""
 
     @property
     def config(self) -> type[Any]:
@@ -52,8 +54,18 @@ class _Source(Plugin):
 
 SOURCES: dict[str, Plugin] = {
     "turso": _Source("deltaforge.sources.turso.source", "TursoSourceConfig", "TursoSource"),
-    "mysql": _Source("deltaforge.sources.mysql.source", "MySQLSourceConfig", "MySQLSource"),
-    "postgres": _Source("deltaforge.sources.postgres.source", "PostgresSourceConfig", "PostgresSource"),
+    "mysql": _Source(
+        "deltaforge.sources.mysql.source",
+        "MySQLSourceConfig",
+        "MySQLSource",
+        "deltaforge.sources.mysql.decoder",
+    ),
+    "postgres": _Source(
+        "deltaforge.sources.postgres.source",
+        "PostgresSourceConfig",
+        "PostgresSource",
+        "deltaforge.sources.postgres.decoder",
+    ),
     "kafka": _Source("deltaforge.sources.kafka.source", "KafkaSourceConfig", "KafkaSource"),
 }
 SINKS: dict[str, Plugin] = {

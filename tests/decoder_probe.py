@@ -1,6 +1,7 @@
 """A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
 settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3;
-``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame)."""
+``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame; ``pid``: a
+frame with its process id)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main() -> None:
     if cfg["then"] == "sigint":
         os.kill(os.getpid(), signal.SIGINT)
         write_frame(out, ("still here",))
+    if cfg["then"] == "pid":
+        write_frame(out, ("pid", os.getpid()))
     if cfg["then"] == "print":
         sys.stderr.write("Fatal Python error: the probe's last words\n")
         sys.stderr.flush()

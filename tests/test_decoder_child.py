@@ -1,8 +1,11 @@
 """A decoder child's own output: its libraries' warnings and its crashes reach the service's log
-as JSON events with the pipeline's name, and an exit says why the child ended."""
+as JSON events with the pipeline's name, and an exit says why the child ended. Children started
+ahead (``serve`` starts them before its pipelines) are taken by the first decoders of their module."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +14,10 @@ import structlog
 from structlog.testing import capture_logs
 
 from deltaforge.sources.base import SourceError
+from deltaforge.sources import childproc
 from deltaforge.sources.childproc import ChildDecoder
+
+PROBE = "tests.decoder_probe"
 
 
 @pytest.fixture
@@ -25,7 +31,7 @@ def run_probe(then: str, frames: tuple[tuple[Any, ...], ...] = (("said",),)) -> 
     seen: list[tuple[Any, ...]] = []
     structlog.contextvars.bind_contextvars(pipeline="orders")
     try:
-        decoder = ChildDecoder("probe source 'p'", "tests.decoder_probe", lambda f: seen.append(f) or None)
+        decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None)
         decoder.start({"then": then})
     finally:
         structlog.contextvars.unbind_contextvars("pipeline")
@@ -77,3 +83,45 @@ def test_a_ctrl_c_reaches_the_parent_not_the_decoder() -> None:
     stops it: a KeyboardInterrupt would end it mid-stream with an error."""
     ended = run_probe("sigint", frames=(("said",), ("still here",)))
     assert str(ended).endswith("decoder process exited (code 0)")
+
+
+@pytest.fixture
+def prestarted() -> Iterator[None]:
+    yield
+    childproc.discard_prestarted()
+
+
+def probe_pid() -> int:
+    """The process id a new probe decoder runs in (the probe says it, then exits)."""
+    seen: list[tuple[Any, ...]] = []
+    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None)
+    decoder.start({"then": "pid"})
+    try:
+        ended = decoder.queue.get(timeout=30)
+    finally:
+        decoder.stop()
+    assert isinstance(ended, SourceError), ended
+    assert seen[0] == ("said",) and seen[1][0] == "pid"
+    return int(seen[1][1])
+
+
+def test_the_first_decoder_of_a_module_runs_in_the_child_started_ahead(prestarted: None) -> None:
+    ahead = childproc.prestart(PROBE)
+    assert probe_pid() == ahead[0]
+    assert probe_pid() not in ahead  # only one was started ahead: the next decoder starts its own
+
+
+def test_a_child_started_ahead_that_died_is_replaced(prestarted: None) -> None:
+    (dead,) = childproc.prestart(PROBE)
+    os.kill(dead, signal.SIGKILL)
+    os.waitid(os.P_PID, dead, os.WEXITED | os.WNOWAIT)  # until it has died, left for its owner to reap
+    assert probe_pid() != dead
+
+
+def test_children_no_decoder_took_are_stopped_and_reaped(prestarted: None) -> None:
+    ahead = childproc.prestart(PROBE, 2)
+    childproc.discard_prestarted()
+    for pid in ahead:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left behind
+    assert probe_pid() not in ahead

@@ -2,14 +2,29 @@
 
 The decoder children's libraries (psycopg, python-mysql-replication) belong in the children;
 the web stack (uvicorn, Starlette) loads once the pipelines have started; rich is not loaded by
-structlog (see ``deltaforge/leanstart.py``).
+structlog (see ``deltaforge/leanstart.py``). And a source's decoder child is started as soon as
+the configs are read, so that its own start-up runs beside serve's instead of after it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pytest
+
+from tests.helpers import jsonl, wait_until_sync
+from tests.mysql_kit import fresh_db as my_fresh_db
+from tests.postgres_kit import fresh_db as pg_fresh_db
+from tests.serve_proc import serve_pipeline
+from tests.servers.mariadb import MariaDB
+from tests.servers.postgres import Postgres
 
 LATER = ("psycopg", "pymysqlreplication", "uvicorn", "starlette", "rich")
 
@@ -23,3 +38,61 @@ def test_the_cli_and_the_sources_load_none_of_what_comes_later(tmp_path: Path) -
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def _mariadb_pipeline(server: MariaDB, tmp: Path) -> tuple[dict[str, Any], Callable[[str], None]]:
+    db = my_fresh_db(server)
+    with server.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
+
+    def insert(v: str) -> None:
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("INSERT INTO t VALUES (1, %s)", (v,))
+
+    return {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(db), "tables": [f"{db}.t"]}}, insert
+
+
+def _postgres_pipeline(server: Postgres, tmp: Path) -> tuple[dict[str, Any], Callable[[str], None]]:
+    db = asyncio.run(pg_fresh_db(server))
+    with psycopg.connect(server.dsn(db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+
+    def insert(v: str) -> None:
+        with psycopg.connect(server.dsn(db), autocommit=True) as conn:
+            conn.execute("INSERT INTO t VALUES (1, %s)", (v,))
+
+    config = {
+        "id": "pg",
+        "dsn": server.dsn(db),
+        "slot": f"s_{db}",
+        "publication": f"p_{db}",
+        "tables": ["public.t"],
+    }
+    return {"type": "postgres", "config": config}, insert
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_serve_starts_each_decoder_child_before_its_pipeline_and_the_source_reads_through_it(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The child's start-up (Python, its libraries) overlaps serve's own instead of following it
+    on the way to the first event (docs/performance.md, "Restart")."""
+    server = request.getfixturevalue("mariadb" if kind == "mysql" else "postgres")
+    source, insert = (_mariadb_pipeline if kind == "mysql" else _postgres_pipeline)(server, tmp_path)
+    spec = {
+        "source": source,
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+    }
+    module = f"deltaforge.sources.{kind}.decoder"
+    with serve_pipeline(tmp_path, spec) as serve:
+        insert("through the child")
+        wait_until_sync(lambda: any(e["after"]["v"] == "through the child" for e in jsonl(tmp_path / "out.jsonl")),
+                        timeout=30, what="the row in the file")  # fmt: skip
+        started = next(e for e in jsonl(tmp_path / "log.jsonl") if e["event"] == "decoders_prestarted")
+        decoders = [p.pid for p in psutil.Process(serve.proc.pid).children() if module in p.cmdline()]
+        serve.terminate()
+    assert started["module"] == module
+    assert decoders == started["pids"]  # the one started ahead, and no other beside it
+    if kind == "postgres":
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:  # the session's slots are few
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (source["config"]["slot"],))

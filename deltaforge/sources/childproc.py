@@ -104,6 +104,72 @@ def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
 
 Handler = Callable[[tuple[Any, ...]], "list[Event] | None"]
 
+_started: dict[str, list[subprocess.Popen[bytes]]] = {}
+"""Children started ahead of their decoders (:func:`prestart`), by module, not yet taken."""
+
+
+def _popen(module: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=1 << 20,
+    )
+
+
+def prestart(module: str, count: int = 1) -> list[int]:
+    """Start ``count`` children of ``module`` now, for decoders about to be made: the first
+    :class:`ChildDecoder` objects of that module take them instead of starting their own.
+
+    ``serve`` calls it as soon as its configs are read. A child's start-up (Python and its
+    libraries, about 100 ms) then runs beside the rest of ``serve``'s (the checkpoint store, the
+    actors, the source's checks) instead of after it, on the way to the first event after a
+    restart. Call from the main thread (see
+    :meth:`ChildDecoder.spawn`); an idle child waits for its settings on stdin. Returns their pids.
+    """
+    procs = [_popen(module) for _ in range(count)]
+    _started.setdefault(module, []).extend(procs)
+    return [p.pid for p in procs]
+
+
+def discard_prestarted() -> None:
+    """Stop the children :func:`prestart` started that no decoder took."""
+    procs = [p for waiting in _started.values() for p in waiting]
+    _started.clear()
+    for proc in procs:
+        _end(proc)
+
+
+def _take(module: str) -> subprocess.Popen[bytes] | None:
+    waiting = _started.get(module)
+    while waiting:
+        proc = waiting.pop(0)
+        if proc.poll() is None:
+            return proc
+        _end(proc)  # it died waiting (killed by hand, say): start a new one instead
+    return None
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a child that nothing reads from, reap it and close its pipes (blocks briefly)."""
+    _kill(proc)
+    _close_pipes(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
 
 class ChildDecoder:
     """Runs ``python -m module`` and turns its frames into chunks of events.
@@ -130,13 +196,7 @@ class ChildDecoder:
         Call from the event loop's thread: PR_SET_PDEATHSIG fires when the *thread* that forked
         the child ends, and pool threads end when idle."""
         if self._proc is None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", self.module],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                bufsize=1 << 20,
-            )
+            self._proc = _take(self.module) or _popen(self.module)
             # In this context: the relayed lines carry the pipeline's name (structlog contextvars).
             run = contextvars.copy_context().run
             self._relay = threading.Thread(
@@ -170,11 +230,7 @@ class ChildDecoder:
         self._stop.set()
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            _kill(proc)
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
@@ -182,9 +238,7 @@ class ChildDecoder:
             self._relay.join(5.0)
             self._relay = None
         if proc is not None:
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
+            _close_pipes(proc)  # once the pump and the relay have read them to the end
 
     def next_chunk(self, max_events: int, wait: float = 0.2) -> list[Event] | BaseException:
         """Up to about ``max_events`` events, or the error the pump met ([] after ``wait`` idle)."""
