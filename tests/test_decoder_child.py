@@ -13,8 +13,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from deltaforge.sources.base import SourceError
 from deltaforge.sources import childproc
+from deltaforge.sources.base import SourceError
 from deltaforge.sources.childproc import ChildDecoder
 
 PROBE = "tests.decoder_probe"
