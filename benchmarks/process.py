@@ -9,7 +9,7 @@ reader back, whatever is waiting in the binlog.
 
 First event after a restart: serve is stopped (SIGTERM), one row is committed, serve starts
 again on its checkpoint; the time from starting the process to that row being in the file
-(interpreter start-up and imports included), median of five restarts.
+(interpreter start-up and imports included), median of eleven restarts, with the quartiles.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from benchmarks import mysql_backlog as my
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
 
-RESTARTS = 5
+RESTARTS = 11
 
 
 def spec(server: MariaDB, tmp: Path) -> dict[str, Any]:
@@ -77,8 +77,9 @@ def peak_rss(rows: int) -> tuple[float, float]:
     return peak / 2**20, rows / elapsed
 
 
-def first_event_after_restart() -> float:
-    """Median seconds from spawning serve to a row committed while it was down being in the file."""
+def first_event_after_restart() -> list[float]:
+    """Seconds from spawning serve to a row committed while it was down being in the file, one per
+    restart, in ascending order."""
     times = []
     with MariaDB() as server, tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -103,14 +104,16 @@ def first_event_after_restart() -> float:
                 time.sleep(0.002)  # the polling period: the figure's resolution
             times.append(time.perf_counter() - t0)
             serve.terminate()
-    return statistics.median(times)
+    return sorted(times)
 
 
 def run(rows: int) -> list[Figure]:
     group = "serve as a process"
     small_peak, _ = peak_rss(rows // 4)
     peak, rate = peak_rss(rows)
-    start = first_event_after_restart()
+    starts = first_event_after_restart()
+    start = statistics.median(starts)
+    quartiles = statistics.quantiles(starts, n=4)
     return [
         Figure(
             group,
@@ -132,7 +135,8 @@ def run(rows: int) -> list[Figure]:
             "first event after a restart",
             round(start * 1000),
             "ms",
-            f"process start to the row in the file, median of {RESTARTS}",
+            f"process start to the row in the file, median of {RESTARTS} "
+            f"(p25 {quartiles[0] * 1000:.0f}, p75 {quartiles[2] * 1000:.0f} ms)",
             "≤ 500 ms",
         ),
     ]
