@@ -12,9 +12,11 @@ from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.position import PositionDoc
 from deltaforge.sources.base import SourceError, SourceUnavailable
-from deltaforge.state.checkpoints import MemoryCheckpointStore
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import damage_on_disk, jsonl, wait_until
+from tests.kit import ScriptedSink
 from tests.postgres_kit import fresh_db, read_n, source
 from tests.servers.postgres import Postgres
 
@@ -51,6 +53,58 @@ async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
         proxy.destroy_toxic(f"hole_{stream}")
     await src.close()
     await conn.close()
+
+
+class NeverDurable(MemoryCheckpointStore):
+    """A store whose writes of sink ``a``'s checkpoint never finish: nothing is checkpointed."""
+
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
+        if sink_key("pg", "a") in values:
+            await asyncio.Event().wait()
+        await super().put_many(values)
+
+
+async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(
+    postgres: Postgres,
+) -> None:
+    """The stream breaks (its walsender terminated) before any checkpoint is durable. The restart
+    drops what was in flight, so the next opening must start where the slot is, not after what
+    the last one handed out: rows 1-3 come again (at least once), nothing is skipped."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    ids: list[int] = []
+    sink = ScriptedSink("a", script=lambda _n, events: ids.extend(e.after["id"] for e in events if e.after))
+    doc = {
+        "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
+        "spec": {"source": {"type": "postgres", "config": {"id": "pg", "dsn": postgres.dsn(db), "slot": f"s_{db}",
+                                                           "publication": f"p_{db}"}},
+                 "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+                 "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
+    }  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=NeverDurable(), sinks={"a": sink})
+    task = asyncio.create_task(runner.run())
+
+    def reader_running() -> bool:
+        reader = runner.snapshot().find("SourceReader")
+        return reader is not None and reader.state == "running"  # so the slot exists
+
+    await wait_until(reader_running, timeout=60, what="the source open")
+    for i in (1, 2, 3):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await wait_until(lambda: ids == [1, 2, 3], what="rows 1-3 delivered")
+    await conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+                       f"s_{db}")  # fmt: skip
+    await wait_until(
+        lambda: runner.ctx.epoch > 1 and reader_running(), timeout=60, what="the source reopened"
+    )
+    for i in (4, 5):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await wait_until(lambda: 5 in ids, timeout=60, what="row 5 delivered")
+    runner.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+    await conn.close()
+    assert ids == [1, 2, 3, 1, 2, 3, 4, 5]
 
 
 async def _damage_the_wal_after_row_1(pg: Postgres) -> str:

@@ -271,3 +271,24 @@ async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_
     commits = [h["position"]["commit_lsn"] for h in history]
     assert commits == sorted(commits) and len(set(commits)) == 3
     assert [e["after"]["id"] for e in jsonl(tmp_path / "events.jsonl")] == [1, 2, 3, 4]
+
+
+async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(postgres: Postgres) -> None:
+    """A reconnect before the first checkpoint (the whole pipeline restarted, so what was handed
+    out is gone with it) must start at the slot again, not skip what the last opening handed out."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    src = source(postgres, db)
+    await src.open(None)
+    for i in (1, 2, 3):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    assert [e.after["id"] for e in await read_n(src, 3) if e.after] == [1, 2, 3]
+    await src.close()
+    for i in (4, 5):
+        await conn.execute("INSERT INTO t VALUES ($1)", i)
+    await conn.close()
+    await src.open(None)  # the same source object, as the supervisor's restart reopens it
+    again = await read_n(src, 5)
+    await src.close()
+    assert [e.after["id"] for e in again if e.after] == [1, 2, 3, 4, 5]

@@ -199,6 +199,9 @@ class PostgresSource(Source):
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
+        # No checkpoint: the slot's position is where this opening starts, whatever an earlier
+        # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
+        self._last_commit = 0
         if resume is not None:
             safe = resume.lsn
             if self._failover:
