@@ -83,6 +83,15 @@ def build_sink(cfg: SinkConfig[Any]) -> Sink[Any]:
     return sink
 
 
+def decoder_module(source_type: str) -> str:
+    """The decoder child module of a source type that has one (its sources spawn it from here,
+    and ``serve`` starts one early: the two cannot disagree)."""
+    module = SOURCES[source_type].decoder
+    if module is None:
+        raise LookupError(f"source type {source_type!r} has no decoder child")
+    return module
+
+
 def build_source(cfg: SourceConfig[Any], tenant: str) -> Source:
     source: Source = SOURCES[cfg.type].build(cfg.config, tenant)
     return source

@@ -22,6 +22,7 @@ import structlog
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
@@ -119,7 +120,7 @@ class MySQLSource(Source):
         self._gen = self.generation
         if resume is not None and resume.gen != self._gen:
             resume = self._on_another_server(resume)
-        decoder = ChildDecoder(f"mysql source {self.id!r}", "deltaforge.sources.mysql.decoder", self._handle)
+        decoder = ChildDecoder(f"mysql source {self.id!r}", decoder_module(self.connector), self._handle)
         decoder.spawn()  # it starts up while the server is checked
         try:
             info, start = await self._threads.run(self._prepare, resume)

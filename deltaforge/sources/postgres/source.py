@@ -27,6 +27,7 @@ import structlog
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
@@ -138,9 +139,7 @@ class PostgresSource(Source):
             raise
 
     async def _open(self, resume: PgPosition | None) -> None:
-        decoder = ChildDecoder(
-            f"postgres source {self.id!r}", "deltaforge.sources.postgres.decoder", self._handle
-        )
+        decoder = ChildDecoder(f"postgres source {self.id!r}", decoder_module(self.connector), self._handle)
         decoder.spawn()  # it starts up while the slot is checked
         try:
             await self._prepare(resume)
