@@ -289,3 +289,25 @@ async def test_a_sinks_skipped_count_is_events_it_held_not_heartbeats(
     await task
     stats = runner.ctx.stats.sinks["f"]
     assert (stats.events, stats.skipped) == (2, 0)
+
+
+async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(mariadb: MariaDB) -> None:
+    """As for PostgreSQL: a reopening of the same source object with no checkpoint (a restart
+    before the first one was durable) starts where the first opening did, skipping nothing."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for i in (1, 2, 3):
+            cur.execute("INSERT INTO t VALUES (%s)", (i,))
+    assert [e.after["id"] for e in await read_n(src, 3) if e.after] == [1, 2, 3]
+    await src.close()
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for i in (4, 5):
+            cur.execute("INSERT INTO t VALUES (%s)", (i,))
+    await src.open(None)
+    again = await read_n(src, 5)
+    await src.close()
+    assert [e.after["id"] for e in again if e.after] == [1, 2, 3, 4, 5]
