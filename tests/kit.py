@@ -17,6 +17,7 @@ from deltaforge.position import Position, PositionDoc, as_int
 from deltaforge.sinks.base import Sink
 from deltaforge.sinks.stdout import StdoutSinkConfig
 from deltaforge.sources.base import Source, own_position
+from deltaforge.state.checkpoints import MemoryCheckpointStore
 
 
 class SeqPosition(NamedTuple):
@@ -208,3 +209,17 @@ class PacedSource(SyntheticSource):
     async def read(self) -> list[Event]:
         await asyncio.sleep(self.delay)
         return await super().read()
+
+
+class NeverDurable(MemoryCheckpointStore):
+    """A store whose writes of the checkpoint stored under ``key`` never finish: nothing
+    delivered to that sink is ever checkpointed (a restart finds no checkpoint)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
+        if self.key in values:
+            await asyncio.Event().wait()
+        await super().put_many(values)

@@ -311,3 +311,36 @@ async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(
     again = await read_n(src, 5)
     await src.close()
     assert [e.after["id"] for e in again if e.after] == [1, 2, 3, 4, 5]
+
+
+async def test_a_reopening_from_now_without_a_checkpoint_starts_where_the_first_one_did(
+    mariadb: MariaDB,
+) -> None:
+    """With a snapshot to come, an opening without a checkpoint reads from the newest change. A
+    reopening (a reconnect before the first checkpoint was durable) must not take a newer
+    "now": a delete in between would be lost, while its row may already be in a sink from the
+    first opening's snapshot. After a lost position (``forget_start``) it is now again."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (1)")  # before the first opening: the snapshot's to copy
+    src = source(mariadb, [f"{db}.t"])
+    src.from_now = True
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (2)")
+    assert [(e.op, (e.after or e.before or {})["id"]) for e in await read_n(src, 1)] == [("c", 2)]
+    await src.close()
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("DELETE FROM t WHERE id = 1")
+    await src.open(None)
+    again = await read_n(src, 2)
+    await src.close()
+    assert [(e.op, (e.after or e.before or {})["id"]) for e in again] == [("c", 2), ("d", 1)]
+    src.forget_start()
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (3)")
+    fresh = await read_n(src, 1)
+    await src.close()
+    assert [(e.op, (e.after or e.before or {})["id"]) for e in fresh] == [("c", 3)]

@@ -12,11 +12,10 @@ from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.position import PositionDoc
 from deltaforge.sources.base import SourceError, SourceUnavailable
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import damage_on_disk, jsonl, wait_until
-from tests.kit import ScriptedSink
+from tests.kit import NeverDurable, ScriptedSink
 from tests.postgres_kit import fresh_db, read_n, source
 from tests.servers.postgres import Postgres
 
@@ -55,15 +54,6 @@ async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
     await conn.close()
 
 
-class NeverDurable(MemoryCheckpointStore):
-    """A store whose writes of sink ``a``'s checkpoint never finish: nothing is checkpointed."""
-
-    async def put_many(self, values: dict[str, PositionDoc]) -> None:
-        if sink_key("pg", "a") in values:
-            await asyncio.Event().wait()
-        await super().put_many(values)
-
-
 async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(
     postgres: Postgres,
 ) -> None:
@@ -82,7 +72,9 @@ async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_ag
                  "sinks": [{"type": "stdout", "config": {"id": "a"}}],
                  "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
     }  # fmt: skip
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=NeverDurable(), sinks={"a": sink})
+    runner = PipelineRunner(
+        parse_pipeline(doc, env={}), store=NeverDurable(sink_key("pg", "a")), sinks={"a": sink}
+    )
     task = asyncio.create_task(runner.run())
 
     def reader_running() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -11,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
+from chaos.harness import ProxyServer, port_of
+from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.state.checkpoints import sink_key
+from tests.helpers import jsonl, stored_checkpoint, wait_until, wait_until_sync
+from tests.kit import NeverDurable, ScriptedSink
 from tests.mysql_kit import fresh_db
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import CDC_USER, MariaDB
@@ -180,3 +186,45 @@ def test_a_signal_row_and_the_cli_ask_for_snapshots_while_streaming(mariadb: Mar
     assert sorted(d["after"]["n"] for d in rows if d["source"]["table"] == "other") == list(range(1, 401))
     assert sorted(d["after"]["id"] for d in rows if d["source"]["table"] == "items") == list(range(1, 1001))
     assert "deltaforge_signal" not in {d["source"]["table"] for d in jsonl(out)}
+
+
+async def test_a_reconnect_before_the_first_checkpoint_still_delivers_a_delete_made_meanwhile(
+    mariadb: MariaDB, proxies: ProxyServer
+) -> None:
+    """The initial snapshot delivers rows 1-3, but no checkpoint is durable yet. The network to
+    the server goes; row 1 is deleted meanwhile. The reconnect reads the stream from where the
+    first opening started, not from a newer "now", so the delete reaches the sink and its replay
+    equals the table (it kept row 1 for good before)."""
+    db = prepare(mariadb, 3)
+    proxy = proxies.proxy("my", f"127.0.0.1:{mariadb.port}")
+    dsn = mariadb.dsn(db).replace(f":{mariadb.port}/", f":{port_of(proxy)}/")
+    got: list[tuple[str, int]] = []
+    sink = ScriptedSink("a", script=lambda _n, events: got.extend(
+        (e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items"))  # fmt: skip
+    doc = {
+        "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
+        "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": [f"{db}.items"],
+                                                        "snapshot": {"mode": "initial"}}},
+                 "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+                 "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
+    }  # fmt: skip
+    runner = PipelineRunner(
+        parse_pipeline(doc, env={}), store=NeverDurable(sink_key("my", "a")), sinks={"a": sink}
+    )
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: sorted(got) == [("r", 1), ("r", 2), ("r", 3)], timeout=60, what="the snapshot")
+    proxy.disable()
+    await wait_until(lambda: runner.degraded, timeout=60, what="the source unavailable")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("DELETE FROM items WHERE id = 1")
+    proxy.enable()
+    await wait_until(lambda: got.count(("r", 2)) == 2, timeout=60, what="the second snapshot")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO items VALUES (4, 4, 'x')")
+    await wait_until(lambda: ("c", 4) in got, timeout=60, what="row 4")
+    runner.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+    state: set[int] = set()
+    for op, key in got:
+        (state.discard if op == "d" else state.add)(key)
+    assert state == {2, 3, 4}, got

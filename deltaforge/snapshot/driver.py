@@ -86,6 +86,7 @@ class SnapshotDriver:
         self.log.warning("position_lost_resnapshot", reason=str(lost))
         await self.close()
         await self.source.close()
+        self.source.forget_start()
         self.source.from_now = True
         await self.source.open(None)
         await self.progress.clear()

@@ -98,6 +98,10 @@ class Source(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
 
+    def forget_start(self) -> None:  # noqa: B027 - optional hook
+        """The position is lost: the next opening without a checkpoint reads from now, not from
+        where an earlier opening started (a source that remembers that, see ``from_now``)."""
+
     async def identity(self) -> dict[str, str] | None:
         """Which server is behind the DSN now (stable fields such as a server UUID), for the
         FailoverReconciler; None for a source without one (an embedded file)."""
