@@ -319,7 +319,7 @@ async def test_a_reopening_from_now_without_a_checkpoint_starts_where_the_first_
     """With a snapshot to come, an opening without a checkpoint reads from the newest change. A
     reopening (a reconnect before the first checkpoint was durable) must not take a newer
     "now": a delete in between would be lost, while its row may already be in a sink from the
-    first opening's snapshot. After a lost position (``forget_start``) it is now again."""
+    first opening's snapshot. After a lost position (``start_from`` cleared) it is now again."""
     db = fresh_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
@@ -337,7 +337,7 @@ async def test_a_reopening_from_now_without_a_checkpoint_starts_where_the_first_
     again = await read_n(src, 2)
     await src.close()
     assert [(e.op, (e.after or e.before or {})["id"]) for e in again] == [("c", 2), ("d", 1)]
-    src.forget_start()
+    src.start_from = None
     await src.open(None)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (3)")

@@ -228,3 +228,44 @@ async def test_a_reconnect_before_the_first_checkpoint_still_delivers_a_delete_m
     for op, key in got:
         (state.discard if op == "d" else state.add)(key)
     assert state == {2, 3, 4}, got
+
+
+async def test_a_process_ending_before_the_first_checkpoint_leaves_where_its_stream_started(
+    mariadb: MariaDB,
+) -> None:
+    """As above, across processes: the first run's snapshot delivers rows 1-3 and it ends before
+    any checkpoint is durable; row 1 is deleted; the next run (a new source, the same store)
+    starts the stream where the first one started, stored with the snapshot's progress."""
+    db = prepare(mariadb, 3)
+    got: list[tuple[str, int]] = []
+    store = NeverDurable(sink_key("my", "a"))
+
+    def run() -> tuple[PipelineRunner, asyncio.Task[None]]:
+        sink = ScriptedSink("a", script=lambda _n, events: got.extend(
+            (e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items"))  # fmt: skip
+        doc = {
+            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
+            "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(db),
+                                                            "tables": [f"{db}.items"], "snapshot": {"mode": "initial"}}},
+                     "sinks": [{"type": "stdout", "config": {"id": "a"}}]},
+        }  # fmt: skip
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
+        return runner, asyncio.create_task(runner.run())
+
+    _, task = run()
+    await wait_until(lambda: sorted(got) == [("r", 1), ("r", 2), ("r", 3)], timeout=60, what="the snapshot")
+    task.cancel()  # the process ends, as killed: nothing more is written
+    await asyncio.gather(task, return_exceptions=True)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("DELETE FROM items WHERE id = 1")
+    second, task = run()
+    await wait_until(lambda: got.count(("r", 2)) == 2, timeout=60, what="the second snapshot")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO items VALUES (4, 4, 'x')")
+    await wait_until(lambda: ("c", 4) in got, timeout=60, what="row 4")
+    second.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+    state: set[int] = set()
+    for op, key in got:
+        (state.discard if op == "d" else state.add)(key)
+    assert state == {2, 3, 4}, got

@@ -175,7 +175,7 @@ async def run(rows: int, chunk: int, per_read: int, writes: list[tuple[str, int]
         driver = SnapshotDriver(ctx, structlog.get_logger())
         driver.settings = SnapshotSettings(mode="initial", chunk_size=chunk)
         driver.reader = FakeChunks(db)
-        driver.before_open(durable)
+        await driver.before_open(durable)
         await source.open(durable)
         await driver.opened(durable)
         reads = 0

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.snapshot.progress import progress_key
 from deltaforge.state.checkpoints import (
     CheckpointStore,
     FileCheckpointStore,
@@ -21,6 +23,7 @@ from deltaforge.state.checkpoints import (
     SqliteCheckpointStore,
     sink_key,
 )
+from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 
 
 def stores(tmp_path: Path) -> list[CheckpointStore]:
@@ -223,3 +226,20 @@ async def test_a_store_that_cannot_open_fails_the_pipeline_saying_where(tmp_path
         "spec.storage: cannot open the sqlite store at "
     )
     assert str(tmp_path / "not-a-dir" / "cp.db") in runner.failure
+
+
+async def test_forgetting_a_pipelines_checkpoints_forgets_its_source_records_too() -> None:
+    """Deleting a pipeline with its checkpoints leaves nothing a pipeline created again under
+    its name would start from: not the sinks' checkpoints, not the failover identity, not a
+    snapshot's progress (with the stream position it began at, which could have been purged)."""
+    store = MemoryCheckpointStore()
+    runner = PipelineRunner(
+        config(sinks=[sink_doc("a")]), store=store, sinks={"a": ScriptedSink("a")}, source=SyntheticSource(1)
+    )
+    keys = [runner.ctx.key("a"), identity_key("src"), progress_key("src")]
+    other = progress_key("another")
+    for key in [*keys, other]:
+        await store.put(key, {"seq": 1})
+    await runner.forget_checkpoints()
+    assert [await store.get(k) for k in keys] == [None, None, None]
+    assert await store.get(other) == {"seq": 1}

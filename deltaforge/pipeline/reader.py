@@ -106,7 +106,7 @@ class SourceReader(Actor):
             resume_after=resume.to_doc() if resume else None,
             epoch=self.epoch,
         )
-        self.snapshots.before_open(resume)
+        await self.snapshots.before_open(resume)
         try:
             try:
                 if self.reconciler is not None:

@@ -27,6 +27,7 @@ from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import PoisonEvent, Sink
+from deltaforge.snapshot.progress import progress_key
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
@@ -278,9 +279,11 @@ class PipelineRunner:
         return [{"version": n, **doc} for n, doc in enumerate(history, 1)]
 
     async def forget_checkpoints(self) -> None:
-        """Delete this pipeline's checkpoints (and the source's failover identity): a pipeline
-        created again under this name starts from the beginning."""
-        keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(self.config.source.id)]
+        """Delete this pipeline's checkpoints (and the source's failover identity and snapshot
+        progress, with the stream position a snapshot began at): a pipeline created again under
+        this name starts from the beginning."""
+        source_id = self.config.source.id
+        keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
         await self._read_store(lambda store: store.delete_keys(keys))
 
     async def replay_dead_letters(self, which: Select) -> int:

@@ -58,9 +58,15 @@ class SnapshotDriver:
         """``when_needed``: a lost position means a new snapshot, not a halt."""
         return self.reader is not None and self.settings.mode == "when_needed"
 
-    def before_open(self, resume: Position | None) -> None:
-        """No checkpoint and a snapshot to come: stream from now, not from the oldest change kept."""
-        self.source.from_now = resume is None and self.reader is not None and self.settings.mode != "never"
+    async def before_open(self, resume: Position | None) -> None:
+        """No checkpoint and a snapshot to come: stream from now, not from the oldest change kept;
+        or, when an earlier process started so and a snapshot it began is still stored, from
+        where that one started (see ``Source.start_from``)."""
+        source = self.source
+        source.from_now = resume is None and self.reader is not None and self.settings.mode != "never"
+        if source.from_now and source.start_from is None:
+            stored = await self.progress.stream_start()
+            source.start_from = source.load_position(stored) if stored is not None else None
 
     async def opened(self, resume: Position | None) -> None:
         """The source is open after ``resume``: go on with a snapshot in progress, or start one."""
@@ -86,7 +92,7 @@ class SnapshotDriver:
         self.log.warning("position_lost_resnapshot", reason=str(lost))
         await self.close()
         await self.source.close()
-        self.source.forget_start()
+        self.source.start_from = None  # lost: from now, as the snapshot about to begin
         self.source.from_now = True
         await self.source.open(None)
         await self.progress.clear()
@@ -127,7 +133,9 @@ class SnapshotDriver:
         state = SnapshotState(uuid.uuid4().hex[:12], kind, [t.name for t in tables])
         for t in tables:
             state.estimates[t.name] = await self.reader.estimate(t)
-        await self.progress.begin(state)
+        source = self.source
+        start = source.start_from if source.from_now and source.start_from is not None else None
+        await self.progress.begin(state, start.to_doc() if start is not None else None)
         self.log.info("snapshot_started", snapshot=state.id, kind=kind, tables=state.pending)
         return state
 

@@ -75,6 +75,10 @@ class ProgressLog:
         self.key = progress_key(source_id)
         self.base: SnapshotState | None = None
         self.marks: list[tuple[tuple[int, ...], SnapshotState]] = []
+        self.stream_from: PositionDoc | None = None
+        """Where the stream started when the snapshot began with no checkpoint (the source's
+        ``start_from``): saved before any of its rows is delivered, so a process that dies
+        before the first checkpoint starts the stream there again, not from a newer now."""
 
     async def load(self, durable: tuple[int, ...] | None) -> SnapshotState | None:
         """The state to go on from, given the order every sink holds (None: no sink checkpoint)."""
@@ -82,15 +86,24 @@ class ProgressLog:
         self.marks = []
         self.base = SnapshotState.from_doc(doc["base"]) if doc and doc.get("base") else None
         if doc is None or self.base is None:
+            self.stream_from = None
             return None
+        self.stream_from = cast(PositionDoc | None, doc.get("stream_from"))
         for order, state in cast(list[list[Any]], doc.get("marks", [])):
             if durable is not None and tuple(order) <= durable:
                 self.base = SnapshotState.from_doc(state)  # delivered everywhere
         await self._save()  # marks past the checkpoint are chunks to read again
         return self.base.copy()
 
-    async def begin(self, state: SnapshotState) -> None:
-        self.base, self.marks = state.copy(), []
+    async def stream_start(self) -> PositionDoc | None:
+        """The stored ``stream_from`` of a snapshot still in progress (None: none stored)."""
+        doc = await self.store.get(self.key)
+        if doc is None or not doc.get("base"):
+            return None
+        return cast(PositionDoc | None, doc.get("stream_from"))
+
+    async def begin(self, state: SnapshotState, stream_from: PositionDoc | None = None) -> None:
+        self.base, self.marks, self.stream_from = state.copy(), [], stream_from
         await self._save()
 
     async def mark(self, order: tuple[int, ...], state: SnapshotState) -> None:
@@ -117,16 +130,17 @@ class ProgressLog:
         self.base = next(s for o, s in reversed(self.marks) if o <= durable)
         self.marks = kept
         if self.base.done and not kept:
-            self.base = None  # finished, everywhere
+            self.base = self.stream_from = None  # finished, everywhere
         await self._save()
 
     async def clear(self) -> None:
-        self.base, self.marks = None, []
+        self.base, self.marks, self.stream_from = None, [], None
         await self._save()
 
     async def _save(self) -> None:
         doc: PositionDoc = {
             "base": self.base.to_doc() if self.base else None,
             "marks": [[list(o), s.to_doc()] for o, s in self.marks],
+            "stream_from": self.stream_from,
         }
         await self.store.put(self.key, doc)

@@ -81,6 +81,12 @@ class Source(ABC):
     from_now: bool = False
     """With no checkpoint, start at the newest change instead of the oldest kept: a snapshot is about
     to copy the tables (set by the SnapshotDriver before ``open``)."""
+    start_from: Position | None = None
+    """With ``from_now``: where an earlier opening without a checkpoint started, to start there
+    again (None: from now). A restart before the first checkpoint was durable must not take a
+    newer "now": it would skip what the restart dropped undelivered, such as a delete of a row
+    the first snapshot had already delivered. A source that reads from now sets it when it opens;
+    the SnapshotDriver stores it with the snapshot's progress, for the next process."""
     dead_letters: Callable[[Event, str], Awaitable[object]] | None = None
     """Where a record the source cannot read goes (the dead-letter queue, set by the runner when
     ``spec.journal.enabled``), with why; None: such a record halts the pipeline."""
@@ -97,10 +103,6 @@ class Source(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
-
-    def forget_start(self) -> None:  # noqa: B027 - optional hook
-        """The position is lost: the next opening without a checkpoint reads from now, not from
-        where an earlier opening started (a source that remembers that, see ``from_now``)."""
 
     async def identity(self) -> dict[str, str] | None:
         """Which server is behind the DSN now (stable fields such as a server UUID), for the

@@ -79,11 +79,6 @@ class MySQLSource(Source):
         self._decoder: ChildDecoder | None = None
         self._gen = 0  # the failover generation of this opening's positions
         self._committed = ""
-        self._started_at: BinlogPosition | None = None
-        """Where an opening without a checkpoint started from now (a snapshot to come). A later
-        one (a reconnect before the first checkpoint was durable) starts there again: a newer
-        "now" would skip what the restart dropped undelivered, such as a delete of a row the
-        first opening's snapshot had already delivered."""
         self._schema_changes: list[SchemaChange] = []
         self._keys: dict[str, tuple[str, ...]] = {}  # "db.table" -> primary-key columns (pump thread)
         self._lock = threading.Lock()
@@ -122,7 +117,7 @@ class MySQLSource(Source):
     # -- lifecycle ---------------------------------------------------------------
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, BinlogPosition)
-        started = self._started_at
+        started = own_position(self.start_from, BinlogPosition)
         if resume is None and self.from_now and started is not None and started.gen == self.generation:
             resume = started  # checked like a checkpoint: purged since, the position is lost
         self._gen = self.generation
@@ -141,7 +136,7 @@ class MySQLSource(Source):
             # copy the tables, the newest (``start`` is then the current position).
             resume = start._replace(gen=self._gen)
             if self.from_now:
-                self._started_at = resume
+                self.start_from = resume
         self._committed = resume.gtid
         cfg: DecoderSettings = {
             "connection": self.settings.replication(),
@@ -228,9 +223,6 @@ class MySQLSource(Source):
         if resume_after is None and self.from_now:
             return info, current_position(conn, info)
         return info, earliest_position(conn, info)
-
-    def forget_start(self) -> None:
-        self._started_at = None
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
