@@ -188,6 +188,44 @@ def test_a_signal_row_and_the_cli_ask_for_snapshots_while_streaming(mariadb: Mar
     assert "deltaforge_signal" not in {d["source"]["table"] for d in jsonl(out)}
 
 
+Replayed = list[tuple[str, int]]
+
+
+def early_pipeline(
+    dsn: str, db: str, store: NeverDurable, got: Replayed
+) -> tuple[PipelineRunner, asyncio.Task[None]]:
+    """A running pipeline snapshotting ``db.items`` then streaming it into ``got`` as (op, id),
+    its checkpoints in ``store`` (which never makes them durable)."""
+    sink = ScriptedSink("a", script=lambda _n, events: got.extend(
+        (e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items"))  # fmt: skip
+    doc = {
+        "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
+        "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": [f"{db}.items"],
+                                                        "snapshot": {"mode": "initial"}}},
+                 "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+                 "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
+    }  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
+    return runner, asyncio.create_task(runner.run())
+
+
+async def replay_after_the_second_snapshot(
+    server: MariaDB, db: str, got: Replayed, runner: PipelineRunner, task: asyncio.Task[None]
+) -> set[int]:
+    """Once the snapshot has been read again, row 4 is written and streamed; then the pipeline
+    stops, and the ids ``got`` leaves after replaying its events in order."""
+    await wait_until(lambda: got.count(("r", 2)) == 2, timeout=60, what="the second snapshot")
+    with server.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO items VALUES (4, 4, 'x')")
+    await wait_until(lambda: ("c", 4) in got, timeout=60, what="row 4")
+    runner.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+    state: set[int] = set()
+    for op, key in got:
+        (state.discard if op == "d" else state.add)(key)
+    return state
+
+
 async def test_a_reconnect_before_the_first_checkpoint_still_delivers_a_delete_made_meanwhile(
     mariadb: MariaDB, proxies: ProxyServer
 ) -> None:
@@ -198,36 +236,15 @@ async def test_a_reconnect_before_the_first_checkpoint_still_delivers_a_delete_m
     db = prepare(mariadb, 3)
     proxy = proxies.proxy("my", f"127.0.0.1:{mariadb.port}")
     dsn = mariadb.dsn(db).replace(f":{mariadb.port}/", f":{port_of(proxy)}/")
-    got: list[tuple[str, int]] = []
-    sink = ScriptedSink("a", script=lambda _n, events: got.extend(
-        (e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items"))  # fmt: skip
-    doc = {
-        "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
-        "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": dsn, "tables": [f"{db}.items"],
-                                                        "snapshot": {"mode": "initial"}}},
-                 "sinks": [{"type": "stdout", "config": {"id": "a"}}],
-                 "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
-    }  # fmt: skip
-    runner = PipelineRunner(
-        parse_pipeline(doc, env={}), store=NeverDurable(sink_key("my", "a")), sinks={"a": sink}
-    )
-    task = asyncio.create_task(runner.run())
+    got: Replayed = []
+    runner, task = early_pipeline(dsn, db, NeverDurable(sink_key("my", "a")), got)
     await wait_until(lambda: sorted(got) == [("r", 1), ("r", 2), ("r", 3)], timeout=60, what="the snapshot")
     proxy.disable()
     await wait_until(lambda: runner.degraded, timeout=60, what="the source unavailable")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("DELETE FROM items WHERE id = 1")
     proxy.enable()
-    await wait_until(lambda: got.count(("r", 2)) == 2, timeout=60, what="the second snapshot")
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("INSERT INTO items VALUES (4, 4, 'x')")
-    await wait_until(lambda: ("c", 4) in got, timeout=60, what="row 4")
-    runner.stop_now()
-    await asyncio.gather(task, return_exceptions=True)
-    state: set[int] = set()
-    for op, key in got:
-        (state.discard if op == "d" else state.add)(key)
-    assert state == {2, 3, 4}, got
+    assert await replay_after_the_second_snapshot(mariadb, db, got, runner, task) == {2, 3, 4}, got
 
 
 async def test_a_process_ending_before_the_first_checkpoint_leaves_where_its_stream_started(
@@ -237,35 +254,13 @@ async def test_a_process_ending_before_the_first_checkpoint_leaves_where_its_str
     any checkpoint is durable; row 1 is deleted; the next run (a new source, the same store)
     starts the stream where the first one started, stored with the snapshot's progress."""
     db = prepare(mariadb, 3)
-    got: list[tuple[str, int]] = []
+    got: Replayed = []
     store = NeverDurable(sink_key("my", "a"))
-
-    def run() -> tuple[PipelineRunner, asyncio.Task[None]]:
-        sink = ScriptedSink("a", script=lambda _n, events: got.extend(
-            (e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items"))  # fmt: skip
-        doc = {
-            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "early"},
-            "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(db),
-                                                            "tables": [f"{db}.items"], "snapshot": {"mode": "initial"}}},
-                     "sinks": [{"type": "stdout", "config": {"id": "a"}}]},
-        }  # fmt: skip
-        runner = PipelineRunner(parse_pipeline(doc, env={}), store=store, sinks={"a": sink})
-        return runner, asyncio.create_task(runner.run())
-
-    _, task = run()
+    _, task = early_pipeline(mariadb.dsn(db), db, store, got)
     await wait_until(lambda: sorted(got) == [("r", 1), ("r", 2), ("r", 3)], timeout=60, what="the snapshot")
     task.cancel()  # the process ends, as killed: nothing more is written
     await asyncio.gather(task, return_exceptions=True)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("DELETE FROM items WHERE id = 1")
-    second, task = run()
-    await wait_until(lambda: got.count(("r", 2)) == 2, timeout=60, what="the second snapshot")
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("INSERT INTO items VALUES (4, 4, 'x')")
-    await wait_until(lambda: ("c", 4) in got, timeout=60, what="row 4")
-    second.stop_now()
-    await asyncio.gather(task, return_exceptions=True)
-    state: set[int] = set()
-    for op, key in got:
-        (state.discard if op == "d" else state.add)(key)
-    assert state == {2, 3, 4}, got
+    second, task = early_pipeline(mariadb.dsn(db), db, store, got)
+    assert await replay_after_the_second_snapshot(mariadb, db, got, second, task) == {2, 3, 4}, got
