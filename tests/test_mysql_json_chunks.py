@@ -1,0 +1,152 @@
+"""MariaDB snapshot chunks read as one JSON document give the rows the plain read gives, value
+for value and type for type; a table or a chunk that cannot make the trip is read plainly."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deltaforge.events import Row
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.mysql.json_chunks import JsonChunks
+from deltaforge.sources.mysql.snapshot import MySQLChunks
+from tests.mysql_kit import fresh_db, source
+from tests.servers.mariadb import CDC_USER, MariaDB
+
+EVERY_TYPE = """CREATE TABLE t (
+    id BIGINT PRIMARY KEY, ti TINYINT, flag TINYINT(1), si SMALLINT UNSIGNED, mi MEDIUMINT, i INT,
+    bu BIGINT UNSIGNED, z INT(5) ZEROFILL, dc DECIMAL(20,6), d DATE, tm TIME(3), dtm DATETIME(6),
+    ts TIMESTAMP(3) NULL, y YEAR, c CHAR(5), vc VARCHAR(100), l VARCHAR(50) CHARACTER SET latin1,
+    tx TEXT, j JSON, e ENUM('a','b c'), s SET('x','y'), bn BINARY(4), vb VARBINARY(20), bl BLOB
+) CHARACTER SET utf8mb4"""
+
+ROWS = [
+    "(1, -128, 1, 65535, -8388608, -2147483648, 18446744073709551615, 42, -12345678901234.123456, "
+    "'2024-02-29', '-838:59:59.000', '2024-01-02 03:04:05.123456', '2024-05-06 07:08:09.500', 1901, "
+    "'ab', 'héllo \"q\" \\\\ \\n\\t ✓ 😀', 'café', REPEAT('t', 3000), '{\"k\": [1, \"two\"], \"n\": null}', "
+    "'b c', 'x,y', x'00ff1027', x'', x'000102fffe')",
+    "(2, 127, 0, 0, 8388607, 2147483647, 0, 0, 0.000001, '1000-01-01', '00:00:00.001', "
+    "'9999-12-31 23:59:59.999999', '2038-01-19 03:14:07.999', 2155, '', '', '', '', '[]', 'a', '', "
+    "x'00000000', x'00', x'')",
+    "(3" + ", NULL" * 23 + ")",
+]
+
+
+def prepare(server: MariaDB, ddl: str, rows: list[str]) -> str:
+    db = fresh_db(server)
+    with server.root(db) as c, c.cursor() as cur:
+        cur.execute(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO '{CDC_USER}'@'%'")
+        cur.execute(ddl)
+        for r in rows:
+            cur.execute(f"INSERT INTO t VALUES {r}")
+    return db
+
+
+async def read_all(reader: MySQLChunks, ref: TableRef, chunk: int) -> list[Row]:
+    rows: list[Row] = []
+    after: list[Any] | None = None
+    more = True
+    while more:
+        got, after, more = await reader.chunk(ref, after, chunk)
+        rows += got
+    return rows
+
+
+async def both_ways(server: MariaDB, db: str, chunk: int = 2) -> tuple[list[Row], list[Row], MySQLChunks]:
+    """The table read through the JSON form, then plainly; and the reader (its JSON form, if
+    still there, was used for every chunk)."""
+    src = source(server, [f"{db}.t"])
+    reader = MySQLChunks(src, f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        by_json = await read_all(reader, ref, chunk)
+        json_form = reader.known[ref.name].json
+        reader.known[ref.name].json = None
+        plain = await read_all(reader, ref, chunk)
+        reader.known[ref.name].json = json_form
+    finally:
+        await reader.close()
+    return by_json, plain, reader
+
+
+def exact(rows: list[Row]) -> list[list[tuple[str, str]]]:
+    """Each value's repr, in column order: ``Decimal('1.50')`` is not ``Decimal('1.5')``, nor
+    ``1`` ``True``, nor ``'1'`` ``b'1'``."""
+    return [[(k, repr(v)) for k, v in r.items()] for r in rows]
+
+
+async def test_every_column_type_comes_back_as_the_plain_read_gives_it(mariadb: MariaDB) -> None:
+    db = prepare(mariadb, EVERY_TYPE, ROWS)
+    by_json, plain, reader = await both_ways(mariadb, db)
+    assert reader.known[f"{db}.t"].json is not None, "the table was not read as JSON"
+    assert len(plain) == 3
+    assert exact(by_json) == exact(plain)
+    assert by_json[0]["bu"] == 18446744073709551615 and by_json[0]["z"] == 42
+    assert by_json[0]["bl"] == b"\x00\x01\x02\xff\xfe" and by_json[0]["j"].startswith('{"k"')
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40), min_size=1, max_size=8)
+)
+def test_any_text_comes_back_as_the_plain_read_gives_it(mariadb: MariaDB, texts: list[str]) -> None:
+    rows = [f"({i}, {mariadb_literal(t)})" for i, t in enumerate(texts)]
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT) CHARACTER SET utf8mb4", rows)
+    by_json, plain, reader = asyncio.run(both_ways(mariadb, db, chunk=3))
+    assert reader.known[f"{db}.t"].json is not None
+    assert exact(by_json) == exact(plain)
+    assert [r["v"] for r in by_json] == texts
+
+
+def mariadb_literal(text: str) -> str:
+    return "_utf8mb4 x'" + text.encode().hex() + "'" if text else "''"
+
+
+async def test_a_table_with_a_float_or_bit_column_is_read_plainly(mariadb: MariaDB) -> None:
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, f FLOAT, d DOUBLE, bt BIT(5))",
+                 ["(1, 1.1, 0.1, b'10101')", "(2, 3.4e38, -2.25e100, b'0')", "(3, NULL, NULL, NULL)"])  # fmt: skip
+    by_json, plain, reader = await both_ways(mariadb, db)
+    assert reader.known[f"{db}.t"].json is None
+    assert exact(by_json) == exact(plain)
+    assert [(r["f"], r["bt"]) for r in by_json] == [(1.1, b"\x15"), (3.4e38, b"\x00"), (None, None)]
+
+
+async def test_a_chunk_too_big_for_one_value_is_read_plainly_and_whole(mariadb: MariaDB) -> None:
+    """The server gives NULL for a JSON document over ``max_allowed_packet``: the chunk's rows
+    come from the plain read, and none is missing."""
+    rows = [f"({i}, REPEAT('{i % 10}', 4000))" for i in range(1, 41)]
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)", rows)
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.max_allowed_packet")
+        ((was,),) = cur.fetchall()
+        cur.execute("SET GLOBAL max_allowed_packet = 65536")  # read by the reader's new sessions
+    try:
+        by_json, plain, reader = await both_ways(mariadb, db, chunk=25)
+    finally:
+        with mariadb.root() as c, c.cursor() as cur:
+            cur.execute(f"SET GLOBAL max_allowed_packet = {int(was)}")
+    assert reader.known[f"{db}.t"].json is None, "the chunk was not too big: nothing was proven"
+    assert [r["id"] for r in by_json] == list(range(1, 41))
+    assert exact(by_json) == exact(plain)
+
+
+def test_a_column_type_outside_the_known_ones_keeps_the_table_plain() -> None:
+    def col(name: str, typ: str, charset: str | None = None, full: str = "") -> dict[str, Any]:
+        return {
+            "COLUMN_NAME": name,
+            "DATA_TYPE": typ,
+            "COLUMN_TYPE": full or typ,
+            "CHARACTER_SET_NAME": charset,
+        }
+
+    assert JsonChunks.of([col("id", "int"), col("u", "uuid")]) is None
+    assert JsonChunks.of([col("id", "int"), col("g", "point")]) is None
+    form = JsonChunks.of(
+        [col("id", "int"), col("z", "int", full="int(5) unsigned zerofill"), col("v", "varchar", "utf8mb4")]
+    )
+    assert form is not None
+    assert form.pairs == "'id', `id`, 'z', CAST(`z` AS CHAR), 'v', CAST(`v` AS CHAR)"
