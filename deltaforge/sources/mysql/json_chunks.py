@@ -13,12 +13,12 @@ in a form that comes back equal:
 * a column with a character set as ``CAST(… AS CHAR)``, a JSON string (a ``JSON`` column
   left as it is would arrive as an object, not as its text);
 * a binary one as ``HEX(…)``, turned back into bytes;
-* a decimal, date, time, datetime, timestamp or year as its text, ``CAST(… AS CHAR)``, given
-  to PyMySQL's own converter for that type, as the plain read does.
+* a decimal, float, double, date, time, datetime, timestamp or year as its text,
+  ``CAST(… AS CHAR)``, given to PyMySQL's own converter for that type, as the plain read does
+  (a FLOAT or DOUBLE as a JSON number would lose its type: ``38227300`` is an int).
 
-A table with any other column type (FLOAT and DOUBLE, whose text a CAST may write with more
-digits; BIT, whose ``HEX`` is a number's; spatial and MariaDB's own UUID and INET types) is
-read the plain way. So is a chunk
+A table with any other column type (BIT, whose ``HEX`` is a number's; spatial and MariaDB's
+own UUID and INET types) is read the plain way. So is a chunk
 whose document does not come back whole: the count of rows is sent with it, and a document
 the server cut short (``max_allowed_packet``) or that does not parse means the plain read,
 never fewer rows.
@@ -46,6 +46,8 @@ AS_TEXT: dict[str, Convert] = {  # PyMySQL's converter of each type's text
     "datetime": decoders[FIELD_TYPE.DATETIME],
     "timestamp": decoders[FIELD_TYPE.TIMESTAMP],
     "year": decoders[FIELD_TYPE.YEAR],
+    "float": decoders[FIELD_TYPE.FLOAT],
+    "double": decoders[FIELD_TYPE.DOUBLE],
 }
 
 
