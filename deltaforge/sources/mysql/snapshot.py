@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 SYSTEM = ("mysql", "sys", "information_schema", "performance_schema")
 OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
-# UTC: see the module. The longest JSON_ARRAYAGG there is (json_chunks): the default (1 MiB)
-# would cut a chunk of 10,000 wide rows short.
+# UTC: see the module. group_concat_max_len also bounds JSON_ARRAYAGG (json_chunks): at its
+# default, 1 MiB, a chunk of 10,000 rows of 100 bytes would come back cut short.
 INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295"
 
 
