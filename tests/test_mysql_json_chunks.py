@@ -141,6 +141,26 @@ async def test_a_chunk_too_big_for_one_value_is_read_plainly_and_whole(mariadb: 
     assert exact(by_json) == exact(plain)
 
 
+async def test_a_json_read_the_server_refuses_falls_back_to_the_plain_read(mariadb: MariaDB) -> None:
+    """MySQL 8's JSON_ARRAYAGG takes no ORDER BY: a server that refuses the JSON query (here,
+    one naming a table that is not there) gets the plain read, with every row."""
+    db = prepare(
+        mariadb, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)", [f"({i}, 'r{i}')" for i in range(1, 8)]
+    )
+    src = source(mariadb, [f"{db}.t"])
+    reader = MySQLChunks(src, f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        table = reader.known[ref.name]
+        table.json_first = table.json_after = "SELECT COUNT(*) AS n, NULL AS doc FROM no_such_table LIMIT %s"
+        rows = await read_all(reader, ref, 3)
+    finally:
+        await reader.close()
+    assert table.json is None
+    assert [(r["id"], r["v"]) for r in rows] == [(i, f"r{i}") for i in range(1, 8)]
+
+
 def test_a_column_type_outside_the_known_ones_keeps_the_table_plain() -> None:
     def col(name: str, typ: str, charset: str | None = None, full: str = "") -> dict[str, Any]:
         return {

@@ -191,16 +191,22 @@ class MySQLChunks(ChunkReader):
 
         async def read(cur: aiomysql.Cursor) -> list[Row]:
             if t.json is not None:
-                await cur.execute(t.json_first if after is None else t.json_after, args)
-                got = await cur.fetchone()
-                rows = t.json.rows(int(got["n"]), got["doc"])
+                try:
+                    await cur.execute(t.json_first if after is None else t.json_after, args)
+                    got = await cur.fetchone()
+                    rows = t.json.rows(int(got["n"]), got["doc"])
+                    why = "not all of the chunk came back"
+                except pymysql.err.MySQLError as exc:
+                    if is_unavailable(exc):
+                        raise
+                    # MySQL 8, say: its JSON_ARRAYAGG takes no ORDER BY.
+                    rows, why = None, f"the server refused the JSON read: {exc.args[-1]}"
                 if rows is not None:
                     return rows
-                # Not all of the chunk came back (too big for one value, say): read it the plain
-                # way, and the table's next chunks too.
+                # Read it the plain way, and the table's next chunks too.
                 structlog.get_logger().warning(
                     "snapshot_chunk_read_plainly", actor="snapshot", source=self.source.id,
-                    table=table.name, rows=int(got["n"]),
+                    table=table.name, reason=why,
                 )  # fmt: skip
                 t.json = None
             await cur.execute(t.first if after is None else t.after, args)
