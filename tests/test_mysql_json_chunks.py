@@ -112,6 +112,24 @@ def mariadb_literal(text: str) -> str:
     return "_utf8mb4 x'" + text.encode().hex() + "'" if text else "''"
 
 
+async def test_odd_column_names_come_back_as_the_plain_read_gives_them(mariadb: MariaDB) -> None:
+    """Under ``NO_BACKSLASH_ESCAPES`` too: a backslash in a quoted literal would then be two."""
+    ddl = "CREATE TABLE t (`it's` INT PRIMARY KEY, `back\\slash` TEXT, `ключ` INT, `tick``s` TEXT) CHARACTER SET utf8mb4"
+    db = prepare(mariadb, ddl, ["(1, 'a', 2, 'b')", "(3, NULL, NULL, 'c')"])
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.sql_mode")
+        ((was,),) = cur.fetchall()
+        cur.execute("SET GLOBAL sql_mode = CONCAT(@@GLOBAL.sql_mode, ',NO_BACKSLASH_ESCAPES')")
+    try:
+        by_json, plain, reader = await both_ways(mariadb, db)
+    finally:
+        with mariadb.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL sql_mode = %s", (was,))
+    assert reader.known[f"{db}.t"].json is not None
+    assert exact(by_json) == exact(plain)
+    assert list(by_json[0]) == ["it's", "back\\slash", "ключ", "tick`s"]
+
+
 async def test_a_table_with_a_bit_column_is_read_plainly(mariadb: MariaDB) -> None:
     db = prepare(
         mariadb, "CREATE TABLE t (id INT PRIMARY KEY, bt BIT(5))", ["(1, b'10101')", "(2, b'0')", "(3, NULL)"]
@@ -176,4 +194,7 @@ def test_a_column_type_outside_the_known_ones_keeps_the_table_plain() -> None:
         [col("id", "int"), col("z", "int", full="int(5) unsigned zerofill"), col("v", "varchar", "utf8mb4")]
     )
     assert form is not None
-    assert form.pairs == "'id', `id`, 'z', CAST(`z` AS CHAR), 'v', CAST(`v` AS CHAR)"
+    assert (
+        form.pairs
+        == "_utf8mb4 X'6964', `id`, _utf8mb4 X'7a', CAST(`z` AS CHAR), _utf8mb4 X'76', CAST(`v` AS CHAR)"
+    )

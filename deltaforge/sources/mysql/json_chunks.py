@@ -56,8 +56,9 @@ def _ident(name: str) -> str:
 
 
 def _literal(text: str) -> str:
-    """A column name as a JSON key: a SQL string literal (the names come from the catalog)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+    """A column name as a JSON key: a hex string literal, which reads the same under every
+    ``sql_mode`` (``NO_BACKSLASH_ESCAPES`` changes what a quoted one means)."""
+    return "_utf8mb4 X'" + text.encode().hex() + "'"
 
 
 class JsonChunks:
