@@ -32,6 +32,11 @@ ROWS = [
     "'9999-12-31 23:59:59.999999', '2038-01-19 03:14:07.999', 2155, '', '', '', '', -38227300, 5e-324, '[]', 'a', '', "
     "x'00000000', x'00', x'')",
     "(3" + ", NULL" * 25 + ")",
+    "(4"
+    + ", NULL" * 8
+    + ", '0000-00-00', NULL, '0000-00-00 00:00:00', '0000-00-00 00:00:00'"
+    + ", NULL" * 13
+    + ")",
 ]
 
 
@@ -83,7 +88,7 @@ async def test_every_column_type_comes_back_as_the_plain_read_gives_it(mariadb: 
     db = prepare(mariadb, EVERY_TYPE, ROWS)
     by_json, plain, reader = await both_ways(mariadb, db)
     assert reader.known[f"{db}.t"].json is not None, "the table was not read as JSON"
-    assert len(plain) == 3
+    assert len(plain) == 4
     assert exact(by_json) == exact(plain)
     assert by_json[0]["bu"] == 18446744073709551615 and by_json[0]["z"] == 42
     assert by_json[0]["bl"] == b"\x00\x01\x02\xff\xfe" and by_json[0]["j"].startswith('{"k"')
