@@ -34,6 +34,7 @@ from pymysql.constants import FIELD_TYPE
 from pymysql.converters import decoders
 
 from deltaforge.events import Row
+from deltaforge.sources.mysql.names import quote_ident
 
 Convert = Callable[[Any], Any]
 
@@ -49,10 +50,6 @@ AS_TEXT: dict[str, Convert] = {  # PyMySQL's converter of each type's text
     "float": decoders[FIELD_TYPE.FLOAT],
     "double": decoders[FIELD_TYPE.DOUBLE],
 }
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _literal(text: str) -> str:
@@ -77,7 +74,7 @@ class JsonChunks:
         converters: list[tuple[str, Convert]] = []
         for c in columns:
             name, typ = c["COLUMN_NAME"], str(c["DATA_TYPE"]).lower()
-            col = _ident(name)
+            col = quote_ident(name)
             if typ in INTEGERS and "zerofill" not in str(c["COLUMN_TYPE"]).lower():
                 value = col
             elif c["CHARACTER_SET_NAME"] is not None:

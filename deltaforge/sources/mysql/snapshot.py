@@ -27,6 +27,7 @@ from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.checks import is_unavailable
 from deltaforge.sources.mysql.json_chunks import JsonChunks
+from deltaforge.sources.mysql.names import quote_ident
 
 if TYPE_CHECKING:
     from deltaforge.sources.mysql.source import MySQLSource
@@ -39,17 +40,13 @@ OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
 INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295"
 
 
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 class _Table:
     def __init__(self, ref: TableRef, columns: list[dict[str, Any]]) -> None:
         self.ref = ref
         self.instants = [c["COLUMN_NAME"] for c in columns if c["DATA_TYPE"] == "timestamp"]
         db, _, table = ref.name.partition(".")
-        target = f"{_ident(db)}.{_ident(table)}"
-        keys = ", ".join(_ident(k) for k in ref.key)
+        target = f"{quote_ident(db)}.{quote_ident(table)}"
+        keys = ", ".join(quote_ident(k) for k in ref.key)
         marks = ", ".join(["%s"] * len(ref.key))
         after = f" WHERE ({keys}) > ({marks})"
         self.first = f"SELECT * FROM {target} ORDER BY {keys} LIMIT %s"
@@ -112,7 +109,7 @@ class MySQLChunks(ChunkReader):
         db, _, table = self.signal.partition(".")
         try:
             await self._run(lambda cur: cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {_ident(db)}.{_ident(table)} "
+                f"CREATE TABLE IF NOT EXISTS {quote_ident(db)}.{quote_ident(table)} "
                 "(id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048) NULL)"
             ))  # fmt: skip
         except pymysql.err.MySQLError as exc:
@@ -228,7 +225,7 @@ class MySQLChunks(ChunkReader):
         db, _, table = self.signal.partition(".")
         typ = OPEN if kind == "open" else CLOSE
         await self._run(lambda cur: cur.execute(
-            f"INSERT INTO {_ident(db)}.{_ident(table)} (id, type, data) VALUES (%s, %s, %s) "
+            f"INSERT INTO {quote_ident(db)}.{quote_ident(table)} (id, type, data) VALUES (%s, %s, %s) "
             "ON DUPLICATE KEY UPDATE data = VALUES(data)", (f"deltaforge-{kind}", typ, window),
         ))  # fmt: skip
 
