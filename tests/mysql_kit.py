@@ -29,6 +29,19 @@ def source(server: MariaDB, tables: list[str], **extra: Any) -> MySQLSource:
     return MySQLSource(MySQLSourceConfig(id="my", dsn=server.dsn(), tables=tables, **extra), tenant="acme")
 
 
+async def opened_on(
+    server: MariaDB, columns: str = "id INT PRIMARY KEY", **extra: Any
+) -> tuple[str, MySQLSource]:
+    """A fresh database with one table ``t`` of ``columns``, and a source capturing it, opened
+    with no checkpoint (it reads from now)."""
+    db = fresh_db(server)
+    with server.root(db) as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t ({columns})")
+    src = source(server, [f"{db}.t"], **extra)
+    await src.open(None)
+    return db, src
+
+
 def to_file(
     server: MariaDB, name: str, tables: str, out: Path, store: MemoryCheckpointStore
 ) -> PipelineRunner:

@@ -11,7 +11,7 @@ import orjson
 
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.mysql_kit import fresh_db, purge_before, read_n, source, to_file
+from tests.mysql_kit import fresh_db, opened_on, purge_before, read_n, source, to_file
 from tests.servers.mariadb import MariaDB
 
 TYPES_DDL = """CREATE TABLE {db}.types (
@@ -132,11 +132,7 @@ async def test_added_column_appears_after_alter_and_schema_is_recorded(
 async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:
     """TIMESTAMP is stored as UTC and comes out aware, whatever the writer's time zone; DATETIME
     has no zone and stays naive, so the two are never confused."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, at TIMESTAMP(6) NULL, wall DATETIME(6))")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, at TIMESTAMP(6) NULL, wall DATETIME(6)")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("SET time_zone = '+05:00'")
         cur.execute("INSERT INTO t VALUES (1, '2024-05-06 12:08:09.5', '2024-05-06 12:08:09.5')")
@@ -191,11 +187,7 @@ async def test_checkpoints_move_while_only_uncaptured_tables_change(mariadb: Mar
 async def test_mariadb_resume_continues_every_gtid_domain(mariadb: MariaDB) -> None:
     """With writes in two GTID domains, a resume must continue both where they were, not re-read
     the domain the last transaction was not in from its start."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, domain INT)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, domain INT")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("SET SESSION gtid_domain_id = 7")
         cur.execute(f"INSERT INTO {db}.t VALUES (1, 7)")
@@ -219,11 +211,7 @@ async def test_mariadb_resume_continues_every_gtid_domain(mariadb: MariaDB) -> N
 
 
 async def test_an_empty_varbinary_is_empty_bytes_not_text(mariadb: MariaDB) -> None:
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, vb VARBINARY(10))")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, vb VARBINARY(10)")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(f"INSERT INTO {db}.t VALUES (1, x''), (2, x'00ff')")
     events = await read_n(src, 2)
@@ -236,11 +224,7 @@ async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_w
 ) -> None:
     """Issue 15 item 7: the binlog's own column metadata decodes each row as it was written, also
     when a restart resumes from a checkpoint taken before the DDL."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, v INT")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (1, 1)")
         cur.execute("ALTER TABLE t ADD COLUMN extra VARCHAR(10)")
@@ -294,11 +278,7 @@ async def test_a_sinks_skipped_count_is_events_it_held_not_heartbeats(
 async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(mariadb: MariaDB) -> None:
     """As for PostgreSQL: a reopening of the same source object with no checkpoint (a restart
     before the first one was durable) starts where the first opening did, skipping nothing."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         for i in (1, 2, 3):
             cur.execute("INSERT INTO t VALUES (%s)", (i,))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.mysql_kit import fresh_db, read_n, source
+from tests.mysql_kit import opened_on, read_n, source
 from tests.servers.mariadb import MariaDB
 
 
@@ -19,11 +19,7 @@ def _xa_prepare(server: MariaDB, db: str, xid: str, ids: list[int]) -> None:
 async def test_xa_transactions_are_delivered_at_commit_in_commit_order_and_rollbacks_never(
     mariadb: MariaDB,
 ) -> None:
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb)
     _xa_prepare(mariadb, db, "x1", [1, 2])
     _xa_prepare(mariadb, db, "x2", [3])
     with mariadb.root(db) as c, c.cursor() as cur:
@@ -43,11 +39,7 @@ async def test_xa_transactions_are_delivered_at_commit_in_commit_order_and_rollb
 
 
 async def test_a_restart_while_an_xa_transaction_is_prepared_still_delivers_it(mariadb: MariaDB) -> None:
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb)
     _xa_prepare(mariadb, db, "x9", [1])
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(f"INSERT INTO {db}.t VALUES (2)")
@@ -67,11 +59,7 @@ async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(mar
     """respect_source_tx: false may checkpoint inside a transaction (even inside one rows event):
     resuming there must bring rows k+1..n again. MariaDB resumes by the last committed GTID, so
     the whole transaction is read again and sinks skip what they hold by order."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await opened_on(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(
             f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i})" for i in range(1, 11))
@@ -93,11 +81,7 @@ async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it_by_
     """The same by binlog file and position (MySQL's way, here on MariaDB with resume_by: file):
     the resume starts where the transaction began, not after the rows event the checkpoint is in,
     so rows k+1..n of that event and the transaction's later events come again."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"], resume_by="file")
-    await src.open(None)
+    db, src = await opened_on(mariadb, resume_by="file")
     with mariadb.root(db) as c, c.cursor() as cur:
         c.begin()
         cur.execute(
