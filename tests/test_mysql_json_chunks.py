@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ from deltaforge.events import Row
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.mysql.json_chunks import JsonChunks
 from deltaforge.sources.mysql.snapshot import MySQLChunks
-from tests.mysql_kit import fresh_db, source
+from tests.mysql_kit import fresh_db, read_n, source
 from tests.servers.mariadb import CDC_USER, MariaDB
 
 EVERY_TYPE = """CREATE TABLE t (
@@ -203,3 +204,61 @@ def test_a_column_type_outside_the_known_ones_keeps_the_table_plain() -> None:
         form.pairs
         == "_utf8mb4 X'6964', `id`, _utf8mb4 X'7a', CAST(`z` AS CHAR), _utf8mb4 X'76', CAST(`v` AS CHAR)"
     )
+
+
+async def test_invisible_columns_are_read_as_the_binlog_carries_them(mariadb: MariaDB) -> None:
+    """``SELECT *`` leaves out MariaDB's INVISIBLE columns; the binlog's row images have them. A
+    snapshot row must have the columns a change of the same row has, or a sink's replay keeps
+    the row without them."""
+    db = prepare(
+        mariadb,
+        "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10), secret INT INVISIBLE)",
+        [],
+    )
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t (id, v, secret) VALUES (1, 'a', 11), (2, 'b', 22), (3, 'c', 33)")
+    by_json, plain, reader = await both_ways(mariadb, db)
+    assert reader.known[f"{db}.t"].json is not None, "the table was not read as JSON"
+    expected = [{"id": i, "v": v, "secret": s} for i, v, s in ((1, "a", 11), (2, "b", 22), (3, "c", 33))]
+    assert by_json == expected
+    assert plain == expected
+
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)  # no checkpoint, no snapshot: the binlog from its start
+    try:
+        changes = await read_n(src, 3)
+    finally:
+        await src.close()
+    assert [list(e.after or {}) for e in changes] == [list(r) for r in expected]
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
+async def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_now(
+    mariadb: MariaDB, as_json: bool
+) -> None:
+    """The chunk queries name the table's columns; after an ALTER TABLE the next chunk is read
+    with the columns the table has then, not those it had when the snapshot began."""
+    db = prepare(
+        mariadb, "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", ["(1, 'a')", "(2, 'b')", "(3, 'c')"]
+    )
+    src = source(mariadb, [f"{db}.t"])
+    reader = MySQLChunks(src, f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        if not as_json:
+            reader.known[ref.name].json = None
+        first, after, _ = await reader.chunk(ref, None, 1)
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("ALTER TABLE t ADD COLUMN extra INT NOT NULL DEFAULT 7")
+        second, after, _ = await reader.chunk(ref, after, 1)
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("ALTER TABLE t DROP COLUMN v")
+        third, _, more = await reader.chunk(ref, after, 1)
+        read_as_json = reader.known[ref.name].json is not None
+    finally:
+        await reader.close()
+    assert first == [{"id": 1, "v": "a"}]
+    assert second == [{"id": 2, "v": "b", "extra": 7}]
+    assert third == [{"id": 3, "extra": 7}] and not more
+    assert read_as_json == as_json

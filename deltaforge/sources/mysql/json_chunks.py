@@ -90,11 +90,11 @@ class JsonChunks:
             pairs.append(f"{_literal(name)}, {value}")
         return cls(pairs, converters)
 
-    def query(self, target: str, where: str, keys: str) -> str:
+    def query(self, select: str, target: str, where: str, keys: str) -> str:
         """One row: the chunk's row count and its rows as a JSON array, in key order."""
         return (
             f"SELECT COUNT(*) AS n, JSON_ARRAYAGG(JSON_OBJECT({self.pairs}) ORDER BY {keys}) AS doc "
-            f"FROM (SELECT * FROM {target}{where} ORDER BY {keys} LIMIT %s) AS chunk"
+            f"FROM (SELECT {select} FROM {target}{where} ORDER BY {keys} LIMIT %s) AS chunk"
         )
 
     def rows(self, count: int, document: str | bytes | None) -> list[Row] | None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 SYSTEM = ("mysql", "sys", "information_schema", "performance_schema")
 OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
+# ER_BAD_FIELD_ERROR: a chunk query names a column the table no longer has.
+UNKNOWN_COLUMN = 1054
 # UTC: see the module. group_concat_max_len also bounds JSON_ARRAYAGG (json_chunks): at its
 # default, 1 MiB, a chunk of 10,000 rows of 100 bytes would come back cut short.
 INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295"
@@ -43,18 +45,28 @@ INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295"
 class _Table:
     def __init__(self, ref: TableRef, columns: list[dict[str, Any]]) -> None:
         self.ref = ref
+        self.definition = _definition(columns)
         self.instants = [c["COLUMN_NAME"] for c in columns if c["DATA_TYPE"] == "timestamp"]
         db, _, table = ref.name.partition(".")
         target = f"{quote_ident(db)}.{quote_ident(table)}"
+        # Every column by name: SELECT * leaves out INVISIBLE ones, which the binlog carries.
+        select = ", ".join(quote_ident(c["COLUMN_NAME"]) for c in columns)
         keys = ", ".join(quote_ident(k) for k in ref.key)
         marks = ", ".join(["%s"] * len(ref.key))
         after = f" WHERE ({keys}) > ({marks})"
-        self.first = f"SELECT * FROM {target} ORDER BY {keys} LIMIT %s"
-        self.after = f"SELECT * FROM {target}{after} ORDER BY {keys} LIMIT %s"
+        self.first = f"SELECT {select} FROM {target} ORDER BY {keys} LIMIT %s"
+        self.after = f"SELECT {select} FROM {target}{after} ORDER BY {keys} LIMIT %s"
         self.json = JsonChunks.of(columns)
         if self.json is not None:
-            self.json_first = self.json.query(target, "", keys)
-            self.json_after = self.json.query(target, after, keys)
+            self.json_first = self.json.query(select, target, "", keys)
+            self.json_after = self.json.query(select, target, after, keys)
+
+
+def _definition(columns: list[dict[str, Any]]) -> tuple[tuple[Any, ...], ...]:
+    """What a chunk's queries are built from: each column's name and type, in table order."""
+    return tuple(
+        (c["COLUMN_NAME"], c["DATA_TYPE"], c["COLUMN_TYPE"], c["CHARACTER_SET_NAME"]) for c in columns
+    )
 
 
 class MySQLChunks(ChunkReader):
@@ -154,7 +166,13 @@ class MySQLChunks(ChunkReader):
         return out
 
     @staticmethod
-    async def _catalog(cur: aiomysql.Cursor) -> list[dict[str, Any]]:
+    async def _catalog(cur: aiomysql.Cursor, table: str | None = None) -> list[dict[str, Any]]:
+        """The columns of every table, or of ``table`` (``db.name``), in table order."""
+        where = f"c.TABLE_SCHEMA NOT IN {SYSTEM!r}"
+        args: tuple[str, ...] = ()
+        if table is not None:
+            db, _, name = table.partition(".")
+            where, args = "c.TABLE_SCHEMA = %s AND c.TABLE_NAME = %s", (db, name)
         await cur.execute(
             "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, c.DATA_TYPE, c.COLUMN_TYPE, c.CHARACTER_SET_NAME, "
             "COALESCE(k.ORDINAL_POSITION, 0) AS KEY_AT "
@@ -162,7 +180,8 @@ class MySQLChunks(ChunkReader):
             "ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME AND t.TABLE_TYPE = 'BASE TABLE' "
             "LEFT JOIN information_schema.KEY_COLUMN_USAGE k ON k.TABLE_SCHEMA = c.TABLE_SCHEMA "
             "AND k.TABLE_NAME = c.TABLE_NAME AND k.COLUMN_NAME = c.COLUMN_NAME AND k.CONSTRAINT_NAME = 'PRIMARY' "
-            f"WHERE c.TABLE_SCHEMA NOT IN {SYSTEM!r} ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION"
+            f"WHERE {where} ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION",
+            args,
         )
         return list(await cur.fetchall())
 
@@ -182,34 +201,38 @@ class MySQLChunks(ChunkReader):
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
     ) -> tuple[list[Row], list[Any] | None, bool]:
-        t = self.known[table.name]
-
         args = (limit + 1,) if after is None else (*after, limit + 1)
 
-        async def read(cur: aiomysql.Cursor) -> list[Row]:
-            if t.json is not None:
+        async def read(cur: aiomysql.Cursor) -> tuple[_Table, list[Row]]:
+            # The chunk, then the table's columns, in one transaction: the read holds the
+            # table's metadata lock until COMMIT, so no ALTER lands in between and the columns
+            # are those the chunk was read with. A column added since the queries were built
+            # (or dropped) means building them again and reading the chunk again.
+            while True:
+                t = self.known[table.name]
+                await cur.execute("START TRANSACTION READ ONLY")
                 try:
-                    await cur.execute(t.json_first if after is None else t.json_after, args)
-                    got = await cur.fetchone()
-                    rows = t.json.rows(int(got["n"]), got["doc"])
-                    why = "not all of the chunk came back"
+                    rows: list[Row] | None = await self._rows(cur, t, after is None, args)
                 except pymysql.err.MySQLError as exc:
-                    if is_unavailable(exc):
+                    if exc.args[0] != UNKNOWN_COLUMN:
                         raise
-                    # MySQL 8, say: its JSON_ARRAYAGG takes no ORDER BY.
-                    rows, why = None, f"the server refused the JSON read: {exc.args[-1]}"
-                if rows is not None:
-                    return rows
-                # Read it the plain way, and the table's next chunks too.
-                structlog.get_logger().warning(
-                    "snapshot_chunk_read_plainly", actor="snapshot", source=self.source.id,
-                    table=table.name, reason=why,
+                    rows = None
+                columns = await self._catalog(cur, table.name)
+                await cur.execute("COMMIT")
+                if rows is not None and _definition(columns) == t.definition:
+                    return t, rows
+                if not columns:
+                    raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
+                structlog.get_logger().info(
+                    "snapshot_table_changed", actor="snapshot", source=self.source.id, table=table.name,
+                    columns=[c["COLUMN_NAME"] for c in columns],
                 )  # fmt: skip
-                t.json = None
-            await cur.execute(t.first if after is None else t.after, args)
-            return list(await cur.fetchall())
+                changed = _Table(table, columns)
+                if t.json is None:  # it was read plainly for a reason that may still hold
+                    changed.json = None
+                self.known[table.name] = changed
 
-        rows = await self._run(read)
+        t, rows = await self._run(read)
         more = len(rows) > limit
         rows = rows[:limit]
         if not rows:
@@ -220,6 +243,29 @@ class MySQLChunks(ChunkReader):
                 if isinstance(v, datetime):
                     r[name] = v.replace(tzinfo=UTC)
         return rows, [_json_key(rows[-1][k]) for k in table.key], more
+
+    async def _rows(self, cur: aiomysql.Cursor, t: _Table, first: bool, args: tuple[Any, ...]) -> list[Row]:
+        if t.json is not None:
+            try:
+                await cur.execute(t.json_first if first else t.json_after, args)
+                got = await cur.fetchone()
+                rows = t.json.rows(int(got["n"]), got["doc"])
+                why = "not all of the chunk came back"
+            except pymysql.err.MySQLError as exc:
+                if is_unavailable(exc) or exc.args[0] == UNKNOWN_COLUMN:
+                    raise
+                # MySQL 8, say: its JSON_ARRAYAGG takes no ORDER BY.
+                rows, why = None, f"the server refused the JSON read: {exc.args[-1]}"
+            if rows is not None:
+                return rows
+            # Read it the plain way, and the table's next chunks too.
+            structlog.get_logger().warning(
+                "snapshot_chunk_read_plainly", actor="snapshot", source=self.source.id,
+                table=t.ref.name, reason=why,
+            )  # fmt: skip
+            t.json = None
+        await cur.execute(t.first if first else t.after, args)
+        return list(await cur.fetchall())
 
     async def watermark(self, kind: str, window: str) -> None:
         db, _, table = self.signal.partition(".")
