@@ -285,3 +285,38 @@ def test_a_signal_row_asks_for_a_snapshot_on_postgres(postgres: Postgres, tmp_pa
     lines = jsonl(out)
     assert sorted(d["after"]["id"] for d in lines if d["op"] == "r") == list(range(1, 501))
     assert {d["source"]["table"] for d in lines} == {"items"}  # the signal row itself is not delivered
+
+
+def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_now(
+    postgres: Postgres,
+) -> None:
+    """The chunk query names the table's columns; after an ALTER TABLE the next chunk is read
+    with the columns the table has then, not those it had when the snapshot began (a column
+    added mid-snapshot was missing from every later snapshot row)."""
+    from deltaforge.configmodel import SnapshotSettings
+    from tests.postgres_kit import source
+
+    async def run() -> list[list[Any]]:
+        db = await fresh_db(postgres)
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
+        reader = source(postgres, db).chunk_reader(SnapshotSettings())
+        await reader.open(1)
+        try:
+            (ref,) = await reader.tables(["public.t"])
+            first, after, _ = await reader.chunk(ref, None, 1)
+            await conn.execute("ALTER TABLE t ADD COLUMN extra numeric NOT NULL DEFAULT 7.5")
+            second, after, _ = await reader.chunk(ref, after, 1)
+            await conn.execute("ALTER TABLE t DROP COLUMN v")
+            third, _, more = await reader.chunk(ref, after, 1)
+        finally:
+            await reader.close()
+            await conn.close()
+        return [first, second, third, [more]]
+
+    first, second, third, [more] = asyncio.run(run())
+    assert first == [{"id": 1, "v": "a"}]
+    assert second == [{"id": 2, "v": "b", "extra": pytest.approx(7.5)}]
+    assert third == [{"id": 3, "extra": pytest.approx(7.5)}] and not more

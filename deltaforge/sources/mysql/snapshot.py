@@ -166,13 +166,7 @@ class MySQLChunks(ChunkReader):
         return out
 
     @staticmethod
-    async def _catalog(cur: aiomysql.Cursor, table: str | None = None) -> list[dict[str, Any]]:
-        """The columns of every table, or of ``table`` (``db.name``), in table order."""
-        where = f"c.TABLE_SCHEMA NOT IN {SYSTEM!r}"
-        args: tuple[str, ...] = ()
-        if table is not None:
-            db, _, name = table.partition(".")
-            where, args = "c.TABLE_SCHEMA = %s AND c.TABLE_NAME = %s", (db, name)
+    async def _catalog(cur: aiomysql.Cursor) -> list[dict[str, Any]]:
         await cur.execute(
             "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, c.DATA_TYPE, c.COLUMN_TYPE, c.CHARACTER_SET_NAME, "
             "COALESCE(k.ORDINAL_POSITION, 0) AS KEY_AT "
@@ -180,8 +174,20 @@ class MySQLChunks(ChunkReader):
             "ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME AND t.TABLE_TYPE = 'BASE TABLE' "
             "LEFT JOIN information_schema.KEY_COLUMN_USAGE k ON k.TABLE_SCHEMA = c.TABLE_SCHEMA "
             "AND k.TABLE_NAME = c.TABLE_NAME AND k.COLUMN_NAME = c.COLUMN_NAME AND k.CONSTRAINT_NAME = 'PRIMARY' "
-            f"WHERE {where} ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION",
-            args,
+            f"WHERE c.TABLE_SCHEMA NOT IN {SYSTEM!r} ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION"
+        )
+        return list(await cur.fetchall())
+
+    @staticmethod
+    async def _columns(cur: aiomysql.Cursor, table: str) -> list[dict[str, Any]]:
+        """``table``'s columns as the catalog has them now, in table order: what its chunk
+        queries are built from. Named by schema and table, so MariaDB opens only that table's
+        definition (with the catalog's joins it took 12 ms, a tenth of a 10,000-row chunk)."""
+        db, _, name = table.partition(".")
+        await cur.execute(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (db, name),
         )
         return list(await cur.fetchall())
 
@@ -217,7 +223,7 @@ class MySQLChunks(ChunkReader):
                     if exc.args[0] != UNKNOWN_COLUMN:
                         raise
                     rows = None
-                columns = await self._catalog(cur, table.name)
+                columns = await self._columns(cur, table.name)
                 await cur.execute("COMMIT")
                 if rows is not None and _definition(columns) == t.definition:
                     return t, rows

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+import structlog
 
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, Row, SourceInfo
@@ -37,6 +38,11 @@ _COLUMNS = (
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
 
 
+async def _columns_of(conn: asyncpg.Connection, oid: int) -> list[tuple[str, int, str]]:
+    """A table's columns (name, type oid, declared type), in table order."""
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid)]
+
+
 NATIVE = {16, 20, 21, 23, 25, 1043}
 """bool, int8, int2, int4, text, varchar: asyncpg decodes these to exactly what pgoutput's text
 conversion gives, without the text round trip (a third of a chunk's cost)."""
@@ -47,6 +53,7 @@ class _Table:
 
     def __init__(self, ref: TableRef, oid: int, columns: list[tuple[str, int, str]]) -> None:
         self.ref, self.oid = ref, oid
+        self.columns = columns
         self.names = [c[0] for c in columns]
         self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
         self.native = all(c is None for c in self.convs)
@@ -121,7 +128,7 @@ class PostgresChunks(ChunkReader):
                     f"(it has {', '.join(published) or 'none'})"
                 )
             oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", quote_table(name))
-            columns = [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid)]
+            columns = await _columns_of(conn, oid)
             key = tuple(str(r[0]) for r in await conn.fetch(_PRIMARY_KEY, oid))
             if not key:
                 raise SnapshotRefused(
@@ -143,11 +150,34 @@ class PostgresChunks(ChunkReader):
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
     ) -> tuple[list[Row], list[Any] | None, bool]:
-        t = self.known[table.name]
-        if after is None:
-            records = await self._run(lambda conn: conn.fetch(t.first, limit + 1))
-        else:
-            records = await self._run(lambda conn: conn.fetch(t.after, *after, limit + 1))
+        async def read(conn: asyncpg.Connection) -> tuple[_Table, list[asyncpg.Record]]:
+            # The chunk, then the table's columns, in one transaction: the read's lock keeps any
+            # ALTER TABLE out until it ends, so the columns are those the chunk was read with. A
+            # column added since the query was built (or dropped) means building it again and
+            # reading the chunk again: the query names its columns.
+            while True:
+                t = self.known[table.name]
+                records: list[asyncpg.Record] | None
+                try:
+                    async with conn.transaction(readonly=True):
+                        if after is None:
+                            records = await conn.fetch(t.first, limit + 1)
+                        else:
+                            records = await conn.fetch(t.after, *after, limit + 1)
+                        columns = await _columns_of(conn, t.oid)
+                except asyncpg.UndefinedColumnError:
+                    records, columns = None, await _columns_of(conn, t.oid)
+                if records is not None and columns == t.columns:
+                    return t, records
+                if not columns:
+                    raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
+                structlog.get_logger().info(
+                    "snapshot_table_changed", actor="snapshot", source=self.source.id, table=table.name,
+                    columns=[c[0] for c in columns],
+                )  # fmt: skip
+                self.known[table.name] = _Table(table, t.oid, columns)
+
+        t, records = await self._run(read)
         more = len(records) > limit
         records = records[:limit]
         if not records:
