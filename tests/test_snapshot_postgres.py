@@ -320,3 +320,48 @@ def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_
     assert first == [{"id": 1, "v": "a"}]
     assert second == [{"id": 2, "v": "b", "extra": pytest.approx(7.5)}]
     assert third == [{"id": 3, "extra": pytest.approx(7.5)}] and not more
+
+
+def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(postgres: Postgres) -> None:
+    """The chunk's read runs in a transaction; a connection lost in it must surface as the
+    server being unavailable (the pipeline waits), not as an error ending the transaction
+    (``conn.transaction()``'s exit raised InterfaceError and the pipeline failed)."""
+    from deltaforge.configmodel import SnapshotSettings
+    from deltaforge.sources.base import SourceUnavailable
+    from tests.postgres_kit import source
+
+    async def run() -> BaseException | None:
+        db = await fresh_db(postgres)
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
+        reader = source(postgres, db).chunk_reader(SnapshotSettings())
+        await reader.open(1)
+        locker = await asyncpg.connect(postgres.dsn(db))
+        try:
+            (ref,) = await reader.tables(["public.t"])
+            tx = locker.transaction()
+            await tx.start()
+            await locker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+            read = asyncio.ensure_future(reader.chunk(ref, None, 10))
+            waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = $1"
+            while (
+                pid := await conn.fetchval(waiting, db)
+            ) is None:  # the chunk's read, inside its transaction
+                await asyncio.sleep(0.01)
+            await conn.execute("SELECT pg_terminate_backend($1)", pid)
+            try:
+                await read
+            except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+                return exc
+            finally:
+                await tx.rollback()
+            return None
+        finally:
+            await locker.close()
+            await reader.close()
+            await conn.close()
+
+    raised = asyncio.run(run())
+    assert isinstance(raised, SourceUnavailable), repr(raised)

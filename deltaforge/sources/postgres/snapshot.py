@@ -157,16 +157,23 @@ class PostgresChunks(ChunkReader):
             # reading the chunk again: the query names its columns.
             while True:
                 t = self.known[table.name]
+                # BEGIN and COMMIT as statements, not conn.transaction(): when the connection is
+                # lost mid-chunk, its __aexit__ tried a ROLLBACK and raised InterfaceError in place
+                # of the lost connection's error, and the pipeline failed instead of waiting (the
+                # chaos scenario snapshot_outage). The pool rolls back whatever is left open.
                 records: list[asyncpg.Record] | None
+                await conn.execute("BEGIN READ ONLY")
                 try:
-                    async with conn.transaction(readonly=True):
-                        if after is None:
-                            records = await conn.fetch(t.first, limit + 1)
-                        else:
-                            records = await conn.fetch(t.after, *after, limit + 1)
-                        columns = await _columns_of(conn, t.oid)
+                    if after is None:
+                        records = await conn.fetch(t.first, limit + 1)
+                    else:
+                        records = await conn.fetch(t.after, *after, limit + 1)
                 except asyncpg.UndefinedColumnError:
+                    await conn.execute("ROLLBACK")
                     records, columns = None, await _columns_of(conn, t.oid)
+                else:
+                    columns = await _columns_of(conn, t.oid)
+                    await conn.execute("COMMIT")
                 if records is not None and columns == t.columns:
                     return t, records
                 if not columns:
