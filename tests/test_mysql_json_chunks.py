@@ -262,3 +262,23 @@ async def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_
     assert second == [{"id": 2, "v": "b", "extra": 7}]
     assert third == [{"id": 3, "extra": 7}] and not more
     assert read_as_json == as_json
+
+
+async def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(mariadb: MariaDB) -> None:
+    """The keyset pagination names the key column; once it is renamed, rebuilding the queries
+    from the new columns cannot help, so the chunk's error is raised, not retried without end."""
+    import pymysql
+
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", ["(1, 'a')", "(2, 'b')"])
+    reader = MySQLChunks(source(mariadb, [f"{db}.t"]), f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        _, after, _ = await reader.chunk(ref, None, 1)
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("ALTER TABLE t RENAME COLUMN id TO ident")
+        with pytest.raises(pymysql.err.MySQLError) as raised:
+            await asyncio.wait_for(reader.chunk(ref, after, 1), 30)
+    finally:
+        await reader.close()
+    assert raised.value.args[0] == 1054

@@ -365,3 +365,30 @@ def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(post
 
     raised = asyncio.run(run())
     assert isinstance(raised, SourceUnavailable), repr(raised)
+
+
+def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(postgres: Postgres) -> None:
+    """The keyset pagination names the key column; once it is renamed, rebuilding the query
+    from the new columns cannot help, so the chunk's error is raised, not retried without end."""
+    from deltaforge.configmodel import SnapshotSettings
+    from tests.postgres_kit import source
+
+    async def run() -> None:
+        db = await fresh_db(postgres)
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
+        reader = source(postgres, db).chunk_reader(SnapshotSettings())
+        await reader.open(1)
+        try:
+            (ref,) = await reader.tables(["public.t"])
+            _, after, _ = await reader.chunk(ref, None, 1)
+            await conn.execute("ALTER TABLE t RENAME COLUMN id TO ident")
+            with pytest.raises(asyncpg.UndefinedColumnError):
+                await asyncio.wait_for(reader.chunk(ref, after, 1), 30)
+        finally:
+            await reader.close()
+            await conn.close()
+
+    asyncio.run(run())

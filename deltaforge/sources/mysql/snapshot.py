@@ -219,14 +219,18 @@ class MySQLChunks(ChunkReader):
                 await cur.execute("START TRANSACTION READ ONLY")
                 try:
                     rows: list[Row] | None = await self._rows(cur, t, after is None, args)
+                    failure = None
                 except pymysql.err.MySQLError as exc:
                     if exc.args[0] != UNKNOWN_COLUMN:
                         raise
-                    rows = None
+                    rows, failure = None, exc
                 columns = await self._columns(cur, table.name)
                 await cur.execute("COMMIT")
-                if rows is not None and _definition(columns) == t.definition:
-                    return t, rows
+                if _definition(columns) == t.definition:
+                    if failure is not None:  # not a column change (a renamed key column): no rebuild helps
+                        raise failure
+                    if rows is not None:
+                        return t, rows
                 if not columns:
                     raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
                 structlog.get_logger().info(

@@ -162,20 +162,24 @@ class PostgresChunks(ChunkReader):
                 # of the lost connection's error, and the pipeline failed instead of waiting (the
                 # chaos scenario snapshot_outage). The pool rolls back whatever is left open.
                 records: list[asyncpg.Record] | None
+                failure: asyncpg.UndefinedColumnError | None = None
                 await conn.execute("BEGIN READ ONLY")
                 try:
                     if after is None:
                         records = await conn.fetch(t.first, limit + 1)
                     else:
                         records = await conn.fetch(t.after, *after, limit + 1)
-                except asyncpg.UndefinedColumnError:
+                except asyncpg.UndefinedColumnError as exc:
                     await conn.execute("ROLLBACK")
-                    records, columns = None, await _columns_of(conn, t.oid)
+                    records, failure, columns = None, exc, await _columns_of(conn, t.oid)
                 else:
                     columns = await _columns_of(conn, t.oid)
                     await conn.execute("COMMIT")
-                if records is not None and columns == t.columns:
-                    return t, records
+                if columns == t.columns or not set(table.key) <= {c[0] for c in columns}:
+                    if failure is not None:  # a renamed key column, say: no rebuild helps
+                        raise failure
+                    if records is not None:
+                        return t, records
                 if not columns:
                     raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
                 structlog.get_logger().info(
