@@ -386,3 +386,37 @@ async def test_exactly_once_survives_a_checkpoint_left_behind_its_kafka_commit(t
     assert again.ctx.stats.sinks["k"].skipped >= n  # what Kafka already held was not sent again
     ids = [int(doc["event_id"]) for _, _, doc, _ in consume(tansu.bootstrap, "cdc.t", n + 500)]
     assert sorted(ids) == list(range(1, n + 501))  # each change exactly once for read_committed
+
+
+async def test_an_idempotent_producer_fenced_after_timeouts_is_recreated_and_loses_nothing() -> None:
+    """Messages of an idempotent producer that time out make librdkafka bump its epoch, and
+    Tansu then answers PRODUCER_FENCED to every produce of that producer. In the default mode
+    nobody else owns the producer: the sink starts a new one and the batch is delivered, whole.
+    Before, each retry was fenced again, and the sink stayed unavailable with the broker up."""
+    from deltaforge.sinks.base import RetryableSinkError
+
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        bootstrap = f"127.0.0.1:{proxy_port}"
+        sink = KafkaSink(parse_pipeline(kafka_doc(bootstrap, timeout_s=2), env={}).sinks[0])
+        try:
+            await sink.deliver([make_event(i) for i in range(200, 400)])  # the producer has its id
+            events = [make_event(i) for i in range(200)]
+            proxy.down()
+            with pytest.raises(RetryableSinkError):
+                await sink.deliver(events)
+            proxy.up()
+            failures = []
+            for _ in range(3):
+                try:
+                    await sink.deliver(events)
+                    break
+                except RetryableSinkError as exc:
+                    failures.append(str(exc))
+            else:
+                raise AssertionError(f"still failing with the broker up: {failures}")
+        finally:
+            await sink.close()
+        got = consume(bootstrap, "cdc.t", 400, committed_only=False)
+    assert {d["after"]["seq"] for _, _, d, _ in got} == set(range(400))

@@ -348,9 +348,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             return RetryableSinkError(f"{text} (right after reconnecting: producer recreated once)")
         if self.exactly_once and (err.code() in _FATAL or err.fatal()):
             return Fatal(f"{text} (another producer with transactional.id {self.transactional_id!r}?)")
-        if err.fatal():
+        if err.fatal() or err.code() in _FATAL:
             # An idempotent producer's fatal state (e.g. the broker lost its producer id after a
-            # restart) ends that producer only: start a new one and retry the batch.
+            # restart) ends that producer only: start a new one and retry the batch. So does a
+            # fence: after its messages time out librdkafka bumps the epoch, and Tansu then
+            # fences every produce of that producer; without a transactional id no rival exists.
             self._producer = None
             return RetryableSinkError(f"{text} (producer recreated)")
         if err.code() in _POISON:
