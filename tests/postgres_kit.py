@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event
+from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.snapshot import PostgresChunks
 from deltaforge.sources.postgres.source import PostgresSource
 from tests.servers.postgres import Postgres
 
@@ -46,3 +51,24 @@ async def slot_lsn(conn: asyncpg.Connection, slot: str) -> int:
     return int(
         await conn.fetchval("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", slot)
     )
+
+
+@contextlib.asynccontextmanager
+async def chunk_reader_on(
+    pg: Postgres, rows: str
+) -> AsyncIterator[tuple[str, asyncpg.Connection, PostgresChunks, TableRef]]:
+    """A fresh database with ``t (id int PRIMARY KEY, v text)`` holding ``rows`` (a VALUES
+    list), its publication, a connection to it and an open snapshot chunk reader on ``t``."""
+    db = await fresh_db(pg)
+    conn = await asyncpg.connect(pg.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    await conn.execute(f"INSERT INTO t VALUES {rows}")
+    await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
+    reader = PostgresChunks(source(pg, db), SnapshotSettings())
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables(["public.t"])
+        yield db, conn, reader, ref
+    finally:
+        await reader.close()
+        await conn.close()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
-from tests.postgres_kit import fresh_db
+from tests.postgres_kit import chunk_reader_on, fresh_db
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.snapshot_kit import (
@@ -293,27 +293,14 @@ def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_
     """The chunk query names the table's columns; after an ALTER TABLE the next chunk is read
     with the columns the table has then, not those it had when the snapshot began (a column
     added mid-snapshot was missing from every later snapshot row)."""
-    from deltaforge.configmodel import SnapshotSettings
-    from tests.postgres_kit import source
 
     async def run() -> list[list[Any]]:
-        db = await fresh_db(postgres)
-        conn = await asyncpg.connect(postgres.dsn(db))
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
-        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
-        reader = source(postgres, db).chunk_reader(SnapshotSettings())
-        await reader.open(1)
-        try:
-            (ref,) = await reader.tables(["public.t"])
+        async with chunk_reader_on(postgres, "(1, 'a'), (2, 'b'), (3, 'c')") as (_, conn, reader, ref):
             first, after, _ = await reader.chunk(ref, None, 1)
             await conn.execute("ALTER TABLE t ADD COLUMN extra numeric NOT NULL DEFAULT 7.5")
             second, after, _ = await reader.chunk(ref, after, 1)
             await conn.execute("ALTER TABLE t DROP COLUMN v")
             third, _, more = await reader.chunk(ref, after, 1)
-        finally:
-            await reader.close()
-            await conn.close()
         return [first, second, third, [more]]
 
     first, second, third, [more] = asyncio.run(run())
@@ -326,42 +313,35 @@ def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(post
     """The chunk's read runs in a transaction; a connection lost in it must surface as the
     server being unavailable (the pipeline waits), not as an error ending the transaction
     (``conn.transaction()``'s exit raised InterfaceError and the pipeline failed)."""
-    from deltaforge.configmodel import SnapshotSettings
     from deltaforge.sources.base import SourceUnavailable
-    from tests.postgres_kit import source
 
     async def run() -> BaseException | None:
-        db = await fresh_db(postgres)
-        conn = await asyncpg.connect(postgres.dsn(db))
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
-        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
-        reader = source(postgres, db).chunk_reader(SnapshotSettings())
-        await reader.open(1)
-        locker = await asyncpg.connect(postgres.dsn(db))
-        try:
-            (ref,) = await reader.tables(["public.t"])
-            tx = locker.transaction()
-            await tx.start()
-            await locker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-            read = asyncio.ensure_future(reader.chunk(ref, None, 10))
-            waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = $1"
-            while (
-                pid := await conn.fetchval(waiting, db)
-            ) is None:  # the chunk's read, inside its transaction
-                await asyncio.sleep(0.01)
-            await conn.execute("SELECT pg_terminate_backend($1)", pid)
+        async with chunk_reader_on(postgres, "(1, 'a'), (2, 'b')") as (db, conn, reader, ref):
+            locker = await asyncpg.connect(postgres.dsn(db))
             try:
-                await read
-            except BaseException as exc:  # noqa: BLE001 - what it raised is the point
-                return exc
+                return await lose_the_connection_mid_chunk(db, conn, locker, reader, ref)
             finally:
-                await tx.rollback()
-            return None
+                await locker.close()
+
+    async def lose_the_connection_mid_chunk(
+        db: str, conn: asyncpg.Connection, locker: asyncpg.Connection, reader: Any, ref: Any
+    ) -> BaseException | None:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        read = asyncio.ensure_future(reader.chunk(ref, None, 10))
+        # The chunk's read, waiting on the lock inside its transaction: that backend is the one.
+        waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = $1"
+        while (pid := await conn.fetchval(waiting, db)) is None:
+            await asyncio.sleep(0.01)
+        await conn.execute("SELECT pg_terminate_backend($1)", pid)
+        try:
+            await read
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+            return exc
         finally:
-            await locker.close()
-            await reader.close()
-            await conn.close()
+            await tx.rollback()
+        return None
 
     raised = asyncio.run(run())
     assert isinstance(raised, SourceUnavailable), repr(raised)
@@ -370,25 +350,12 @@ def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(post
 def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(postgres: Postgres) -> None:
     """The keyset pagination names the key column; once it is renamed, rebuilding the query
     from the new columns cannot help, so the chunk's error is raised, not retried without end."""
-    from deltaforge.configmodel import SnapshotSettings
-    from tests.postgres_kit import source
 
     async def run() -> None:
-        db = await fresh_db(postgres)
-        conn = await asyncpg.connect(postgres.dsn(db))
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        await conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
-        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
-        reader = source(postgres, db).chunk_reader(SnapshotSettings())
-        await reader.open(1)
-        try:
-            (ref,) = await reader.tables(["public.t"])
+        async with chunk_reader_on(postgres, "(1, 'a'), (2, 'b')") as (_, conn, reader, ref):
             _, after, _ = await reader.chunk(ref, None, 1)
             await conn.execute("ALTER TABLE t RENAME COLUMN id TO ident")
             with pytest.raises(asyncpg.UndefinedColumnError):
                 await asyncio.wait_for(reader.chunk(ref, after, 1), 30)
-        finally:
-            await reader.close()
-            await conn.close()
 
     asyncio.run(run())

@@ -6,6 +6,8 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
+import structlog
+
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
 from deltaforge.snapshot.window import WATERMARK_PREFIX as WATERMARK_PREFIX
@@ -80,6 +82,16 @@ class ChunkReader(ABC):
     @abstractmethod
     def source_info(self, table: TableRef, at: Position, ts_ms: int) -> SourceInfo:
         """What a snapshot row of ``table`` says of its origin (as the table's changes do)."""
+
+
+def table_changed(source: str, table: str, columns: list[str]) -> None:
+    """A chunk found ``table``'s columns changed since its queries were built: log it before they
+    are built again, or refuse if the table is gone (no columns)."""
+    if not columns:
+        raise SnapshotRefused(f"snapshot of {table!r}: the table is gone")
+    structlog.get_logger().info(
+        "snapshot_table_changed", actor="snapshot", source=source, table=table, columns=columns
+    )
 
 
 def debezium_signal(e: Event) -> list[str] | None:

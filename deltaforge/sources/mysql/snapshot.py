@@ -22,7 +22,7 @@ import structlog
 
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
-from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, debezium_signal
+from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, debezium_signal, table_changed
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.checks import is_unavailable
@@ -231,12 +231,7 @@ class MySQLChunks(ChunkReader):
                         raise failure
                     if rows is not None:
                         return t, rows
-                if not columns:
-                    raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
-                structlog.get_logger().info(
-                    "snapshot_table_changed", actor="snapshot", source=self.source.id, table=table.name,
-                    columns=[c["COLUMN_NAME"] for c in columns],
-                )  # fmt: skip
+                table_changed(self.source.id, table.name, [c["COLUMN_NAME"] for c in columns])
                 changed = _Table(table, columns)
                 if t.json is None:  # it was read plainly for a reason that may still hold
                     changed.json = None

@@ -13,12 +13,17 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
-import structlog
 
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
-from deltaforge.snapshot.chunks import WATERMARK_PREFIX, ChunkReader, SnapshotRefused, debezium_signal
+from deltaforge.snapshot.chunks import (
+    WATERMARK_PREFIX,
+    ChunkReader,
+    SnapshotRefused,
+    debezium_signal,
+    table_changed,
+)
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION, row
@@ -180,12 +185,7 @@ class PostgresChunks(ChunkReader):
                         raise failure
                     if records is not None:
                         return t, records
-                if not columns:
-                    raise SnapshotRefused(f"snapshot of {table.name!r}: the table is gone")
-                structlog.get_logger().info(
-                    "snapshot_table_changed", actor="snapshot", source=self.source.id, table=table.name,
-                    columns=[c[0] for c in columns],
-                )  # fmt: skip
+                table_changed(self.source.id, table.name, [c[0] for c in columns])
                 self.known[table.name] = _Table(table, t.oid, columns)
 
         t, records = await self._run(read)
