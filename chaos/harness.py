@@ -299,6 +299,15 @@ def order_violations(delivered: Iterable[Change]) -> int:
     return bad
 
 
+def lost_changes(committed: list[Change], delivered: list[Change], most: int = 10) -> list[str]:
+    """The first ``most`` lost changes, each with its place in the commit order (``#n``), so a
+    failed run says which ones: a run of neighbours points at one batch, scattered ones elsewhere."""
+    got = set(delivered)
+    return [
+        f"#{i} {op} {key} v{ver}" for i, (op, key, ver) in enumerate(committed) if (op, key, ver) not in got
+    ][:most]
+
+
 def checks(committed: list[Change], delivered: list[Change]) -> dict[str, int]:
     """Events lost (committed, never delivered), phantoms (delivered, never committed), per-key
     order violations and duplicates (changes delivered more than once)."""

@@ -29,7 +29,7 @@ def show(results: list[Result], console: Console | None = None) -> None:
     console.print(table)
     for r in results:
         if r.status == "failed":
-            console.print(f"[bold red]{r.name}[/] (logs: {r.logs})\n{r.detail}")
+            console.print(f"[bold red]{r.name}[/] (logs: {r.logs})\n{r.detail}\n{_figures(r.figures)}")
 
 
 def write_json(results: list[Result], path: Path, seed: int) -> None:

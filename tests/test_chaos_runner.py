@@ -6,7 +6,7 @@ import pkgutil
 from pathlib import Path
 
 import chaos.scenarios
-from chaos.harness import checks, order_violations
+from chaos.harness import checks, lost_changes, order_violations
 from chaos.proxy.toxics import TYPES
 from chaos.scenarios import SCENARIOS
 
@@ -26,6 +26,11 @@ def test_each_way_of_going_wrong_is_counted() -> None:
     assert order_violations([("c", 1, 1), ("u", 1, 3), ("u", 1, 2)]) == 1
     assert order_violations([("c", 2, 1), ("d", 2, 1), ("c", 2, 1)]) == 0  # a replay is no violation
     assert order_violations([("d", 2, 1), ("c", 2, 1)]) == 1
+
+
+def test_lost_changes_are_named_with_their_place_in_the_commit_order() -> None:
+    assert lost_changes(COMMITTED, [COMMITTED[0], COMMITTED[3]]) == ["#1 c 2 v1", "#2 u 1 v2", "#4 u 1 v3"]
+    assert lost_changes(COMMITTED, [], most=2) == ["#0 c 1 v1", "#1 c 2 v1"]
 
 
 def test_every_scenario_module_is_listed_and_pending_ones_say_why() -> None:

@@ -19,6 +19,7 @@ from chaos.harness import (
     checks,
     file_changes,
     kafka_changes,
+    lost_changes,
     mariadb_workload,
     nats_changes,
     port_of,
@@ -221,7 +222,10 @@ class Rig:
 
             took = settle(sink.read, want, recover_timeout)
             ctx.figures[f"{name}_caught_up_s"] = round(took, 1) if took is not None else "never"
-            found = checks(committed, sink.read())
+            held = sink.read()
+            found = checks(committed, held)
+            if found["lost"]:
+                ctx.figures[f"{name}: first lost"] = ", ".join(lost_changes(committed, held))
             ctx.expect(f"{name}: events lost", found["lost"], 0)
             ctx.expect(f"{name}: phantom events", found["phantoms"], 0)
             ctx.expect(f"{name}: per-key order violations", found["order_violations"], 0)
