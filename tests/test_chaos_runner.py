@@ -54,3 +54,32 @@ def test_the_file_reader_leaves_out_a_line_still_being_written(tmp_path: Path) -
     whole = b'{"op": "c", "source": {"table": "items"}, "after": {"id": 1, "ver": 1}}\n'
     path.write_bytes(whole + whole[:40])  # the sink is mid-write
     assert file_changes(path) == [("c", 1, 1)]
+
+
+def test_the_kafka_reader_reads_the_last_record_batch_whole() -> None:
+    """Tansu 0.6 answers a partition's high watermark as the last record batch's base offset
+    + 1 (ENVIRONMENT.md): a reader that stops there leaves out the rest of that batch. The
+    chaos suite's reader did, when a ``consume`` ended inside the last batch (here: 995
+    records, then a batch of 9; the first ``consume`` of 1,000 ends after 5 of the 9), and
+    ``sink_outage`` reported "kafka: events lost: 8" for a sink that had lost nothing."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from chaos.harness import kafka_changes
+    from tests.servers.tansu import Tansu
+
+    def doc(i: int) -> bytes:
+        return orjson.dumps({"op": "c", "after": {"id": i, "ver": 1}, "source": {"table": "items"}})
+
+    def write(bootstrap: str) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "log_level": 3})
+        for first, n in ((0, 995), (995, 9)):  # two flushes: the 9 are a record batch of their own
+            for i in range(first, first + n):
+                producer.produce("cdc", doc(i))
+            assert producer.flush(10) == 0
+
+    with Tansu() as broker:
+        broker.create_topic("cdc", partitions=1)
+        write(broker.bootstrap)
+        got = kafka_changes(broker.bootstrap, "cdc")
+    assert sorted(key for _, key, _ in got) == list(range(1004))
