@@ -420,3 +420,30 @@ async def test_an_idempotent_producer_fenced_after_timeouts_is_recreated_and_los
             await sink.close()
         got = consume(bootstrap, "cdc.t", 400, committed_only=False)
     assert {d["after"]["seq"] for _, _, d, _ in got} == set(range(400))
+
+
+def test_the_stored_position_is_read_to_the_end_of_the_offsets_topic_over_a_slow_link() -> None:
+    """exactly_once adopts the position its offsets topic holds. That topic is read to its end
+    (the consumer's partition EOF), however slowly the broker answers: reading "until nothing
+    came for a second" took a broker slower than that for an empty topic, and the sink fell
+    back to its older local checkpoint, so batches it had committed were delivered again."""
+    from chaos.harness import ProxyServer, port_of
+    from deltaforge.sinks.kafka_offsets import read_position
+
+    proxies = ProxyServer()
+    broker_port = free_port()
+    try:
+        proxy = proxies.proxy("kafka", f"127.0.0.1:{broker_port}")
+        with Tansu(port=broker_port, advertise=port_of(proxy)) as broker:
+            broker.create_topic("offsets", partitions=1)
+            bootstrap = f"127.0.0.1:{port_of(proxy)}"
+            producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+            for lsn in (10, 20, 30):
+                producer.produce("offsets", orjson.dumps({"position": {"lsn": lsn}}), b"kp/k")
+            assert producer.flush(10) == 0
+            del producer
+            proxy.add_toxic(type="latency", attributes={"latency": 1500})  # each answer 1.5 s late
+            held = read_position(bootstrap, "offsets", b"kp/k", timeout=30)
+    finally:
+        proxies.close()
+    assert held == {"lsn": 30}

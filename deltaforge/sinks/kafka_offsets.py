@@ -11,13 +11,12 @@ import logging
 import time
 
 import orjson
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import RetryableSinkError
 
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
-IDLE_END_S = 1.0  # reading the offsets topic: this long with nothing new is its end
 
 
 def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> PositionDoc | None:
@@ -28,6 +27,7 @@ def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> Posit
             "group.id": f"deltaforge-position-{key.decode()}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            "enable.partition.eof": True,
             "log_level": 3,
             "logger": LIBRDKAFKA_LOG,
         }
@@ -38,17 +38,23 @@ def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> Posit
             return None
         consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
         found: PositionDoc | None = None
-        idle_since = time.monotonic()
-        # Read to the end. Watermarks would say where the end is, but Kafka-compatible brokers
-        # disagree on them (Tansu's count batches), so the end is when nothing more comes.
-        while time.monotonic() - idle_since < IDLE_END_S:
-            msgs = consumer.consume(500, 0.2)
-            for m in msgs:
-                value = m.value()
-                if m.error() is None and m.key() == key and value is not None:
+        # Read to the end: each partition's EOF, as the consumer reports it. Not the watermarks
+        # (Tansu answers them as the last record batch's base offset + 1), and not "nothing came
+        # for a while": a broker slower than that while would hide the newest position.
+        reading = set(meta.partitions)
+        deadline = time.monotonic() + timeout
+        while reading:
+            if time.monotonic() > deadline:
+                raise RetryableSinkError(
+                    f"cannot read positions from {topic!r}: not at its end in {timeout:g} s"
+                )
+            for m in consumer.consume(500, 0.2):
+                err, value = m.error(), m.value()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        reading.discard(int(m.partition() or 0))
+                elif m.key() == key and value is not None:
                     found = orjson.loads(value)["position"]
-            if msgs:
-                idle_since = time.monotonic()
         return found
     except KafkaException as exc:
         raise RetryableSinkError(f"cannot read positions from {topic!r}: {exc.args[0].str()}") from None
