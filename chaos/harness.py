@@ -7,6 +7,7 @@ ports, stopped by PID), so chaos runs from a checkout: ``python -m chaos ...``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -250,7 +251,10 @@ def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
     reports ``_PARTITION_EOF``, not the high watermark: Tansu 0.6 answers that as the last record
     batch's base offset + 1 (ENVIRONMENT.md), and a reader that stopped there left out the rest
     of that batch."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
+
+    from deltaforge.sinks.base import RetryableSinkError
+    from deltaforge.sinks.kafka_offsets import read_to_end
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-{time.monotonic_ns()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -261,18 +265,11 @@ def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
             return []
         consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
         by_partition: dict[int, list[Change]] = {p: [] for p in meta.partitions}
-        reading = set(meta.partitions)
-        deadline = time.monotonic() + 60
-        while reading and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                part, err = int(msg.partition() or 0), msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        reading.discard(part)
-                    continue
+        with contextlib.suppress(RetryableSinkError):  # not at the end in 60 s: what was read
+            for msg in read_to_end(consumer, set(meta.partitions), 60):
                 value = msg.value()
                 if value is not None and (c := change_of(orjson.loads(value))) is not None:
-                    by_partition[part].append(c)
+                    by_partition[int(msg.partition() or 0)].append(c)
         return [c for p in sorted(by_partition) for c in by_partition[p]]
     finally:
         consumer.close()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import RetryableSinkError
@@ -38,25 +39,32 @@ def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> Posit
             return None
         consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
         found: PositionDoc | None = None
-        # Read to the end: each partition's EOF, as the consumer reports it. Not the watermarks
-        # (Tansu answers them as the last record batch's base offset + 1), and not "nothing came
-        # for a while": a broker slower than that while would hide the newest position.
-        reading = set(meta.partitions)
-        deadline = time.monotonic() + timeout
-        while reading:
-            if time.monotonic() > deadline:
-                raise RetryableSinkError(
-                    f"cannot read positions from {topic!r}: not at its end in {timeout:g} s"
-                )
-            for m in consumer.consume(500, 0.2):
-                err, value = m.error(), m.value()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        reading.discard(int(m.partition() or 0))
-                elif m.key() == key and value is not None:
-                    found = orjson.loads(value)["position"]
+        for m in read_to_end(consumer, set(meta.partitions), timeout):
+            value = m.value()
+            if m.key() == key and value is not None:
+                found = orjson.loads(value)["position"]
         return found
     except KafkaException as exc:
         raise RetryableSinkError(f"cannot read positions from {topic!r}: {exc.args[0].str()}") from None
     finally:
         consumer.close()
+
+
+def read_to_end(consumer: Consumer, partitions: set[int], timeout: float) -> Iterator[Message]:
+    """Every record of the assigned ``partitions`` up to each one's EOF, as the consumer reports
+    it (``enable.partition.eof``). Not the watermarks: Tansu answers them as the last record
+    batch's base offset + 1. Not "nothing came for a while": a slower broker would hide the end.
+    Not at the end within ``timeout``: :class:`RetryableSinkError`."""
+    reading = set(partitions)
+    deadline = time.monotonic() + timeout
+    while reading:
+        if time.monotonic() > deadline:
+            raise RetryableSinkError(
+                f"kafka: partitions {sorted(reading)} not read to their end in {timeout:g} s"
+            )
+        for m in consumer.consume(500, 0.2):
+            err = m.error()
+            if err is None:
+                yield m
+            elif err.code() == KafkaError._PARTITION_EOF:
+                reading.discard(int(m.partition() or 0))
