@@ -422,6 +422,43 @@ async def test_an_idempotent_producer_fenced_after_timeouts_is_recreated_and_los
     assert {d["after"]["seq"] for _, _, d, _ in got} == set(range(400))
 
 
+async def test_closing_after_a_failed_batch_drops_its_unsent_records() -> None:
+    """After a failed batch the worker closes the sink and retries the batch whole on a new
+    producer. What the old producer still holds unsent is that batch: close drops it, and does
+    not wait for a broker that is away. Before, close flushed it for up to 5 s, and a broker
+    back within that got the batch twice."""
+    from deltaforge.sinks.base import RetryableSinkError
+
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        bootstrap = f"127.0.0.1:{proxy_port}"
+        # The batch's flush gives up after 1 s; its records would wait a minute in the queue.
+        doc = kafka_doc(bootstrap, timeout_s=1, producer={"message.timeout.ms": 60_000})
+        sink = KafkaSink(parse_pipeline(doc, env={}).sinks[0])
+        try:
+            await sink.deliver([make_event(i) for i in range(100, 200)])
+            events = [make_event(i) for i in range(100)]
+            proxy.down()
+            with pytest.raises(RetryableSinkError):
+                await sink.deliver(events)
+            old = sink._producer
+            assert old is not None and len(old) > 0  # the failed batch, still queued
+            await sink.close()
+            assert len(old) == 0  # nothing of it left to be sent later
+        finally:
+            await sink.close()
+        proxy.up()
+        again = KafkaSink(parse_pipeline(kafka_doc(bootstrap), env={}).sinks[0])  # the retry
+        try:
+            await again.deliver(events)
+        finally:
+            await again.close()
+        got = consume(bootstrap, "cdc.t", 200, committed_only=False)
+    seqs = sorted(d["after"]["seq"] for _, _, d, _ in got)
+    assert seqs == list(range(200))  # each record once
+
+
 def test_the_stored_position_is_read_to_the_end_of_the_offsets_topic_over_a_slow_link() -> None:
     """exactly_once adopts the position its offsets topic holds. That topic is read to its end
     (the consumer's partition EOF), however slowly the broker answers: reading "until nothing

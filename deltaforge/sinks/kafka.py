@@ -167,7 +167,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
         producer, self._producer = self._producer, None
         if producer is not None:
-            await self._thread.run(producer.flush, 5.0)
+            await self._thread.run(_discard, producer)
 
     @property
     def records_position(self) -> bool:  # type: ignore[override]
@@ -360,6 +360,17 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if err.code() in _NON_RETRYABLE:
             return NonRetryableSinkError(text)
         return RetryableSinkError(text)
+
+
+def _discard(producer: Producer) -> None:
+    """Drop what a producer being closed has not sent, then let what it sent be answered.
+
+    Nothing still queued belongs to a confirmed batch (a batch is confirmed by a flush or a
+    commit that leaves nothing behind): it is the failed batch the worker is about to retry
+    whole on a new producer. Flushing it here sent it once more whenever the broker was back
+    in time, and held the retry back for the flush's wait while the broker was away."""
+    producer.purge(in_queue=True, in_flight=False)
+    producer.flush(1.0)
 
 
 def moves_key(e: Event) -> bool:
