@@ -233,6 +233,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 else:
                     left = producer.flush(self.timeout)
                     if left:
+                        # The worker retries the batch, first on this producer: what it still
+                        # holds unsent would go out beside the retry's copy.
+                        _drop_unsent(producer)
                         raise RetryableSinkError(
                             f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
                         )
@@ -250,11 +253,13 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         except KafkaException as exc:
             err = exc.args[0]
             self._abort(producer, err)
-            if not self.exactly_once and err.code() in _POISON:
-                # What this batch queued before the poison record is not sent: the batch is tried
-                # again around it (pipeline/delivery.py), so sending it now would only duplicate it.
-                producer.purge(in_queue=True, in_flight=False)
-                producer.flush(self.timeout)
+            if not self.exactly_once:
+                # What this batch queued before the failing record is not sent: the batch is tried
+                # again (around a poison record, pipeline/delivery.py), so sending it now would
+                # only duplicate it.
+                _drop_unsent(producer)
+                if err.code() in _POISON:
+                    producer.flush(self.timeout)
             raise self._classify(err) from None
         except SinkError:
             self._abort(producer, None)
@@ -266,7 +271,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # queued, or half of it could be sent now and all of it again on the retry.
             self._abort(producer, None)
             if not self.exactly_once:
-                producer.purge(in_queue=True, in_flight=False)
+                _drop_unsent(producer)
             raise
 
     def _commit(self, producer: Producer) -> None:
@@ -369,8 +374,15 @@ def _discard(producer: Producer) -> None:
     commit that leaves nothing behind): it is the failed batch the worker is about to retry
     whole on a new producer. Flushing it here sent it once more whenever the broker was back
     in time, and held the retry back for the flush's wait while the broker was away."""
-    producer.purge(in_queue=True, in_flight=False)
+    _drop_unsent(producer)
     producer.flush(1.0)
+
+
+def _drop_unsent(producer: Producer) -> None:
+    """Purge the records queued and not yet sent; their failure reports (``_PURGE_QUEUE``) go
+    to the failed batch's callback now, not to a later call's."""
+    producer.purge(in_queue=True, in_flight=False)
+    producer.poll(0)
 
 
 def moves_key(e: Event) -> bool:
