@@ -27,6 +27,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic import WithJsonSchema as WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from deltaforge.redact import names_secret
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -148,6 +150,7 @@ def _describe(model: type[BaseModel], err: Any, path: str) -> str:
     loc = tuple(err["loc"])
     where = path + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
     kind, value = err["type"], err.get("input")
+    given = _given(loc, value)
     if kind == "deltaforge":
         return f"{where}: {err['msg']}"
     if kind == "missing":
@@ -161,10 +164,18 @@ def _describe(model: type[BaseModel], err: Any, path: str) -> str:
     if kind == "literal_error":
         info = _field(model, loc)
         options = _literal_options(info.annotation if info else None)
-        return f"{where}: expected one of {', '.join(options)}, got {value!r}"
+        return f"{where}: expected one of {', '.join(options)}, got {given}"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"{where}: expected a mapping, got {type(value).__name__}"
-    return f"{where}: {err['msg'].lower()}, got {value!r}"
+    return f"{where}: {err['msg'].lower()}, got {given}"
+
+
+def _given(loc: tuple[Any, ...], value: Any) -> str:
+    """The value an error shows, unless its field holds a secret (a ``producer`` setting
+    ``sasl.password``): then only its type."""
+    if any(isinstance(part, str) and names_secret(part) for part in loc):
+        return f"a {type(value).__name__} (not shown: a secret)"
+    return repr(value)
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

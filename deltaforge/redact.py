@@ -6,6 +6,8 @@ Example::
     'connect to mysql://cdc:***@db:3306/shop failed'
     >>> redact("host=db password=s3cret dbname=app")
     'host=db password=*** dbname=app'
+    >>> redact('{"producer": {"sasl.password": "s3cret", "ssl.key.password": 1234}}')
+    '{"producer": {"sasl.password": "***", "ssl.key.password": "***"}}'
 """
 
 from __future__ import annotations
@@ -13,13 +15,64 @@ from __future__ import annotations
 import re
 
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*):([^@\s\"'/]+)@")
-_KEY_PASSWORD = re.compile(r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&\"'}]+)")
+# A key that names a secret, in the forms text carries one: ``key=value`` (a libpq DSN), JSON's
+# ``"key": value`` (also inside a JSON string, its quotes escaped, at any depth) and a Python
+# dict's ``'key': value``. Not an unquoted ``key: ...``: that is how errors name a field
+# (``spec.sinks[0].config.password: unknown field``). librdkafka's settings are the reason for
+# dotted names and for ``secret`` (``sasl.password``, ``sasl.oauthbearer.client.secret``).
+_SECRET_NAME = r"[\w.-]*(?:password|passwd|pwd|secret)"
+_SECRET_KEY = re.compile(rf"""(?ix) (?P<q>\\*["'])? (?P<key>{_SECRET_NAME}) (?(q)(?P=q)\s*[=:]|\s*=) \s* """)
+_QUOTE = re.compile(r"""\\*["']""")
+_BARE = re.compile(r"""[^\s,;&"'}\]\\]+""")
+_HINTS = ("pass", "pwd", "secret")
+
+
+def names_secret(name: str) -> bool:
+    """Whether a setting called ``name`` holds a secret (``password``, ``sasl.password``)."""
+    return re.fullmatch(_SECRET_NAME, name, re.IGNORECASE) is not None
 
 
 def redact(text: str) -> str:
     """``text`` with every password it carries replaced by ``***``."""
     if "@" in text:
         text = _URL_PASSWORD.sub(r"\1:***@", text)
-    if "pass" in text.lower() or "pwd" in text.lower():
-        text = _KEY_PASSWORD.sub(r"\1\2***", text)
+    lower = text.lower()
+    if any(hint in lower for hint in _HINTS):
+        text = _mask_secret_values(text)
     return text
+
+
+def _mask_secret_values(text: str) -> str:
+    out: list[str] = []
+    pos = 0
+    while (m := _SECRET_KEY.search(text, pos)) is not None:
+        start = m.end()
+        end, quote = _value(text, start, m["q"] or "")
+        if end == start:  # no value after all (``password:`` at the end of a sentence)
+            out.append(text[pos:start])
+        else:
+            # A quoted key gets its value quoted the same way: JSON stays JSON, whatever it held.
+            out.append(f"{text[pos:start]}{quote}***{quote}")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _value(text: str, start: int, key_quote: str) -> tuple[int, str]:
+    """Where the value starting at ``start`` ends, and the quote to show the mask in."""
+    opening = _QUOTE.match(text, start)
+    if opening is None:
+        bare = _BARE.match(text, start)
+        return (bare.end() if bare else start), key_quote
+    quote = opening.group()
+    # A string ``depth`` levels deep in JSON-in-JSON opens and closes with a quote after n =
+    # 2**depth - 1 backslashes; inside it, an escaped quote or backslash adds runs of 2n + 2
+    # more. So a quote closes it when the backslashes before it number n modulo 2n + 2.
+    n, char = len(quote) - 1, quote[-1]
+    i = opening.end()
+    while (j := text.find(char, i)) != -1:
+        run = j - len(text[i:j].rstrip("\\")) - i
+        if run % (2 * n + 2) == n:
+            return j + 1, quote
+        i = j + 1
+    return len(text), quote  # never closed: mask to the end rather than show any of it

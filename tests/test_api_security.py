@@ -4,6 +4,8 @@ a log line."""
 
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deltaforge.api import build_app
 from deltaforge.api.listen import unsafe_bind
@@ -37,10 +41,38 @@ PG_PASSWORD = "pg-secret-pw"  # the test server trusts every login: any password
         ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
         ("host=db password=s3cret dbname=app", "host=db password=*** dbname=app"),
         ("nats://nats:4222 and mysql://cdc@db/shop", "nats://nats:4222 and mysql://cdc@db/shop"),
+        # librdkafka settings a Kafka sink passes on (``producer:``), as JSON, YAML and a dict repr
+        ('{"sasl.password": "s3cret", "acks": "all"}', '{"sasl.password": "***", "acks": "all"}'),
+        ('{"ssl.key.password":1234}', '{"ssl.key.password":"***"}'),
+        ("spec.sinks[0].config.password: unknown field", "spec.sinks[0].config.password: unknown field"),
+        ("{'sasl.oauthbearer.client.secret': 's3cret'}", "{'sasl.oauthbearer.client.secret': '***'}"),
+        ("password_hash: abc", "password_hash: abc"),
     ],
 )
 def test_redact_masks_passwords_and_nothing_else(text: str, shown: str) -> None:
     assert redact(text) == shown
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    secret=st.one_of(st.text(min_size=1), st.integers()),
+    key=st.sampled_from(["password", "sasl.password", "ssl.key.password", "client_secret", "PWD"]),
+    depth=st.integers(0, 2),
+)
+def test_a_secret_setting_is_masked_in_json_at_any_depth_and_in_a_repr(
+    secret: str | int, key: str, depth: int
+) -> None:
+    """API responses and log lines are JSON, perhaps with JSON or a dict's repr inside a string
+    (an error message): the value is masked whatever it holds, and the text still parses."""
+    doc = {"producer": {key: secret, "acks": "all"}}
+    text = json.dumps(doc)
+    for _ in range(depth):
+        text = json.dumps({"message": text})
+    shown = redact(text)
+    for _ in range(depth):
+        shown = json.loads(shown)["message"]
+    assert json.loads(shown) == {"producer": {key: "***", "acks": "all"}}
+    assert ast.literal_eval(redact(repr(doc))) == {"producer": {key: "***", "acks": "all"}}
 
 
 def test_only_loopback_is_served_without_a_token() -> None:

@@ -194,6 +194,19 @@ def test_a_password_in_a_bad_dsn_is_never_echoed() -> None:
     assert not any("hunter2" in e for e in errs)
 
 
+def test_a_secret_setting_of_the_wrong_type_is_named_and_its_value_never_echoed() -> None:
+    """A Kafka sink passes librdkafka settings on as given (``producer``); one that holds a
+    secret is named in the error, with the type it had, never its value."""
+    d = doc()
+    d["spec"]["sinks"] = [{"type": "kafka", "config": {"id": "k", "brokers": "b:9092", "topic": "t",
+                           "producer": {"sasl.password": ["hunter2"], "linger.ms": [5]}}}]  # fmt: skip
+    errs = errors_of(d)
+    assert "spec.sinks[0].config.producer.sasl.password.str: input should be a valid string, got a list " \
+        "(not shown: a secret)" in errs  # fmt: skip
+    assert any(e.startswith("spec.sinks[0].config.producer.linger.ms.str:") and "[5]" in e for e in errs)
+    assert not any("hunter2" in e for e in errs)
+
+
 def test_a_commit_policy_no_sink_can_satisfy_is_refused() -> None:
     """Every sink optional under 'required' would commit with zero acks: nothing ever checkpointed."""
     d = doc(sinks=[{"type": "stdout", "config": {"id": "a", "required": False}},
