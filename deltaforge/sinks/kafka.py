@@ -40,6 +40,7 @@ from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.kafka_keys import moves_key, row_key
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.templates import Template, compile_template
@@ -383,22 +384,3 @@ def _drop_unsent(producer: Producer) -> None:
     to the failed batch's callback now, not to a later call's."""
     producer.purge(in_queue=True, in_flight=False)
     producer.poll(0)
-
-
-def moves_key(e: Event) -> bool:
-    """An update whose primary-key columns differ between its images."""
-    key, before, after = e.source.key, e.before, e.after
-    return bool(key and before and after and any(k in before and before[k] != after.get(k) for k in key))
-
-
-def row_key(e: Event) -> bytes | str | None:
-    """The record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``), from the
-    after image or, for a delete, the before image; a table without a known key falls back to
-    its first column."""
-    row = e.after if e.after is not None else e.before
-    if not row:
-        return None
-    key = e.source.key
-    if key:
-        return encode({k: row.get(k) for k in key})
-    return str(next(iter(row.values())))
