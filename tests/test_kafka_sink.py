@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, with_images
@@ -279,6 +279,64 @@ async def test_a_topic_name_kafka_does_not_allow_is_poison_before_anything_of_th
         assert "topic 'cdc.east coast' is not a legal Kafka topic name" in str(info.value)
     await sink.close()
     assert consume(tansu.bootstrap, "cdc.t", 0, committed_only=False, timeout=3) == []
+
+
+async def test_an_oversized_record_is_poison_before_anything_of_its_batch_is_sent(tansu: Tansu) -> None:
+    """librdkafka refuses a record over ``message.max.bytes`` only in ``produce()``. By then the
+    records before it were queued and some already sent; purging the rest made librdkafka bump
+    the idempotent producer's epoch, Tansu fenced the producer, and the retry around the poison
+    record sent the sent ones again (CI caught 5 and 45 duplicates). The size is checked first."""
+    from deltaforge.sinks.base import PoisonEvent
+
+    tansu.create_topic("cdc.big", partitions=1)
+    doc = kafka_doc(tansu.bootstrap, topic="cdc.big", producer={"message.max.bytes": 2000, "linger.ms": 0})
+    sink = KafkaSink(parse_pipeline(doc, env={}).sinks[0])
+    n, huge = 3000, 2900
+    events = [make_event(i) for i in range(n)]
+    events[huge] = make_event(huge, payload="x" * 5000)
+    try:
+        await sink.reachable()  # connected: with linger.ms 0 each record goes out as it is produced
+        with pytest.raises(PoisonEvent) as refused:
+            await sink.deliver(events)
+        assert refused.value.kind == "too_large" and "MSG_SIZE_TOO_LARGE" in str(refused.value)
+        await sink.deliver(events[:huge])  # the isolation's first part, on the same producer
+        await sink.deliver(events[huge + 1 :])
+    finally:
+        await sink.close()
+    got = consume(tansu.bootstrap, "cdc.big", n - 1)
+    assert [d["after"]["seq"] for _, _, d, _ in got] == [i for i in range(n) if i != huge]  # once each
+
+
+def test_the_size_checked_before_producing_is_the_one_librdkafka_refuses() -> None:
+    """``wire_size`` against librdkafka itself (no broker needed: ``produce()`` checks the size):
+    at one byte under, at and over the limit, with keys and headers of many sizes."""
+    import random
+
+    from confluent_kafka import KafkaException
+
+    from deltaforge.sinks.kafka_records import wire_size
+
+    rnd = random.Random(7)
+    for limit in (1000, 5000, 1_000_000):
+        producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": limit, "log_level": 0})
+        for _ in range(100):
+            key = rnd.choice([None, "k" * rnd.randint(0, 300), "é" * rnd.randint(0, 50), b"\0" * 9])
+            names = ["idempotency_key", "event_id", "__debezium.newkey", "é"]
+            headers: list[tuple[str, str | bytes | None]] = [
+                (rnd.choice(names), rnd.choice([None, b"v" * rnd.randint(0, 200), "w" * rnd.randint(0, 200)]))
+                for _ in range(rnd.randint(0, 3))
+            ]
+            room = limit - wire_size(("t", b"", key, headers, False))
+            for size in (room - 1, room, room + 1):
+                record = ("t", b"x" * size, key, headers, False)
+                try:
+                    producer.produce("t", record[1], key, headers=headers)
+                    refused = False
+                except KafkaException as exc:
+                    assert exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE, exc
+                    refused = True
+                assert (wire_size(record) > limit) == refused, (limit, size, key, headers)
+            producer.purge()
 
 
 async def test_message_too_large_is_non_retryable(tansu: Tansu) -> None:

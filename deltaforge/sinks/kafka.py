@@ -40,14 +40,11 @@ from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
-from deltaforge.sinks.kafka_keys import moves_key, row_key
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
+from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, moves_key, row_key, wire_size
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
-
-Record = tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]], bool]
-"""Topic, value, key, headers, and whether a tombstone follows."""
 
 _POISON = {  # the event's fault: to the DLQ, with this kind
     KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
@@ -108,6 +105,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.exactly_once = cfg.exactly_once
         self.timeout = cfg.timeout_s
         self.extra: dict[str, ProducerValue] = dict(cfg.producer)
+        self.max_bytes = int(self.extra.get("message.max.bytes", MESSAGE_MAX_BYTES))
         self.encode = encoder(config.envelope)
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)
@@ -205,6 +203,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         # to Kafka) and undone: producing got slower than linger.ms, records before a poison one
         # were already in flight when it was met, and the retry around it sent them twice.
         records = [rec for e in events for rec in self._records(e)]
+        self._check_sizes(records)
         try:
             try:
                 if self.exactly_once:
@@ -320,6 +319,23 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if moved is not None:
             headers.append(moved)
         return self.topic_of(e), self.encode(e), key, headers, e.op == "d" and self.tombstones
+
+    def _check_sizes(self, records: list[Record]) -> None:
+        """A record over ``message.max.bytes`` is poison before any record of its batch is sent.
+        librdkafka refuses it only in ``produce()``, when the records before it are queued and
+        some already sent: purging the rest made librdkafka bump the idempotent producer's epoch
+        (which Tansu fences), and the retry around the poison record sent the sent ones again.
+        Only values near the limit are measured (a key and headers 64 KB long are left to
+        ``produce()``)."""
+        limit = self.max_bytes
+        near = limit - 65_536
+        for rec in records:
+            if len(rec[1]) > near and (size := wire_size(rec)) > limit:
+                raise PoisonEvent(
+                    f"kafka sink {self.id!r}: MSG_SIZE_TOO_LARGE: a record of {size} bytes, over "
+                    f"message.max.bytes {limit} (topic {rec[0]!r})",
+                    "too_large",
+                )
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record

@@ -1,0 +1,62 @@
+"""What a Kafka record is made of: its key (the row's primary key as JSON, and whether an
+update moves it), and its size as librdkafka counts it against ``message.max.bytes``.
+
+One row's changes share a key, so they stay in one partition, in order; an update that
+changes the primary key is written as a delete and a create (``kafka.py``), each under its own key.
+"""
+
+from __future__ import annotations
+
+from deltaforge.envelopes import encode
+from deltaforge.events import Event
+
+Header = tuple[str, str | bytes | None]
+Record = tuple[str, bytes, bytes | str | None, list[Header], bool]
+"""Topic, value, key, headers, and whether a tombstone follows."""
+
+MESSAGE_MAX_BYTES = 1_000_000
+"""librdkafka's default ``message.max.bytes``."""
+
+# librdkafka's largest per-record overhead in a v2 record batch (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD):
+# varints for length 5, attributes 1, timestamp delta 10, offset delta 5, key length 5, value
+# length 5 and header count 5.
+_V2_MAX_OVERHEAD = 36
+
+
+def wire_size(record: Record) -> int:
+    """The size librdkafka's ``produce()`` checks against ``message.max.bytes``
+    (``rd_kafka_msg_max_wire_size``): the overhead, key, value, and each header's name and value
+    with their zigzag varint lengths."""
+    _, value, key, headers, _ = record
+    size = _V2_MAX_OVERHEAD + len(value) + _len(key)
+    for name, hvalue in headers:
+        n, v = len(name.encode()), _len(hvalue)
+        size += n + v + _varint_len(2 * n) + _varint_len(2 * v)
+    return size
+
+
+def _len(b: bytes | str | None) -> int:
+    return 0 if b is None else len(b.encode() if isinstance(b, str) else b)
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def moves_key(e: Event) -> bool:
+    """An update whose primary-key columns differ between its images."""
+    key, before, after = e.source.key, e.before, e.after
+    return bool(key and before and after and any(k in before and before[k] != after.get(k) for k in key))
+
+
+def row_key(e: Event) -> bytes | str | None:
+    """The record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``), from the
+    after image or, for a delete, the before image; a table without a known key falls back to
+    its first column."""
+    row = e.after if e.after is not None else e.before
+    if not row:
+        return None
+    key = e.source.key
+    if key:
+        return encode({k: row.get(k) for k in key})
+    return str(next(iter(row.values())))
