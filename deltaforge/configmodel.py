@@ -150,7 +150,6 @@ def _describe(model: type[BaseModel], err: Any, path: str) -> str:
     loc = tuple(err["loc"])
     where = path + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
     kind, value = err["type"], err.get("input")
-    given = _given(loc, value)
     if kind == "deltaforge":
         return f"{where}: {err['msg']}"
     if kind == "missing":
@@ -164,10 +163,10 @@ def _describe(model: type[BaseModel], err: Any, path: str) -> str:
     if kind == "literal_error":
         info = _field(model, loc)
         options = _literal_options(info.annotation if info else None)
-        return f"{where}: expected one of {', '.join(options)}, got {given}"
+        return f"{where}: expected one of {', '.join(options)}, got {_given(loc, value)}"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"{where}: expected a mapping, got {type(value).__name__}"
-    return f"{where}: {err['msg'].lower()}, got {given}"
+    return f"{where}: {err['msg'].lower()}, got {_given(loc, value)}"
 
 
 def _given(loc: tuple[Any, ...], value: Any) -> str:

@@ -22,6 +22,7 @@ _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*):([^@\s\"'/
 # dotted names and for ``secret`` (``sasl.password``, ``sasl.oauthbearer.client.secret``).
 _SECRET_NAME = r"[\w.-]*(?:password|passwd|pwd|secret)"
 _SECRET_KEY = re.compile(rf"""(?ix) (?P<q>\\*["'])? (?P<key>{_SECRET_NAME}) (?(q)(?P=q)\s*[=:]|\s*=) \s* """)
+_SECRET_NAME_RE = re.compile(_SECRET_NAME, re.IGNORECASE)
 _QUOTE = re.compile(r"""\\*["']""")
 _BARE = re.compile(r"""[^\s,;&"'}\]\\]+""")
 _HINTS = ("pass", "pwd", "secret")
@@ -29,7 +30,7 @@ _HINTS = ("pass", "pwd", "secret")
 
 def names_secret(name: str) -> bool:
     """Whether a setting called ``name`` holds a secret (``password``, ``sasl.password``)."""
-    return re.fullmatch(_SECRET_NAME, name, re.IGNORECASE) is not None
+    return _SECRET_NAME_RE.fullmatch(name) is not None
 
 
 def redact(text: str) -> str:

@@ -41,7 +41,8 @@ PG_PASSWORD = "pg-secret-pw"  # the test server trusts every login: any password
         ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
         ("host=db password=s3cret dbname=app", "host=db password=*** dbname=app"),
         ("nats://nats:4222 and mysql://cdc@db/shop", "nats://nats:4222 and mysql://cdc@db/shop"),
-        # librdkafka settings a Kafka sink passes on (``producer:``), as JSON, YAML and a dict repr
+        # librdkafka settings a Kafka sink passes on (``producer:``), as JSON and a dict repr; an
+        # unquoted ``key:`` is how an error names a field, and stays
         ('{"sasl.password": "s3cret", "acks": "all"}', '{"sasl.password": "***", "acks": "all"}'),
         ('{"ssl.key.password":1234}', '{"ssl.key.password":"***"}'),
         ("spec.sinks[0].config.password: unknown field", "spec.sinks[0].config.password: unknown field"),
