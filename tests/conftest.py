@@ -9,7 +9,7 @@ import pytest
 from chaos.harness import ProxyServer
 from deltaforge import logsetup
 from tests.servers.mariadb import MariaDB
-from tests.servers.nats import Nats
+from tests.servers.nats import Nats, NatsCluster
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
@@ -48,6 +48,13 @@ def nats_server() -> Iterator[Nats]:
     """A private nats-server with JetStream, per test."""
     with Nats() as server:  # a start that fails stops what it started and removes its files
         yield server
+
+
+@pytest.fixture()
+def nats_cluster() -> Iterator[NatsCluster]:
+    """Three nats-servers with JetStream in one cluster, per test."""
+    with NatsCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture()

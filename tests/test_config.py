@@ -186,6 +186,17 @@ def test_ten_different_mistakes_are_all_reported_with_their_paths() -> None:
     assert len(errs) == len(expected), errs
 
 
+def test_a_nats_cluster_is_given_as_comma_separated_urls_each_checked() -> None:
+    sink = {"type": "nats", "config": {"id": "n", "url": "nats://a:4222,http://b:4222", "subject": "x",
+                                       "stream_replicas": 0}}  # fmt: skip
+    assert errors_of(doc(sinks=[sink])) == [
+        "spec.sinks[0].config.url: expected nats://host:port, or several comma-separated (the servers of a cluster)",
+        "spec.sinks[0].config.stream_replicas: expected an integer >= 1, got 0",
+    ]
+    sink["config"].update(url="nats://a:4222,tls://b:4222,nats://c:4222", stream_replicas=3)
+    assert parse_pipeline(doc(sinks=[sink]), env={}).sinks[0].config.url.count(",") == 2
+
+
 def test_a_password_in_a_bad_dsn_is_never_echoed() -> None:
     d = doc()
     d["spec"]["source"] = {"type": "mysql", "config": {"id": "m", "dsn": "postgres://u:hunter2@h/db"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,12 @@ import pytest
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sinks.base import NonRetryableSinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
-from tests.servers.nats import Nats
+from tests.servers.nats import Nats, NatsCluster, PlainNats, stream_leader
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
 
@@ -83,6 +84,76 @@ async def test_no_stream_on_subject_is_non_retryable_with_sink_id(nats_server: N
     with pytest.raises(NonRetryableSinkError, match=r"nats sink 'n': no stream listens"):
         await sink.deliver([make_event(1)])
     await sink.close()
+
+
+async def test_a_server_without_jetstream_is_non_retryable_and_named() -> None:
+    with PlainNats() as server:
+        sink = NatsSink(parse_pipeline(nats_doc(server.url(), create_stream=False), env={}).sinks[0])
+        await sink.open()
+        with pytest.raises(
+            NonRetryableSinkError, match=r"nats sink 'n': the server at 127.0.0.1:\d+ does not run JetStream"
+        ):
+            await sink.deliver([make_event(1)])
+        await sink.close()
+
+
+async def test_a_stream_the_server_cannot_create_is_non_retryable_with_its_reason(nats_server: Nats) -> None:
+    sink = NatsSink(parse_pipeline(nats_doc(nats_server.url(), stream_replicas=3), env={}).sinks[0])
+    with pytest.raises(NonRetryableSinkError, match=r"nats sink 'n': cannot create stream: .*replicas"):
+        await sink.open()
+    assert sink._nc is None  # closed, not left connected
+
+
+async def test_a_cluster_stream_without_a_leader_is_retryable(nats_cluster: NatsCluster) -> None:
+    """Publishes a stream's leader would answer get "no responders" while the cluster elects a new
+    one (seconds): retryable, not the non-retryable "no stream listens" of a missing stream."""
+    cfg = parse_pipeline(nats_doc(nats_cluster.urls(), stream_replicas=3, ack_timeout_s=2), env={})
+    sink = NatsSink(cfg.sinks[0])
+    await sink.open()
+    await sink.deliver([make_event(1)])
+    leader = await stream_leader(nats_cluster.nodes[0].url(), "CDC")
+    nats_cluster.kill(leader)
+    with pytest.raises(RetryableSinkError) as failed:
+        await sink.deliver([make_event(2)])
+    reasons = {str(failed.value)}
+    deadline = time.monotonic() + 60
+    while True:  # what the delivery worker does: again, after a backoff, until it lands
+        try:
+            await sink.deliver([make_event(2)])
+            break
+        except RetryableSinkError as exc:
+            reasons.add(str(exc))
+            assert time.monotonic() < deadline, f"the stream never answered again: {reasons}"
+            await sink.close()
+            await asyncio.sleep(0.2)
+    await sink.close()
+    assert not [r for r in reasons if "no stream listens" in r], reasons
+    nats_cluster.node(leader).start()  # the reader needs a cluster at peace
+    await stream_leader(nats_cluster.nodes[0].url(), "CDC")
+    assert [int(d["event_id"]) for d in await consume(nats_cluster.nodes[0].url(), "cdc.t")] == [1, 2]
+
+
+async def test_a_stream_leader_lost_under_load_is_waited_for_and_nothing_is_lost(
+    nats_cluster: NatsCluster,
+) -> None:
+    n = 8000
+    cfg = parse_pipeline(nats_doc(nats_cluster.urls(), stream_replicas=3, ack_timeout_s=2), env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=PacedSource(n, chunk=20, delay=0.02))
+    task = asyncio.create_task(runner.run())
+    stats = runner.ctx.stats
+    await wait_until(lambda: stats.events_committed > 1000, timeout=60, what="some delivered")
+    leader = await stream_leader(nats_cluster.nodes[0].url(), "CDC")
+    nats_cluster.kill(leader)
+    await wait_until(lambda: stats.sinks["n"].errors > 0, timeout=30, what="the lost leader noticed")
+    await wait_until(lambda: stats.events_committed >= n, timeout=120, what="recovered")
+    await runner.drain()
+    await task
+    assert runner.failure is None
+    assert stats.sinks["n"].errors_by_kind.get("non_retryable", 0) == 0
+    nats_cluster.node(leader).start()  # the reader needs a cluster at peace
+    await stream_leader(nats_cluster.nodes[0].url(), "CDC")
+    got = [int(d["event_id"]) for d in await consume(nats_cluster.nodes[0].url(), "cdc.t")]
+    assert got == list(range(1, n + 1))  # nothing lost; replays deduplicated
 
 
 async def test_outage_recovers_without_loss(nats_server: Nats) -> None:

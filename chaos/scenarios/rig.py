@@ -29,7 +29,7 @@ from chaos.harness import (
 from chaos.runner import Failed, RunContext
 from tests.serve_proc import Serve, free_port
 from tests.servers.mariadb import MariaDB
-from tests.servers.nats import Nats
+from tests.servers.nats import Nats, NatsCluster
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
@@ -109,6 +109,16 @@ class Rig:
         sink = Sink(entry, lambda: nats_changes(server.url(), "cdc.items", "CDC"), True, proxy)
         self.sinks["nats"] = sink
         return sink
+
+    def add_nats_cluster(self) -> tuple[Sink, NatsCluster]:
+        """JetStream on three clustered servers, the stream replicated on all three (R3); the
+        sink is given every server's URL, no proxy (a scenario kills servers instead)."""
+        cluster = self.stack.enter_context(NatsCluster())
+        entry = {"type": "nats", "config": {"id": "nats", "url": cluster.urls(), "subject": "cdc.items",
+                                             "stream": "CDC", "stream_replicas": 3, "ack_timeout_s": 3}}  # fmt: skip
+        sink = Sink(entry, lambda: nats_changes(cluster.nodes[0].url(), "cdc.items", "CDC"), True)
+        self.sinks["nats"] = sink
+        return sink, cluster
 
     def add_kafka(self, exactly_once: bool = False) -> Sink:
         """A one-partition topic on Tansu, which tells clients the proxy's address. With

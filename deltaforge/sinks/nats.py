@@ -16,20 +16,28 @@ from nats import errors as nerr
 from nats.js import errors as jserr
 from pydantic import Field
 
-from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text, matching
+from deltaforge.configmodel import Bool, PositiveInt, PositiveNumber, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 
-NatsUrl = Annotated[Text, matching(r"^(nats|tls)://", "expected nats://host:port")]
+NatsUrl = Annotated[
+    Text,
+    matching(
+        r"^(nats|tls)://[^,\s]+(,(nats|tls)://[^,\s]+)*$",
+        "expected nats://host:port, or several comma-separated (the servers of a cluster)",
+    ),
+]
 
 
 class NatsSinkConfig(SinkSettings):
     """NATS JetStream: one message per event, deduplicated by ``Nats-Msg-Id``."""
 
-    url: NatsUrl = Field(description="nats://host:port")
+    url: NatsUrl = Field(
+        description="nats://host:port; for a cluster, several comma-separated: any that answers will do."
+    )
     subject: Template = Field(description="Subject per event, e.g. cdc.${source.table}.")
     stream: Text | None = Field(None, description="The JetStream stream that holds the subjects.")
     stream_subjects: Text | None = Field(
@@ -39,6 +47,9 @@ class NatsSinkConfig(SinkSettings):
         None, description="Create the stream when missing (default: when stream is set)."
     )
     duplicate_window_s: PositiveNumber = Field(120.0, description="The created stream's dedup window.")
+    stream_replicas: PositiveInt = Field(
+        1, description="The created stream's replicas (a cluster: 3 survives the loss of one server)."
+    )
     ack_timeout_s: PositiveNumber = Field(10.0, description="How long to wait for a batch's acks.")
 
 
@@ -48,7 +59,7 @@ class NatsSink(Sink[NatsSinkConfig]):
     def __init__(self, config: SinkConfig[NatsSinkConfig]) -> None:
         super().__init__(config)
         cfg = self.settings
-        self.url = cfg.url
+        self.servers = cfg.url.split(",")
         self.subject_of = compile_template(cfg.subject)
         self.stream = cfg.stream
         self.create_stream = cfg.create_stream if cfg.create_stream is not None else bool(cfg.stream)
@@ -63,11 +74,11 @@ class NatsSink(Sink[NatsSinkConfig]):
     async def open(self) -> None:
         try:
             self._nc = await nats.connect(
-                self.url,
+                self.servers,
                 connect_timeout=min(5.0, self.ack_timeout),
                 # A lost connection fails the batch and the retry reconnects. Not allow_reconnect=False:
                 # with it (or max_reconnect_attempts=0) nats-py 2.16's first connect to a down server
-                # never returns; one quick attempt makes it raise NoServersError instead.
+                # never returns; one quick attempt (at each server given) makes it raise NoServersError.
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.1,
                 error_cb=self._quiet,  # the default prints tracebacks; failures surface as SinkErrors
@@ -84,10 +95,19 @@ class NatsSink(Sink[NatsSinkConfig]):
             subjects = [s.split("${", 1)[0] + ">" if "${" in s else s for s in subjects]
             try:
                 await self._js.add_stream(
-                    name=str(self.stream), subjects=subjects, duplicate_window=self.duplicate_window
-                )
+                    name=str(self.stream), subjects=subjects, duplicate_window=self.duplicate_window,
+                    num_replicas=self.settings.stream_replicas,
+                )  # fmt: skip
             except jserr.BadRequestError:
                 pass  # exists with another config: leave it as the operator set it
+            except (TimeoutError, nerr.TimeoutError, jserr.ServiceUnavailableError) as exc:
+                await self.close()
+                raise RetryableSinkError(
+                    f"nats sink {self.id!r}: JetStream does not answer ({type(exc).__name__})"
+                ) from None
+            except jserr.APIError as exc:  # e.g. more replicas than servers: retrying cannot help
+                await self.close()
+                raise NonRetryableSinkError(f"nats sink {self.id!r}: cannot create stream: {exc}") from None
 
     async def _quiet(self, exc: Exception) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -114,10 +134,8 @@ class NatsSink(Sink[NatsSinkConfig]):
                 for e in events
             ]
             acks = await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout)
-        except (nerr.NoRespondersError, jserr.NoStreamResponseError) as exc:
-            raise NonRetryableSinkError(
-                f"nats sink {self.id!r}: no stream listens on the subject ({exc})"
-            ) from None
+        except (nerr.NoRespondersError, jserr.NoStreamResponseError):
+            raise await self._unanswered({self.subject_of(e) for e in events}) from None
         except (
             TimeoutError,
             nerr.TimeoutError,
@@ -130,3 +148,29 @@ class NatsSink(Sink[NatsSinkConfig]):
         except jserr.APIError as exc:
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
         self.duplicates += sum(1 for a in acks if getattr(a, "duplicate", False))
+
+    async def _unanswered(self, subjects: set[str]) -> SinkError:
+        """Why no stream answered a publish: a subject no stream binds, or a server without
+        JetStream, is a setting to fix (non-retryable); a stream that binds it but has no leader
+        (a cluster electing one after a server was lost or stepped down: seconds), or a
+        JetStream that does not answer at all, is waited for."""
+        if not self._nc.is_connected:
+            return RetryableSinkError(f"nats sink {self.id!r}: connection lost")
+        if not self._nc._server_info.get("jetstream"):
+            return NonRetryableSinkError(
+                f"nats sink {self.id!r}: the server at {self._nc.connected_url.netloc} does not run JetStream"
+            )
+        for subject in sorted(subjects):
+            try:
+                stream = await self._js.find_stream_name_by_subject(subject)
+            except jserr.NotFoundError:
+                return NonRetryableSinkError(
+                    f"nats sink {self.id!r}: no stream listens on the subject {subject!r}"
+                )
+            except (TimeoutError, nerr.Error) as exc:
+                return RetryableSinkError(
+                    f"nats sink {self.id!r}: JetStream does not answer ({type(exc).__name__})"
+                )
+        return RetryableSinkError(
+            f"nats sink {self.id!r}: stream {stream!r} has no leader to answer (a cluster electing one)"
+        )
