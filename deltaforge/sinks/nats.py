@@ -150,16 +150,13 @@ class NatsSink(Sink[NatsSinkConfig]):
         self.duplicates += sum(1 for a in acks if getattr(a, "duplicate", False))
 
     async def _unanswered(self, subjects: set[str]) -> SinkError:
-        """Why no stream answered a publish: a subject no stream binds, or a server without
-        JetStream, is a setting to fix (non-retryable); a stream that binds it but has no leader
-        (a cluster electing one after a server was lost or stepped down: seconds), or a
-        JetStream that does not answer at all, is waited for."""
+        """Why no stream answered a publish, asked of JetStream's API: a subject no stream binds,
+        or a server without JetStream (and no API answering through it), is a setting to fix
+        (non-retryable); a stream that binds the subject but has no leader (a cluster electing
+        one after a server was lost or stepped down: seconds), or an API that does not answer,
+        is waited for."""
         if not self._nc.is_connected:
             return RetryableSinkError(f"nats sink {self.id!r}: connection lost")
-        if not self._nc._server_info.get("jetstream"):
-            return NonRetryableSinkError(
-                f"nats sink {self.id!r}: the server at {self._nc.connected_url.netloc} does not run JetStream"
-            )
         for subject in sorted(subjects):
             try:
                 stream = await self._js.find_stream_name_by_subject(subject)
@@ -167,6 +164,14 @@ class NatsSink(Sink[NatsSinkConfig]):
                 return NonRetryableSinkError(
                     f"nats sink {self.id!r}: no stream listens on the subject {subject!r}"
                 )
+            except jserr.ServiceUnavailableError:
+                # The API has no responders. nats-py keeps the server's INFO only as this field.
+                if not self._nc._server_info.get("jetstream"):
+                    url = self._nc.connected_url
+                    return NonRetryableSinkError(
+                        f"nats sink {self.id!r}: the server at {url.hostname}:{url.port} does not run JetStream"
+                    )
+                return RetryableSinkError(f"nats sink {self.id!r}: JetStream does not answer (no responders)")
             except (TimeoutError, nerr.Error) as exc:
                 return RetryableSinkError(
                     f"nats sink {self.id!r}: JetStream does not answer ({type(exc).__name__})"
