@@ -7,7 +7,9 @@ and shows them filtered and coloured.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,17 +20,58 @@ from deltaforge.redact import redact
 
 
 class _Tee:
-    """Writes each rendered line to several streams (stderr and a log file)."""
+    """Writes each rendered line to several streams (stderr and a log file).
+
+    A stream that cannot be written (its disk is full, stderr's reader has gone) loses the line,
+    and the log call goes on: raised from a log call, the error crashed whichever actor was
+    logging, and the supervisor's own restart log then failed the same way, so a full disk
+    stopped the pipeline. Once the stream takes lines again, the first says how many it lost.
+    """
 
     def __init__(self, streams: list[IO[str]]) -> None:
         self.streams = streams
+        self.lost = [0] * len(streams)
+        self.why = [""] * len(streams)
 
     def msg(self, message: str) -> None:
-        for s in self.streams:
-            s.write(message + "\n")
-            s.flush()
+        for i, s in enumerate(self.streams):
+            try:
+                if self.lost[i]:
+                    s.write(_lost_line(self.lost[i], self.why[i]))
+                    self.lost[i] = 0
+                s.write(message + "\n")
+                s.flush()
+            except (OSError, ValueError) as exc:  # ValueError: a stream already closed
+                self.lost[i] += 1
+                self.why[i] = f"{type(exc).__name__}: {exc}"
 
     log = debug = info = warn = warning = error = critical = exception = msg
+
+
+def _lost_line(count: int, why: str) -> str:
+    doc = {"event": "log_lines_lost", "actor": "logsetup", "level": "warning", "count": count, "reason": why,
+           "ts": datetime.now(UTC).isoformat().replace("+00:00", "Z")}  # fmt: skip
+    return orjson.dumps(doc).decode() + "\n"
+
+
+class _LogFile:
+    """The log file, written unbuffered: a write that fails leaves nothing pending in a buffer to
+    come out later glued to another line. A line cut short by a full disk is ended before the next."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.torn = False
+
+    def write(self, text: str) -> int:
+        data = memoryview((("\n" if self.torn else "") + text).encode())
+        while data:
+            data = data[os.write(self.fd, data) :]  # OSError: raised with ``torn`` as it stands
+            self.torn = True  # part of it is in the file: a failure now leaves it to be ended
+        self.torn = False
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class _Stderr:
@@ -82,7 +125,7 @@ def configure(level: str = "info", log_file: str | Path | None = None, stderr: b
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        streams.append(open(path, "a", buffering=1))  # noqa: SIM115 - lives as long as the process
+        streams.append(_LogFile(path))  # type: ignore[arg-type]  # lives as long as the process
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
+import resource
 import select
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -142,3 +144,15 @@ def damage_on_disk(path: Path, text: bytes) -> None:
     raw = path.read_bytes()
     at = raw.rindex(text)
     path.write_bytes(raw[:at] + text.swapcase() + raw[at + len(text) :])
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int) -> Iterator[None]:
+    """This process may not write files past ``size`` bytes: the kernel refuses such writes (EFBIG),
+    as a full disk refuses them (ENOSPC). The soft RLIMIT_FSIZE, put back after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
