@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
+from pathlib import Path
 
 import anyio
 
@@ -12,7 +14,7 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import deliver_buffered
 from deltaforge.position import PositionDoc
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
-from tests.helpers import first_occurrences, wait_until
+from tests.helpers import file_size_limit, first_occurrences, wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 
 KEY = sink_key("src", "a")
@@ -47,7 +49,7 @@ class HeldStore(MemoryCheckpointStore):
             if self.open:
                 self.permits.release()  # the next one passes too
         if self.fail is not None:
-            raise OSError(self.fail)
+            raise OSError(28, self.fail)
         await super().put_many(values)
         self.written.append(int(values[KEY]["seq"]))
 
@@ -115,12 +117,45 @@ async def test_what_was_handed_on_counts_as_delivered_only_once_its_checkpoints_
     await asyncio.wait_for(task, 10)
 
 
-async def test_a_checkpoint_write_that_fails_stops_the_pipeline_and_commits_nothing() -> None:
-    """The write runs beside delivery, but its failure still stops the pipeline (restarts from
-    the durable checkpoints, here until the intensity runs out), and no batch whose checkpoint was
-    never stored is counted as committed."""
-    store = HeldStore(fail="disk full")
+async def test_a_checkpoint_write_that_fails_is_tried_again_degraded_until_it_holds() -> None:
+    """A store whose writes fail with an OSError (a full disk) is waited for: the pipeline stays up,
+    ``degraded`` naming the store, nothing counts as committed meanwhile, delivery stops once its
+    bound of unwritten batches is reached, and nothing restarts. Once writes hold again, every
+    batch is committed, each delivered once. (Before: every failure restarted the pipeline's
+    actors until the restart limit stopped it for good.)"""
+    store = HeldStore(fail="No space left on device")
     store.let_all_through()
+    a = ScriptedSink("a")
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50},
+                 supervision={"max_restarts": 2, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 5}})  # fmt: skip
+    total = 5000
+    runner = PipelineRunner(cfg, store=store, sinks={"a": a}, source=SyntheticSource(total, chunk=50))
+    task = asyncio.create_task(runner.run())
+    outages = runner.ctx.availability
+    await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+    await wait_until(lambda: outages.view()["state_store"]["attempts"] > 20, what="writes tried again")
+    assert runner.state == "running" and runner.degraded
+    assert (
+        outages.view()["state_store"]["last_error"]
+        == "OSError: [Errno 28] No space left on device (still trying)"
+    )
+    assert runner.ctx.stats.events_committed == 0 and await stored(store) is None
+    assert len(a.received) < total  # delivery waits for the writes: a bounded backlog, not all of it
+    store.fail = None
+    await wait_until(lambda: runner.ctx.stats.events_committed >= total, what="everything committed")
+    assert not outages.degraded
+    await runner.drain()
+    await task
+    assert runner.ctx.epoch == 1  # the source was opened once: no restart
+    assert a.received == list(range(1, total + 1))  # each once, in order
+    assert await stored(store) == total
+
+
+async def test_a_damaged_store_stops_the_pipeline_and_commits_nothing() -> None:
+    """What retrying cannot mend (a damaged database) still stops the pipeline (restarts from the
+    durable checkpoints, here until the intensity runs out), and no batch whose checkpoint was
+    never stored is counted as committed."""
+    store = DamagedStore()
     a = ScriptedSink("a")
     cfg = config(
         sinks=[sink_doc("a")],
@@ -133,11 +168,40 @@ async def test_a_checkpoint_write_that_fails_stops_the_pipeline_and_commits_noth
     await asyncio.wait_for(runner.run(), 30)  # a bound for a hang: the restarts run out at once
     assert runner.state == "failed"
     snap = runner.snapshot().find("CheckpointCommitter")
-    assert snap is not None and snap.last_error == "OSError: disk full"
+    assert snap is not None and snap.last_error == "DatabaseError: database disk image is malformed"
     assert runner.ctx.stats.events_committed == 0 and runner.ctx.stats.batches_committed == 0
     assert runner.ctx.stats.last_checkpoint is None
     assert await stored(store) is None
     assert a.received  # delivered, never committed: the next start delivers it again
+
+
+async def test_a_real_disk_that_refuses_writes_is_waited_for_by_the_sqlite_store(tmp_path: Path) -> None:
+    """The same through SQLite on a real file: this process may not grow files for a while
+    (RLIMIT_FSIZE: the kernel refuses writes past the limit, EFBIG, as a full disk refuses them
+    with ENOSPC; SQLite says "database or disk is full" for both)."""
+    a = ScriptedSink("a")
+    storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50}, storage=storage)
+    total = 3000
+    runner = PipelineRunner(cfg, sinks={"a": a}, source=SyntheticSource(total, chunk=50))
+    task = asyncio.create_task(runner.run())
+    outages = runner.ctx.availability
+    await wait_until(lambda: runner.ctx.stats.events_committed > 0, what="a first commit")
+    with file_size_limit(0):  # SQLite says "disk I/O error" or "database or disk is full"
+        await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+        assert outages.view()["state_store"]["last_error"].startswith("OperationalError: ")
+        committed = runner.ctx.stats.events_committed
+        await wait_until(lambda: outages.view()["state_store"]["attempts"] > 5, what="writes tried again")
+        assert runner.ctx.stats.events_committed == committed and runner.state == "running"
+    await wait_until(lambda: runner.ctx.stats.events_committed >= total, what="everything committed")
+    await runner.drain()
+    await task
+    assert runner.ctx.epoch == 1 and a.received == list(range(1, total + 1))
+
+
+class DamagedStore(MemoryCheckpointStore):
+    async def put_many(self, values: dict[str, PositionDoc]) -> None:
+        raise sqlite3.DatabaseError("database disk image is malformed")
 
 
 async def test_a_stop_without_a_drain_still_writes_what_was_delivered() -> None:

@@ -156,15 +156,20 @@ class Rig:
         return sink
 
     def start(
-        self, batch: dict[str, Any] | None = None, source: dict[str, Any] | None = None, **extra: Any
+        self,
+        batch: dict[str, Any] | None = None,
+        source: dict[str, Any] | None = None,
+        file: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> Serve:
-        """Write the pipeline (``source``: more source settings; ``extra``: more of the spec) and
-        start serve on it."""
+        """Write the pipeline (``source``: more source settings; ``file``: more file sink settings;
+        ``extra``: more of the spec) and start serve on it."""
         spec = {
             "source": {"type": "postgres", "config": {"id": "pg", "dsn": self.source_dsn, "slot": "chaos",
                                                       "publication": "chaos", "heartbeat_ms": 1000,
                                                       **(source or {})}},
-            "sinks": [{"type": "file", "config": {"id": "file", "path": str(self.ctx.workdir / "events.jsonl")}},
+            "sinks": [{"type": "file", "config": {"id": "file", "path": str(self.ctx.workdir / "events.jsonl"),
+                                                  **(file or {})}},
                       *(s.entry for s in self.sinks.values())],
             "batch": batch or {"max_events": 200, "max_ms": 50},
             "storage": {"type": "sqlite", "path": str(self.ctx.workdir / "checkpoints.db")},

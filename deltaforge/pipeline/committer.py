@@ -9,6 +9,7 @@ from actors import Actor
 from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import CommitCheckpoint
+from deltaforge.pipeline.storewait import PatientWrites
 
 
 class CheckpointCommitter(Actor):
@@ -26,12 +27,15 @@ class CheckpointCommitter(Actor):
         super().__init__()
         self.ctx = ctx
         self.timer = StageTimers(ctx.config.name).checkpoint
+        self.patient = PatientWrites(ctx)
 
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, CommitCheckpoint):
             return await super().receive(message)
         started = time.perf_counter()
-        await self.ctx.store.put_many({key: p.to_doc() for key, p in message.checkpoints.items()})
+        # Tried until the store takes it (a full disk: degraded meanwhile, see storewait).
+        docs = {key: p.to_doc() for key, p in message.checkpoints.items()}
+        await self.patient(lambda: self.ctx.store.put_many(docs))
         self.timer.observe(time.perf_counter() - started)
         by_key = {self.ctx.key(sid): sid for sid in self.ctx.sinks}
         now = time.time()

@@ -234,7 +234,10 @@ class DeliveryCoordinator(Actor):
         if not todo.checkpoints:  # no sink acknowledged: nothing to store, the batch is done
             self._committed(todo)
             return
-        write = asyncio.ensure_future(self.committer.ask(CommitCheckpoint(todo.last_batch, todo.checkpoints)))
+        # No timeout: the committer tries a write until the store takes it (degraded meanwhile).
+        write = asyncio.ensure_future(
+            self.committer.ask(CommitCheckpoint(todo.last_batch, todo.checkpoints), timeout=None)
+        )
         write.add_done_callback(self._wake)
         self.writing = (write, todo)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, Row, SourceInfo, new_event, with_images
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
@@ -41,7 +42,7 @@ class SnapshotDriver:
         settings = getattr(ctx.config.source.config, "snapshot", None)
         self.settings = settings if isinstance(settings, SnapshotSettings) else SnapshotSettings()
         self.reader: ChunkReader | None = self.source.chunk_reader(self.settings)
-        self.progress = ProgressLog(ctx.store, self.source.id)
+        self.progress = ProgressLog(ctx.store, self.source.id, PatientWrites(ctx))
         self.state: SnapshotState | None = None
         self.refs: dict[str, TableRef] = {}
         self.windows: list[Window] = []

@@ -1,0 +1,54 @@
+"""Store writes that wait out a full disk: unavailable is not crashed, for the state store too.
+
+A checkpoint store on a full disk failed every write. Raised, each failure restarted the
+pipeline's actors (reading the source again from the last durable checkpoint) until the restart
+limit stopped the pipeline for good, although freeing space would have fixed it. Now a write is
+tried again, with backoff, until it holds, and the pipeline is ``degraded`` meanwhile, naming
+the store and the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from deltaforge.pipeline.context import PipelineContext
+from supervision import Backoff
+
+WAITED_FOR = (sqlite3.OperationalError, OSError)
+"""What a store write fails with while its disk is full (or its file is locked, or briefly cannot
+be written). A damaged database (a ``sqlite3.DatabaseError`` that is not an ``OperationalError``)
+is not among them: retrying cannot mend it, and it is raised."""
+
+UNANSWERED_S = 30.0
+OUTAGE = "state_store"
+"""How the store is listed in ``/health`` while its writes fail."""
+
+
+class PatientWrites:
+    """Runs a store write until it holds (see the module): ``await patient(lambda: store.put(k, v))``."""
+
+    def __init__(self, ctx: PipelineContext) -> None:
+        self.ctx = ctx
+        sup = ctx.config.supervision
+        self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
+
+    async def __call__(self, write: Callable[[], Awaitable[None]]) -> None:
+        availability, attempt = self.ctx.availability, 0
+        timer = asyncio.get_running_loop().call_later(
+            UNANSWERED_S,
+            lambda: availability.down(OUTAGE, f"a write unanswered for {UNANSWERED_S:g} s (still trying)"),
+        )
+        try:
+            while True:
+                try:
+                    await write()
+                    break
+                except WAITED_FOR as exc:
+                    attempt += 1
+                    availability.down(OUTAGE, f"{type(exc).__name__}: {exc} (still trying)")
+                    await self.ctx.clock.sleep(self.backoff.delay(min(attempt, 30), self.ctx.rng))
+        finally:
+            timer.cancel()
+        availability.up(OUTAGE)
