@@ -7,6 +7,7 @@ import asyncio
 import random
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -15,7 +16,7 @@ from deltaforge.pipeline.tree import deliver_buffered
 from deltaforge.position import PositionDoc
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import file_size_limit, first_occurrences, wait_until
-from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+from tests.kit import ScriptedSink, SeqPosition, SyntheticSource, config, sink_doc
 
 KEY = sink_key("src", "a")
 
@@ -197,6 +198,44 @@ async def test_a_real_disk_that_refuses_writes_is_waited_for_by_the_sqlite_store
     await runner.drain()
     await task
     assert runner.ctx.epoch == 1 and a.received == list(range(1, total + 1))
+
+
+async def test_a_schema_change_met_on_a_full_disk_is_recorded_once_there_is_room(tmp_path: Path) -> None:
+    """The reader records a table's new schema in the store: on a full disk it waits (degraded,
+    reading held) and records it once writes hold; before, its error restarted the pipeline until
+    the restart limit stopped it."""
+    storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
+    source = SchemaWhenDue(500, chunk=50)
+    runner = PipelineRunner(config(batch={"max_events": 50}, storage=storage), source=source)
+    task = asyncio.create_task(runner.run())
+    outages = runner.ctx.availability
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 500, what="the backlog committed")
+    with file_size_limit(0):
+        source.due.set()  # met at the next (empty) read
+        await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+        await wait_until(lambda: outages.view()["state_store"]["attempts"] > 5, what="writes tried again")
+        assert source.announced and runner.state == "running"
+    await wait_until(lambda: not outages.degraded, what="the store back")
+    history = await runner.store.schema_history("src", "db.t")
+    await runner.drain()
+    await task
+    assert runner.ctx.epoch == 1  # no restart
+    assert [h["columns"] for h in history] == [[{"name": "id", "type": "INTEGER"}]]
+
+
+class SchemaWhenDue(SyntheticSource):
+    """A SyntheticSource that meets a table's schema once ``due`` is set (at the next read)."""
+
+    def __init__(self, total: int, chunk: int) -> None:
+        super().__init__(total, chunk=chunk)
+        self.due = asyncio.Event()
+        self.announced = False
+
+    def take_schema_changes(self) -> list[Any]:
+        if not self.due.is_set() or self.announced:
+            return []
+        self.announced = True
+        return [("db.t", [{"name": "id", "type": "INTEGER"}], SeqPosition(self.next - 1))]
 
 
 class DamagedStore(MemoryCheckpointStore):

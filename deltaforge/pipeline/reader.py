@@ -21,6 +21,7 @@ from deltaforge.pipeline.messages import (
     TakeSnapshot,
 )
 from deltaforge.pipeline.reconciler import Reconcile
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import SnapshotRefused
 from deltaforge.snapshot.driver import SnapshotDriver
@@ -71,6 +72,7 @@ class SourceReader(Actor):
     ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.patient = PatientWrites(ctx)
         self.accumulator = accumulator
         self.reconciler = reconciler
         self.settle = settle
@@ -150,7 +152,8 @@ class SourceReader(Actor):
             self.schemas[table] = history[-1]["columns"] if history else None
         if self.schemas[table] == columns:
             return
-        await store.record_schema(source_id, table, columns, position.to_doc())
+        # Tried until the store takes it (a full disk: degraded meanwhile, see storewait).
+        await self.patient(lambda: store.record_schema(source_id, table, columns, position.to_doc()))
         self.schemas[table] = columns
         self.log.info(
             "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position.to_doc()
