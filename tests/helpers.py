@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 
+from actors.snapshot import NodeSnapshot
+
 T = TypeVar("T", bound=Hashable)
 
 
@@ -156,3 +158,8 @@ def file_size_limit(size: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def restarts(node: NodeSnapshot) -> int:
+    """How many times any actor of a supervisor tree (``runner.snapshot()``) was restarted."""
+    return node.restarts + sum(restarts(child) for child in node.children)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import PoisonEvent
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
-from tests.helpers import wait_until
+from tests.helpers import file_size_limit, restarts, wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 from tests.test_metrics import scrape, value
 
@@ -149,6 +150,39 @@ async def test_replay_delivers_a_fixed_entry_once_and_acks_it(api: Any) -> None:
     bad = await client.post("/pipelines/t/journal/dlq/ack", json={"up_to": "soon"})
     assert bad.status_code == 400 and bad.json()["code"] == "bad_request"
     await finish(runner)
+
+
+async def test_a_dead_letter_met_on_a_full_disk_is_kept_once_there_is_room(tmp_path: Path) -> None:
+    """The DLQ is in the state store: on a full disk its write waits (degraded, ``state_store``
+    listed), then keeps the entry once, and nothing restarts; before, the error crashed the
+    delivery worker and restarted the pipeline until the restart limit stopped it."""
+    n, reached, gate = 3_000, asyncio.Event(), asyncio.Event()
+    refuse = refusing({2_100})
+
+    async def script(call: int, events: list[Event]) -> None:
+        if any(e.order[0] == 2_100 for e in events) and not gate.is_set():
+            reached.set()
+            await gate.wait()  # the disk fills up while this batch is out
+        refuse(call, events)
+
+    sink = ScriptedSink("a", script=script)
+    storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
+    runner = PipelineRunner(config(sinks=[sink_doc("a")], batch={"max_events": 500}, journal=journal(), storage=storage),
+                            source=SyntheticSource(n, chunk=500), sinks={"a": sink})  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    outages = runner.ctx.availability
+    await asyncio.wait_for(reached.wait(), 30)
+    with file_size_limit(0):
+        gate.set()
+        await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+        await wait_until(lambda: outages.view()["state_store"]["attempts"] > 5, what="writes tried again")
+        assert runner.state == "running"
+    await wait_until(lambda: runner.ctx.stats.events_committed >= n, what="every batch committed")
+    kept = [e["position"]["seq"] for e in await runner.store.dead_letters.select("t")]
+    await runner.drain()
+    await asyncio.wait_for(task, 30)
+    assert kept == [2_100] and restarts(runner.snapshot()) == 0
+    assert sink.received == [i for i in range(1, n + 1) if i != 2_100]
 
 
 async def test_without_the_journal_a_poison_event_halts_naming_it() -> None:

@@ -32,6 +32,7 @@ from deltaforge.config import JournalConfig
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.pipeline.availability import Availability
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.sinks.base import PoisonEvent
 from deltaforge.state.deadletters import DeadLetterStore, Entry, Select
 
@@ -43,7 +44,12 @@ class DeadLetterQueue:
     """One pipeline's DLQ over its store's ``dead_letters``; see the module."""
 
     def __init__(
-        self, pipeline: str, config: JournalConfig, store: DeadLetterStore, availability: Availability
+        self,
+        pipeline: str,
+        config: JournalConfig,
+        store: DeadLetterStore,
+        availability: Availability,
+        patient: PatientWrites | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.enabled = config.enabled
@@ -51,14 +57,21 @@ class DeadLetterQueue:
         self.bounds = config.dlq
         self.store = store
         self.availability = availability
+        self.patient = patient
         self.added = self.rejected = self.dropped = self.replayed = 0
         self.entries = 0  # as last counted: what the metrics show
         self._space = asyncio.Event()
         self.log = structlog.get_logger().bind(pipeline=pipeline, actor="DeadLetterQueue")
 
     async def put(self, sink: str, event: Event, error: PoisonEvent, attempts: int) -> int | None:
-        """Keep ``event``: its seq, or None when the ``reject`` policy dropped it."""
+        """Keep ``event``: its seq, or None when the ``reject`` policy dropped it. On a full disk,
+        tried again until it holds (see storewait): its only write that counts is the last."""
         entry = self._entry(sink, event, error, attempts)
+        if self.patient is None:
+            return await self._put(sink, event, error, entry)
+        return await self.patient(lambda: self._put(sink, event, error, entry))
+
+    async def _put(self, sink: str, event: Event, error: PoisonEvent, entry: Entry) -> int | None:
         await self._expire()
         while (count := await self.store.count(self.pipeline)) >= self.bounds.max_entries:
             policy = self.bounds.overflow_policy
@@ -74,9 +87,9 @@ class DeadLetterQueue:
                                position=entry["position"], reason=entry["error"])  # fmt: skip
                 return None
             await self._wait_for_space(sink, count)
-        seq = await self.store.add(entry)
+        seq = await self.store.add(entry)  # the last step that can fail: a retry never adds twice
         self.added += 1
-        self.entries = await self.store.count(self.pipeline)
+        self.entries = count + 1
         self.log.warning("dlq_added", seq=seq, sink=sink, kind=error.kind, event_id=event.event_id,
                          position=entry["position"], reason=entry["error"])  # fmt: skip
         return seq

@@ -23,6 +23,7 @@ from deltaforge.pipeline.messages import (
     TakeSnapshot,
 )
 from deltaforge.pipeline.reconciler import identity_key
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
@@ -92,7 +93,11 @@ class PipelineRunner:
             availability=Availability(config.name),
         )
         self.ctx.dlq = DeadLetterQueue(
-            config.name, config.journal, self.store.dead_letters, self.ctx.availability
+            config.name,
+            config.journal,
+            self.store.dead_letters,
+            self.ctx.availability,
+            PatientWrites(self.ctx),
         )
         if config.journal.enabled:
             self.source.dead_letters = self._source_dead_letter

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from deltaforge.pipeline.context import PipelineContext
 from supervision import Backoff
@@ -20,6 +21,8 @@ WAITED_FOR = (sqlite3.OperationalError, OSError)
 """What a store write fails with while its disk is full (or its file is locked, or briefly cannot
 be written). A damaged database (a ``sqlite3.DatabaseError`` that is not an ``OperationalError``)
 is not among them: retrying cannot mend it, and it is raised."""
+
+T = TypeVar("T")
 
 UNANSWERED_S = 30.0
 OUTAGE = "state_store"
@@ -34,7 +37,7 @@ class PatientWrites:
         sup = ctx.config.supervision
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
 
-    async def __call__(self, write: Callable[[], Awaitable[None]]) -> None:
+    async def __call__(self, write: Callable[[], Awaitable[T]]) -> T:
         availability, attempt = self.ctx.availability, 0
         timer = asyncio.get_running_loop().call_later(
             UNANSWERED_S,
@@ -43,7 +46,7 @@ class PatientWrites:
         try:
             while True:
                 try:
-                    await write()
+                    result = await write()
                     break
                 except WAITED_FOR as exc:
                     attempt += 1
@@ -52,3 +55,4 @@ class PatientWrites:
         finally:
             timer.cancel()
         availability.up(OUTAGE)
+        return result
