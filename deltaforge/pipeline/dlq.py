@@ -49,7 +49,7 @@ class DeadLetterQueue:
         config: JournalConfig,
         store: DeadLetterStore,
         availability: Availability,
-        patient: PatientWrites | None = None,
+        patient: PatientWrites,
     ) -> None:
         self.pipeline = pipeline
         self.enabled = config.enabled
@@ -67,8 +67,6 @@ class DeadLetterQueue:
         """Keep ``event``: its seq, or None when the ``reject`` policy dropped it. On a full disk,
         tried again until it holds (see storewait): its only write that counts is the last."""
         entry = self._entry(sink, event, error, attempts)
-        if self.patient is None:
-            return await self._put(sink, event, error, entry)
         return await self.patient(lambda: self._put(sink, event, error, entry))
 
     async def _put(self, sink: str, event: Event, error: PoisonEvent, entry: Entry) -> int | None:

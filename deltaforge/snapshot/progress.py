@@ -11,12 +11,14 @@ in (or the newest durable mark, once the checkpoints pass one).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from deltaforge.position import JsonValue, PositionDoc
 from deltaforge.state.checkpoints import CheckpointStore
+
+if TYPE_CHECKING:
+    from deltaforge.pipeline.storewait import PatientWrites
 
 
 @dataclass
@@ -71,14 +73,9 @@ def progress_key(source_id: str) -> str:
 class ProgressLog:
     """The stored base and marks of one source's snapshot (one record in the checkpoint store)."""
 
-    def __init__(
-        self,
-        store: CheckpointStore,
-        source_id: str,
-        write: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
-    ) -> None:
+    def __init__(self, store: CheckpointStore, source_id: str, patient: PatientWrites) -> None:
         self.store = store
-        self.write = write
+        self.patient = patient  # a full disk is waited out (storewait)
         self.key = progress_key(source_id)
         self.base: SnapshotState | None = None
         self.marks: list[tuple[tuple[int, ...], SnapshotState]] = []
@@ -150,7 +147,4 @@ class ProgressLog:
             "marks": [[list(o), s.to_doc()] for o, s in self.marks],
             "stream_from": self.stream_from,
         }
-        if self.write is None:
-            await self.store.put(self.key, doc)
-        else:  # the pipeline's: a full disk is waited out (storewait)
-            await self.write(lambda: self.store.put(self.key, doc))
+        await self.patient(lambda: self.store.put(self.key, doc))
