@@ -36,9 +36,6 @@ if TYPE_CHECKING:
     from deltaforge.pipeline.reconciler import FailoverReconciler
 
 
-RECONCILE_TIMEOUT = 120.0
-
-
 class SourceReader(Actor):
     """Pulls chunks from the :class:`Source` and tells them to the Accumulator.
 
@@ -112,7 +109,9 @@ class SourceReader(Actor):
         try:
             try:
                 if self.reconciler is not None:
-                    outcome = await self.reconciler.ask(Reconcile(resume), timeout=RECONCILE_TIMEOUT)
+                    # No timeout: the reconciler bounds what it asks the server, and its
+                    # store writes wait out a full disk.
+                    outcome = await self.reconciler.ask(Reconcile(resume), timeout=None)
                     if isinstance(outcome, Exception):
                         raise outcome
                 await ctx.source.open(resume)

@@ -16,6 +16,10 @@ reconnect), so no event flows from a server before it has been reconciled:
    stored, with a new failover generation: killed in between, the next start finds
    Changed again, redoes the same checks and rewrites the same records, so each is
    recorded once.
+
+The reader waits for the answer as long as it takes. What the server is asked is bounded here
+(``ANSWER_TIMEOUT_S``: a server that does not answer is unavailable, and waited for); the
+writes to the state store are not, since they wait out a full disk (``storewait.py``).
 """
 
 from __future__ import annotations
@@ -23,16 +27,24 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Literal, cast
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar, cast
+
+import anyio
 
 from actors import Actor, Ask, message
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.drift import HALT_MESSAGE, describe, schema_drift
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position, PositionDoc, as_int
 from deltaforge.sources.base import PositionLost, SourceMisconfigured, Undeterminable
 from supervision import Unavailable
 
 Outcome = Literal["none", "first_seen", "same", "changed"]
+T = TypeVar("T")
+
+ANSWER_TIMEOUT_S = 120.0
+"""How long the reconciler waits for the server to answer one of its questions."""
 
 
 def identity_key(source_id: str) -> str:
@@ -61,6 +73,7 @@ class FailoverReconciler(Actor):
     def __init__(self, ctx: PipelineContext) -> None:
         super().__init__()
         self.ctx = ctx
+        self.patient = PatientWrites(ctx)
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Reconcile):
@@ -84,7 +97,7 @@ class FailoverReconciler(Actor):
     async def _reconcile(self, resume: Position | None) -> Outcome:
         ctx, source = self.ctx, self.ctx.source
         try:
-            current = await source.identity()
+            current = await self._asked(source.identity())
         except Unavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - never halt on uncertainty
@@ -102,7 +115,7 @@ class FailoverReconciler(Actor):
         lost: Exception | None = None
         if resume is not None:
             try:
-                await source.reconcile(resume, known if outcome == "changed" else None)
+                await self._asked(source.reconcile(resume, known if outcome == "changed" else None))
             except Undeterminable as exc:
                 result, reason = "undeterminable", str(exc)
                 self.log.warning("position_undeterminable", source=source.id, reason=reason)
@@ -123,7 +136,7 @@ class FailoverReconciler(Actor):
             # before it, the next start finds Changed again; after it, Same with the new generation.
             generation = source.generation + (outcome == "changed")
             doc: PositionDoc = {"fields": dict(current), "generation": generation, "seen_at": time.time()}
-            await ctx.store.put(identity_key(source.id), doc)
+            await self.patient(lambda: ctx.store.put(identity_key(source.id), doc))
             ctx.identity, source.generation = current, generation
             self.log.info(
                 "identity_stored", source=source.id, identity=current, outcome=outcome, generation=generation
@@ -136,7 +149,7 @@ class FailoverReconciler(Actor):
         """Schema drift on the new server: recorded; the error to halt with under ``halt``."""
         source = self.ctx.source
         try:
-            drift = await schema_drift(self.ctx.store, source)
+            drift = await self._asked(schema_drift(self.ctx.store, source))
         except Unavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - never halt on uncertainty
@@ -178,9 +191,20 @@ class FailoverReconciler(Actor):
         key = record_key(self.ctx.source.id, previous, now)
         if kind == "schema_drift":
             key += "::drift"
-        await self.ctx.store.put(key, record)
+        await self.patient(lambda: self.ctx.store.put(key, record))
         records = [r for r in self.ctx.reconcile_records if r.get("key") != key]
         self.ctx.reconcile_records = [*records, {**record, "key": key}]
+
+    async def _asked(self, question: Awaitable[T]) -> T:
+        """``question`` to the source's server, answered within ANSWER_TIMEOUT_S or unavailable."""
+        try:
+            with anyio.fail_after(ANSWER_TIMEOUT_S):
+                return await question
+        except TimeoutError:
+            raise Unavailable(
+                f"source {self.ctx.source.id!r}: the server did not answer the reconciler "
+                f"within {ANSWER_TIMEOUT_S:g} s"
+            ) from None
 
 
 def _fields(doc: PositionDoc | None) -> dict[str, str] | None:
