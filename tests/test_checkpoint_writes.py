@@ -260,3 +260,40 @@ async def test_a_stop_without_a_drain_still_writes_what_was_delivered() -> None:
     await asyncio.wait_for(task, 10)
     assert len(a.received) == 100
     assert await stored(store) == 100
+
+
+async def test_a_store_that_cannot_be_created_on_a_full_disk_is_waited_for(tmp_path: Path) -> None:
+    """A start on a full disk: SQLite cannot create the store (or its WAL files). That is waited
+    for as its writes are, degraded with ``state_store`` listed, and the pipeline starts once the
+    disk takes writes; before, it failed at once ("cannot open the sqlite store")."""
+    a = ScriptedSink("a")
+    storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
+    cfg = config(sinks=[sink_doc("a")], batch={"max_events": 50}, storage=storage)
+    runner = PipelineRunner(cfg, sinks={"a": a}, source=SyntheticSource(200, chunk=50))
+    outages = runner.ctx.availability
+    with file_size_limit(0):
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+        assert outages.view()["state_store"]["last_error"].startswith("OperationalError: disk I/O error")
+        await wait_until(lambda: outages.view()["state_store"]["attempts"] > 3, what="the open tried again")
+        assert runner.state == "starting" and runner.degraded and a.received == []
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 200, what="everything committed")
+    assert not outages.degraded
+    await runner.drain()
+    await task
+    assert runner.state == "stopped" and a.received == list(range(1, 201))
+
+
+async def test_a_stop_while_the_store_waits_for_its_disk_ends_the_wait(tmp_path: Path) -> None:
+    """A drain asked while the store cannot be opened stops the pipeline then, not after the
+    backoff (here an hour, so a wait that ignored the stop would hang the test)."""
+    storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
+    hour = {"backoff": {"base_ms": 3_600_000, "max_ms": 3_600_000}}
+    runner = PipelineRunner(config(storage=storage, supervision=hour), source=SyntheticSource(10))
+    with file_size_limit(0):
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: "state_store" in runner.ctx.availability.view(), what="the store down")
+        await runner.drain()
+        with anyio.fail_after(30):  # a guard against a hang, not a timing goal
+            await task
+    assert runner.state == "stopped" and runner.failure is None

@@ -4,7 +4,8 @@ process's RLIMIT_FSIZE lowered to 0 from outside with prlimit: EFBIG, where a fu
 ENOSPC); a Redis sink, another process, keeps taking batches. Unavailable is not crashed:
 degraded meanwhile (the file sink and the state store listed), no actor restarted, recovered by
 itself once writes are allowed, nothing lost, Redis holding each change once; the log says how
-many lines it lost."""
+many lines it lost. Then serve is stopped and started again on the full disk: the state store
+cannot even be opened (SQLite cannot create its WAL files), which is waited for the same way."""
 
 from __future__ import annotations
 
@@ -40,6 +41,22 @@ def run(ctx: RunContext) -> None:
             resource.prlimit(pid, resource.RLIMIT_FSIZE, limits)
         ctx.expect("listed as down", sorted(down), ["sink:file", "state_store"])
         ctx.expect("actors restarted", _restarts(serve.get(f"/pipelines/{PIPELINE}/actors").json()), 0)
+        ctx.expect("serve exit code after the fault", serve.terminate(), 0)  # its store closed cleanly
+        started_at = time.monotonic()
+        serve = rig.launch(
+            lambda spawned: resource.prlimit(spawned.proc.pid, resource.RLIMIT_FSIZE, (0, limits[1]))
+        )
+        try:
+            wait_for(rig.degraded, 30, "/health degraded on a start on the full disk")
+            ctx.figures["start on the full disk: degraded after s"] = round(time.monotonic() - started_at, 1)
+            ctx.expect(
+                "listed as down at start", sorted(rig.health()["unavailable"][PIPELINE]), ["state_store"]
+            )
+            ctx.expect(
+                "pipeline state at start", serve.get(f"/pipelines/{PIPELINE}").json()["state"], "starting"
+            )
+        finally:
+            resource.prlimit(serve.proc.pid, resource.RLIMIT_FSIZE, limits)
         rig.verify()
         events = [orjson.loads(line) for line in (ctx.workdir / "log.jsonl").read_bytes().splitlines()
                   if line.startswith(b"{")]  # fmt: skip

@@ -180,12 +180,15 @@ class Rig:
         serve.wait_source_open(PIPELINE)  # no snapshot yet: rows written before that are not captured
         return serve
 
-    def launch(self) -> Serve:
-        """Start serve with the pipeline written by :meth:`start`; returns once its API answers."""
+    def launch(self, spawned: Callable[[Serve], None] | None = None) -> Serve:
+        """Start serve with the pipeline written by :meth:`start`; returns once its API answers.
+        ``spawned`` is called as soon as the process exists (long before it opens anything)."""
         cfg = self.ctx.workdir / f"{PIPELINE}.yaml"
         self.serve = Serve(
             self.ctx.workdir, "--config", str(cfg), "--log-file", str(self.ctx.workdir / "log.jsonl")
         )
+        if spawned is not None:
+            spawned(self.serve)
         self.serve.wait_api()
         return self.serve
 

@@ -23,7 +23,7 @@ from deltaforge.pipeline.messages import (
     TakeSnapshot,
 )
 from deltaforge.pipeline.reconciler import identity_key
-from deltaforge.pipeline.storewait import PatientWrites
+from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
@@ -106,6 +106,7 @@ class PipelineRunner:
         self.supervisor = self.tree.supervisor
         self.state = "starting"
         self._stop_asked = False
+        self._opening: asyncio.Task[None] | None = None
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
 
@@ -119,10 +120,11 @@ class PipelineRunner:
         structlog.contextvars.bind_contextvars(pipeline=self.name)
         assert self.ctx.dlq is not None
         try:
-            if self._own_store:
-                await self.store.open()
+            if self._own_store and not await self._open_store():
+                self.state = "stopped"  # asked to stop while the store's disk refused writes
+                return
             self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
-        except Exception as exc:  # the store is local: what stops it opening is not waited out
+        except Exception as exc:  # what retrying cannot mend (see _open_store)
             storage = self.config.storage
             self.log.error("store_open_failed", storage=storage.type, path=storage.path, exc_info=True)
             self._failed(f"spec.storage: cannot open the {storage.type} store at {storage.path}: {exc}")
@@ -145,6 +147,23 @@ class PipelineRunner:
             if self._own_store:
                 await self.store.close()
             self.log.info("pipeline_stopped", state=self.state, reason=self.failure)
+
+    async def _open_store(self) -> bool:
+        """Open the store; False if stopped first. A disk that refuses writes (a full disk at start)
+        is waited for as the store's writes are (``storewait.py``): ``degraded``, ``state_store``
+        listed with the error. A drain or stop ends the wait."""
+        opening = asyncio.create_task(PatientWrites(self.ctx, refused_write)(self.store.open))
+        self._opening = opening
+        try:
+            await opening
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stop_asked or (task is not None and task.cancelling()):
+                raise
+            return False
+        finally:
+            self._opening = None
+        return True
 
     def _failed(self, reason: str) -> None:
         self.state = "failed"
@@ -174,6 +193,8 @@ class PipelineRunner:
         if self.state not in ("running", "paused"):
             self._stop_asked = True  # before run() got going: it must not start the tree at all
             self.supervisor.request_stop()
+            if self._opening is not None:
+                self._opening.cancel()
             return
         self.state = "draining"
         tree = self.tree
@@ -195,6 +216,8 @@ class PipelineRunner:
         next start reads the rest again."""
         self._stop_asked = True
         self.supervisor.request_stop()
+        if self._opening is not None:
+            self._opening.cancel()
 
     async def _run_workload(self) -> None:
         assert self.workload is not None
@@ -213,8 +236,8 @@ class PipelineRunner:
 
     @property
     def degraded(self) -> bool:
-        """Running, but waiting for a source or sink that is down."""
-        return self.state == "running" and self.ctx.availability.degraded
+        """Running (or starting), but waiting for a source, a sink or the store's disk."""
+        return self.state in ("starting", "running") and self.ctx.availability.degraded
 
     def status(self) -> dict[str, Any]:
         return {

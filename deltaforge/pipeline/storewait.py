@@ -10,6 +10,7 @@ the store and the error.
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -24,6 +25,19 @@ is not among them: retrying cannot mend it, and it is raised."""
 
 T = TypeVar("T")
 
+
+def refused_write(exc: BaseException) -> bool:
+    """What a store that cannot even be opened fails with while its disk refuses writes (full,
+    over quota, past a file-size limit) or fails them: SQLite's "database or disk is full" and
+    "disk I/O error" (creating the WAL's shared-memory file, say), or the same from the OS. A path
+    that cannot be opened at all (a missing parent, a file where a folder should be) is not among
+    them: retrying cannot mend it."""
+    if isinstance(exc, sqlite3.OperationalError):
+        name = str(getattr(exc, "sqlite_errorname", ""))
+        return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
 UNANSWERED_S = 30.0
 OUTAGE = "state_store"
 """How the store is listed in ``/health`` while its writes fail."""
@@ -32,8 +46,11 @@ OUTAGE = "state_store"
 class PatientWrites:
     """Runs a store write until it holds (see the module): ``await patient(lambda: store.put(k, v))``."""
 
-    def __init__(self, ctx: PipelineContext) -> None:
+    def __init__(
+        self, ctx: PipelineContext, waits_for: Callable[[BaseException], bool] | None = None
+    ) -> None:
         self.ctx = ctx
+        self.waits_for = waits_for or (lambda exc: isinstance(exc, WAITED_FOR))
         sup = ctx.config.supervision
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
 
@@ -48,7 +65,9 @@ class PatientWrites:
                 try:
                     result = await write()
                     break
-                except WAITED_FOR as exc:
+                except Exception as exc:
+                    if not self.waits_for(exc):
+                        raise
                     attempt += 1
                     availability.down(OUTAGE, f"{type(exc).__name__}: {exc} (still trying)")
                     await self.ctx.clock.sleep(self.backoff.delay(min(attempt, 30), self.ctx.rng))
