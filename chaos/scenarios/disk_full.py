@@ -17,6 +17,7 @@ import orjson
 
 from chaos.runner import RunContext
 from chaos.scenarios.rig import PIPELINE, postgres_rig, wait_for
+from tests.serve_proc import Serve
 
 
 def run(ctx: RunContext) -> None:
@@ -43,9 +44,11 @@ def run(ctx: RunContext) -> None:
         ctx.expect("actors restarted", _restarts(serve.get(f"/pipelines/{PIPELINE}/actors").json()), 0)
         ctx.expect("serve exit code after the fault", serve.terminate(), 0)  # its store closed cleanly
         started_at = time.monotonic()
-        serve = rig.launch(
-            lambda spawned: resource.prlimit(spawned.proc.pid, resource.RLIMIT_FSIZE, (0, limits[1]))
-        )
+
+        def full_disk(spawned: Serve) -> None:  # long before serve opens its store
+            resource.prlimit(spawned.proc.pid, resource.RLIMIT_FSIZE, (0, limits[1]))
+
+        serve = rig.launch(full_disk)
         try:
             wait_for(rig.degraded, 30, "/health degraded on a start on the full disk")
             ctx.figures["start on the full disk: degraded after s"] = round(time.monotonic() - started_at, 1)
