@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from deltaforge.config import parse_pipeline
@@ -243,3 +245,37 @@ async def test_forgetting_a_pipelines_checkpoints_forgets_its_source_records_too
     await runner.forget_checkpoints()
     assert [await store.get(k) for k in keys] == [None, None, None]
     assert await store.get(other) == {"seq": 1}
+
+
+async def test_writers_sharing_the_sqlite_store_never_share_a_transaction(tmp_path: Path) -> None:
+    """A batch's checkpoints are written all or none, while other writers (the DLQ, schema
+    history) write to the same connection. Interleaved, a dead letter's COMMIT used to make the
+    first half of a failing checkpoint write durable, and the checkpoint write's ROLLBACK undid
+    dead letters already counted as kept (lost for good on a full disk)."""
+    store = SqliteCheckpointStore(tmp_path / "state.db")
+    await store.open()
+    keys = [f"src::sink::s{i}" for i in range(40)]
+    failing: dict[str, Any] = {k: {"seq": 1} for k in keys}
+    failing[keys[-1]] = {"seq": {1, 2}}  # cannot be encoded: the write fails at its last key
+    entry = {"pipeline": "p", "sink": "s0", "kind": "rejected", "at": 1.0, "position": {"seq": 7}}
+
+    async def checkpoints() -> None:
+        with pytest.raises(TypeError):
+            await store.put_many(failing)
+
+    async def dead_letters() -> None:
+        for _ in range(20):
+            await store.dead_letters.add(entry)
+            await store.record_schema("src", "db.t", [{"name": "id", "type": "int"}], {"seq": 7})
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(checkpoints)
+        tg.start_soon(dead_letters)
+    assert await store.get_many(keys) == {}  # none of the failed write
+    assert len(await store.dead_letters.select("p")) == 20  # every entry counted as kept
+    assert len(await store.schema_history("src", "db.t")) == 20
+    await store.close()
+    reopened = SqliteCheckpointStore(tmp_path / "state.db")  # and so on disk
+    await reopened.open()
+    assert await reopened.get_many(keys) == {} and len(await reopened.dead_letters.select("p")) == 20
+    await reopened.close()

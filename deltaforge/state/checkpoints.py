@@ -27,6 +27,7 @@ import orjson
 from deltaforge.position import PositionDoc
 from deltaforge.state.deadletters import SCHEMA as DEAD_LETTERS_SCHEMA
 from deltaforge.state.deadletters import DeadLetterStore, MemoryDeadLetters, SqliteDeadLetters
+from deltaforge.state.sqlitewrites import SerialWrites
 
 HISTORY = 200  # versions kept per key
 
@@ -232,6 +233,8 @@ CREATE TABLE IF NOT EXISTS schemas (
 class _SqliteSchemas:
     """Schema history rows of the SQLite store (mixed into it)."""
 
+    _writes: SerialWrites
+
     @property
     def db(self) -> aiosqlite.Connection:
         raise NotImplementedError
@@ -239,11 +242,11 @@ class _SqliteSchemas:
     async def record_schema(
         self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
     ) -> None:
-        await self.db.execute(
-            "INSERT INTO schemas(source_id, tbl, columns, position, recorded_at) VALUES (?, ?, ?, ?, ?)",
-            (source_id, table, orjson.dumps(columns), orjson.dumps(position), time.time()),
-        )
-        await self.db.commit()
+        async with self._writes.transaction() as db:
+            await db.execute(
+                "INSERT INTO schemas(source_id, tbl, columns, position, recorded_at) VALUES (?, ?, ?, ?, ?)",
+                (source_id, table, orjson.dumps(columns), orjson.dumps(position), time.time()),
+            )
 
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         async with self.db.execute(
@@ -291,7 +294,8 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._db: aiosqlite.Connection | None = None
-        self._dead = SqliteDeadLetters(lambda: self.db)
+        self._writes = SerialWrites(lambda: self.db)
+        self._dead = SqliteDeadLetters(self._writes)
 
     @property
     def dead_letters(self) -> SqliteDeadLetters:
@@ -325,9 +329,9 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
 
     async def delete_keys(self, keys: list[str]) -> None:
         marks = ",".join("?" * len(keys))
-        await self.db.execute(f"DELETE FROM checkpoints WHERE key IN ({marks})", keys)
-        await self.db.execute(f"DELETE FROM checkpoint_versions WHERE key IN ({marks})", keys)
-        await self.db.commit()
+        async with self._writes.transaction() as db:
+            await db.execute(f"DELETE FROM checkpoints WHERE key IN ({marks})", keys)
+            await db.execute(f"DELETE FROM checkpoint_versions WHERE key IN ({marks})", keys)
 
     async def get_many(self, keys: list[str]) -> dict[str, PositionDoc]:
         if not keys:
@@ -338,8 +342,7 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
 
     async def put_many(self, values: dict[str, PositionDoc]) -> None:
         now = time.time()
-        db = self.db
-        try:
+        async with self._writes.transaction() as db:
             for key, value in values.items():
                 blob = orjson.dumps(value)
                 async with db.execute("SELECT version FROM checkpoints WHERE key = ?", (key,)) as cur:
@@ -360,10 +363,6 @@ class SqliteCheckpointStore(_SqliteSchemas, CheckpointStore):
                         "DELETE FROM checkpoint_versions WHERE key = ? AND version <= ?",
                         (key, version - HISTORY),
                     )
-            await db.commit()
-        except BaseException:
-            await db.rollback()
-            raise
 
     async def list_all(self) -> dict[str, tuple[int, float, PositionDoc]]:
         async with self.db.execute(

@@ -11,10 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 import orjson
+
+if TYPE_CHECKING:
+    from deltaforge.state.sqlitewrites import SerialWrites
 
 Entry = dict[str, Any]
 
@@ -103,16 +105,15 @@ class MemoryDeadLetters(DeadLetterStore):
 class SqliteDeadLetters(DeadLetterStore):
     """A table in the checkpoint store's SQLite file, written with its durability."""
 
-    def __init__(self, db: Callable[[], aiosqlite.Connection]) -> None:
-        self._db = db
+    def __init__(self, writes: SerialWrites) -> None:
+        self._writes = writes
 
     async def add(self, entry: Entry) -> int:
-        db = self._db()
-        cur = await db.execute(
-            "INSERT INTO dead_letters(pipeline, sink, kind, at, doc) VALUES (?, ?, ?, ?, ?)",
-            (entry["pipeline"], entry["sink"], entry["kind"], entry["at"], orjson.dumps(entry)),
-        )
-        await db.commit()
+        async with self._writes.transaction() as db:
+            cur = await db.execute(
+                "INSERT INTO dead_letters(pipeline, sink, kind, at, doc) VALUES (?, ?, ?, ?, ?)",
+                (entry["pipeline"], entry["sink"], entry["kind"], entry["at"], orjson.dumps(entry)),
+            )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
@@ -129,7 +130,7 @@ class SqliteDeadLetters(DeadLetterStore):
         sql += " ORDER BY seq"
         if which.limit is not None:
             sql += f" LIMIT {int(which.limit)}"
-        async with self._db().execute(sql, args) as cur:
+        async with self._writes.db.execute(sql, args) as cur:
             return [{**orjson.loads(doc), "seq": seq} for seq, doc in await cur.fetchall()]
 
     async def count(self, pipeline: str, sink: str | None = None) -> int:
@@ -137,17 +138,16 @@ class SqliteDeadLetters(DeadLetterStore):
         if sink is not None:
             sql += " AND sink = ?"
             args.append(sink)
-        async with self._db().execute(sql, args) as cur:
+        async with self._writes.db.execute(sql, args) as cur:
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 
     async def delete(self, pipeline: str, seqs: list[int]) -> int:
         if not seqs:
             return 0
-        db = self._db()
-        cur = await db.execute(
-            f"DELETE FROM dead_letters WHERE pipeline = ? AND seq IN ({','.join('?' * len(seqs))})",
-            [pipeline, *seqs],
-        )
-        await db.commit()
+        async with self._writes.transaction() as db:
+            cur = await db.execute(
+                f"DELETE FROM dead_letters WHERE pipeline = ? AND seq IN ({','.join('?' * len(seqs))})",
+                [pipeline, *seqs],
+            )
         return int(cur.rowcount)
