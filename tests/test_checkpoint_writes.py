@@ -11,7 +11,9 @@ from typing import Any
 
 import anyio
 
+from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.pipeline.tree import deliver_buffered
 from deltaforge.position import PositionDoc
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
@@ -297,3 +299,32 @@ async def test_a_stop_while_the_store_waits_for_its_disk_ends_the_wait(tmp_path:
         with anyio.fail_after(30):  # a guard against a hang, not a timing goal
             await task
     assert runner.state == "stopped" and runner.failure is None
+
+
+async def test_the_store_is_listed_as_down_until_every_writer_that_failed_gets_through() -> None:
+    """The committer, the reader, the DLQ and the reconciler all write to the store. One writer's
+    success while another's write still fails is not the store's recovery: it stays listed (it
+    used to be cleared, and listed again at the other's next failure, with a new ``since``)."""
+    ctx = PipelineContext(config(), MemoryCheckpointStore(), SyntheticSource(1), {})
+    outages = ctx.availability
+    full, tried, through = {"a": True, "b": True}, {"a": 0, "b": 0}, []
+
+    async def writer(who: str) -> None:
+        async def write() -> None:
+            tried[who] += 1
+            if full[who]:
+                raise OSError(28, "No space left on device")
+
+        await PatientWrites(ctx)(write)
+        through.append(who)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer, "a")
+        tg.start_soon(writer, "b")
+        await wait_until(lambda: min(tried.values()) > 2, what="both writers refused")
+        since = outages.view()["state_store"]["since"]
+        full["b"] = False
+        await wait_until(lambda: through == ["b"], what="b's write through")
+        assert outages.view()["state_store"]["since"] == since  # a still waits: the same outage
+        full["a"] = False
+    assert through == ["b", "a"] and not outages.degraded

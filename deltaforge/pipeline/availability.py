@@ -37,10 +37,15 @@ class Availability:
 
     def __init__(self, pipeline: str = "pipeline") -> None:
         self._down: dict[str, Outage] = {}
+        self._failing: dict[str, set[object]] = {}
+        """Who is still failing, for what several callers reach (the state store's writers)."""
         self.log = structlog.get_logger().bind(pipeline=pipeline, actor="Availability")
 
-    def down(self, what: str, error: BaseException | str) -> None:
-        """``what`` failed to respond (again); the first call starts its outage."""
+    def down(self, what: str, error: BaseException | str, by: object | None = None) -> None:
+        """``what`` failed to respond (again); the first call starts its outage. ``by``: the
+        caller, when several reach ``what`` (see :meth:`up`)."""
+        if by is not None:
+            self._failing.setdefault(what, set()).add(by)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         outage = self._down.get(what)
         if outage is None:
@@ -50,8 +55,12 @@ class Availability:
             outage.last_error = text
             outage.attempts += 1
 
-    def up(self, what: str) -> None:
-        """``what`` responds again."""
+    def up(self, what: str, by: object | None = None) -> None:
+        """``what`` responds again; to ``by``, that is: while another caller that reported it down
+        still fails, the outage goes on (one writer's success is not the store's recovery)."""
+        self.forget(what, by)
+        if self._failing.get(what):
+            return
         outage = self._down.pop(what, None)
         if outage is not None:
             self.log.info(
@@ -60,6 +69,14 @@ class Availability:
                 down_s=round(time.time() - outage.since, 3),
                 attempts=outage.attempts,
             )
+
+    def forget(self, what: str, by: object | None) -> None:
+        """``by`` stopped trying (cancelled): the outage stays until someone reaches ``what``."""
+        failing = self._failing.get(what)
+        if failing is not None:
+            failing.discard(by)
+            if not failing:
+                del self._failing[what]
 
     @property
     def degraded(self) -> bool:

@@ -55,10 +55,12 @@ class PatientWrites:
         self.backoff = Backoff(sup.backoff_base_ms / 1000, sup.backoff_max_ms / 1000)
 
     async def __call__(self, write: Callable[[], Awaitable[T]]) -> T:
-        availability, attempt = self.ctx.availability, 0
+        availability, attempt, me = self.ctx.availability, 0, object()  # one caller among the writers
         timer = asyncio.get_running_loop().call_later(
             UNANSWERED_S,
-            lambda: availability.down(OUTAGE, f"a write unanswered for {UNANSWERED_S:g} s (still trying)"),
+            lambda: availability.down(
+                OUTAGE, f"a write unanswered for {UNANSWERED_S:g} s (still trying)", me
+            ),
         )
         try:
             while True:
@@ -69,9 +71,10 @@ class PatientWrites:
                     if not self.waits_for(exc):
                         raise
                     attempt += 1
-                    availability.down(OUTAGE, f"{type(exc).__name__}: {exc} (still trying)")
+                    availability.down(OUTAGE, f"{type(exc).__name__}: {exc} (still trying)", me)
                     await self.ctx.clock.sleep(self.backoff.delay(min(attempt, 30), self.ctx.rng))
         finally:
             timer.cancel()
-        availability.up(OUTAGE)
+            availability.forget(OUTAGE, me)  # raised or cancelled: no longer failing, not recovered
+        availability.up(OUTAGE, me)
         return result
