@@ -11,6 +11,7 @@ crash leaves either all of a batch's checkpoints or none of them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import tempfile
@@ -122,8 +123,13 @@ class MemoryCheckpointStore(CheckpointStore):
         self, source_id: str, table: str, columns: list[dict[str, Any]], position: PositionDoc
     ) -> None:
         hist = self._schemas.setdefault(f"{source_id}::{table}", [])
-        hist.append({"columns": columns, "position": position, "recorded_at": time.time()})
-        await self._persist()
+        record = {"columns": columns, "position": position, "recorded_at": time.time()}
+        hist.append(record)
+        try:
+            await self._persist()
+        except BaseException:
+            _forget(hist, record)  # not kept: a retry must not record it twice
+            raise
 
     async def schema_history(self, source_id: str, table: str) -> list[dict[str, Any]]:
         return list(self._schemas.get(f"{source_id}::{table}", []))
@@ -166,12 +172,21 @@ class MemoryCheckpointStore(CheckpointStore):
         raise KeyError(f"checkpoint {key!r} has no version {version}")
 
 
+def _forget(items: list[Any], item: object) -> None:
+    """Take ``item`` itself (not an equal one) out of ``items``, if it is still there."""
+    for i, x in enumerate(items):
+        if x is item:
+            del items[i]
+            return
+
+
 class FileCheckpointStore(MemoryCheckpointStore):
     """A JSON file rewritten atomically (temp file, fsync, rename, fsync dir)."""
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = Path(path)
+        self._writing = asyncio.Lock()
 
     async def open(self) -> None:
         if self.path.exists():
@@ -182,6 +197,13 @@ class FileCheckpointStore(MemoryCheckpointStore):
             self._dead.entries, self._dead.next_seq = dlq.get("entries", []), dlq.get("next_seq", 1)
 
     async def _persist(self) -> None:
+        # One rewrite at a time, of the state as it is when its turn comes. Side by side, two
+        # writers' rewrites could land in the other order: the older snapshot replaced the newer
+        # one, and a write already reported durable was gone from the file.
+        async with self._writing:
+            await self._rewrite()
+
+    async def _rewrite(self) -> None:
         checkpoints = {
             k: [
                 {

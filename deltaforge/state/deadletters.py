@@ -79,8 +79,14 @@ class MemoryDeadLetters(DeadLetterStore):
 
     async def add(self, entry: Entry) -> int:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        self.entries.append({**entry, "seq": seq})
-        await self._saved()
+        kept = {**entry, "seq": seq}
+        self.entries.append(kept)
+        try:
+            await self._saved()
+        except BaseException:
+            # Not kept (the file store could not write it): a retry must not keep it twice.
+            self.entries = [e for e in self.entries if e is not kept]
+            raise
         return seq
 
     async def select(self, pipeline: str, which: Select = Select()) -> list[Entry]:
