@@ -16,9 +16,9 @@ from deltaforge.api import build_app
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import PoisonEvent
-from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
+from deltaforge.state.checkpoints import MemoryCheckpointStore, SqliteCheckpointStore, sink_key
 from tests.helpers import file_size_limit, restarts, wait_until
-from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+from tests.kit import ScriptedSink, SyntheticSource, config, make_event, sink_doc
 from tests.test_metrics import scrape, value
 
 
@@ -196,3 +196,21 @@ async def test_without_the_journal_a_poison_event_halts_naming_it() -> None:
     )
     assert "spec.journal.enabled" in runner.failure
     assert max(sink.received) < 1_234 or 1_234 not in sink.received
+
+
+@pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
+async def test_sinks_putting_dead_letters_at_once_keep_the_bound(tmp_path: Path, policy: str) -> None:
+    """Two sinks' workers put dead letters at the same moment: the bound is checked and the entry
+    added as one step, so ``max_entries`` holds (each saw room and both added, before)."""
+    store = SqliteCheckpointStore(tmp_path / "state.db")
+    await store.open()
+    runner = PipelineRunner(config(journal=journal(max_entries=2, policy=policy)), store=store,
+                            source=SyntheticSource(1))  # fmt: skip
+    dlq = runner.ctx.dlq
+    assert dlq is not None
+    poison = PoisonEvent("row violates a constraint", "rejected")
+    kept = await asyncio.gather(*(dlq.put(f"s{i}", make_event(i), poison, 1) for i in range(6)))
+    assert await store.dead_letters.count("t") == 2
+    if policy == "reject":
+        assert sum(seq is not None for seq in kept) == 2 and dlq.rejected == 4
+    await store.close()

@@ -61,13 +61,20 @@ class DeadLetterQueue:
         self.added = self.rejected = self.dropped = self.replayed = 0
         self.entries = 0  # as last counted: what the metrics show
         self._space = asyncio.Event()
+        self._putting = asyncio.Lock()
         self.log = structlog.get_logger().bind(pipeline=pipeline, actor="DeadLetterQueue")
 
     async def put(self, sink: str, event: Event, error: PoisonEvent, attempts: int) -> int | None:
         """Keep ``event``: its seq, or None when the ``reject`` policy dropped it. On a full disk,
         tried again until it holds (see storewait): its only write that counts is the last."""
         entry = self._entry(sink, event, error, attempts)
-        return await self.patient(lambda: self._put(sink, event, error, entry))
+        return await self.patient(lambda: self._put_alone(sink, event, error, entry))
+
+    async def _put_alone(self, sink: str, event: Event, error: PoisonEvent, entry: Entry) -> int | None:
+        # One put at a time: the bound is counted and the entry added as one step. Side by side,
+        # every sink's worker saw room and added (6 entries kept under max_entries 2).
+        async with self._putting:
+            return await self._put(sink, event, error, entry)
 
     async def _put(self, sink: str, event: Event, error: PoisonEvent, entry: Entry) -> int | None:
         await self._expire()
