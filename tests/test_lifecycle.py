@@ -177,3 +177,19 @@ async def test_a_paused_pipeline_stays_paused_when_its_tree_restarts() -> None:
     await wait_until(lambda: runner.ctx.stats.events_read > read, what="reading again")
     await runner.drain()
     await task
+
+
+async def test_pipelines_created_at_once_all_come_back_after_a_restart(tmp_path: Path) -> None:
+    """Each create rewrites the registry file; side by side, two rewrites could land in the other
+    order and a pipeline already created (201) was not there after ``serve`` started again."""
+    import anyio
+
+    from deltaforge.service.registry import PipelineRegistry
+
+    for round in range(5):
+        path = tmp_path / f"pipelines-{round}.json"
+        registry, names = PipelineRegistry(path), [f"p{i}" for i in range(40)]
+        async with anyio.create_task_group() as tg:
+            for name in names:  # a pipeline's document is about a kilobyte
+                tg.start_soon(registry.put, name, {"metadata": {"name": name}, "spec": {"x": "y" * 1000}})
+        assert sorted(PipelineRegistry(path).load()) == sorted(names)

@@ -7,6 +7,7 @@ given, ``${VAR}`` references unexpanded, so no secret from the environment is st
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ class PipelineRegistry:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.docs: dict[str, dict[str, Any]] = {}
+        self._saving = asyncio.Lock()
 
     def load(self) -> dict[str, dict[str, Any]]:
         if self.path.exists():
@@ -37,4 +39,7 @@ class PipelineRegistry:
             await self._save()
 
     async def _save(self) -> None:
-        await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(self.docs))
+        # One rewrite at a time, of the documents as they are when its turn comes: side by side,
+        # two rewrites could land in the other order and drop a pipeline already created.
+        async with self._saving:
+            await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(self.docs))
