@@ -193,3 +193,37 @@ async def test_pipelines_created_at_once_all_come_back_after_a_restart(tmp_path:
             for name in names:  # a pipeline's document is about a kilobyte
                 tg.start_soon(registry.put, name, {"metadata": {"name": name}, "spec": {"x": "y" * 1000}})
         assert sorted(PipelineRegistry(path).load()) == sorted(names)
+
+
+async def test_two_creates_of_one_name_at_once_start_one_pipeline(tmp_path: Path) -> None:
+    """A client that sends its create twice (a retry after a timeout) gets one pipeline and one
+    ``exists``; both used to see the name free, and both started a runner: two pipelines on one
+    source and one set of checkpoints, the first left running where no request could reach it."""
+    import asyncio
+
+    import pytest
+
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.service.manager import LifecycleError, PipelineManager
+    from deltaforge.service.registry import PipelineRegistry
+
+    manager = PipelineManager(PipelineRegistry(tmp_path / "pipelines.json"), PipelineRunner, env={})
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "twice"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp_path / "app.db")}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+            "storage": {"type": "memory"},
+        },
+    }
+    results = await asyncio.gather(manager.create(doc), manager.create(doc), return_exceptions=True)
+    created = [r for r in results if isinstance(r, PipelineRunner)]
+    refused = [r for r in results if isinstance(r, LifecycleError)]
+    assert len(created) == 1 and [e.code for e in refused] == ["exists"]
+    assert manager.pipelines["twice"] is created[0]
+    with pytest.raises(LifecycleError, match="exists"):
+        await manager.create(doc)
+    await manager.drain_all()
+    assert all(t.done() for t in manager.tasks.values())

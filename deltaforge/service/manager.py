@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,6 +67,9 @@ class PipelineManager:
         self.pipelines: dict[str, PipelineRunner] = {}
         self.docs: dict[str, dict[str, Any]] = {}  # pipelines created over REST: their documents
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        # One change at a time per name: two creates of one name both saw it free and both
+        # started a runner (one left running, unmanaged), a delete during a patch lost its runner.
+        self._changing: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.log = structlog.get_logger().bind(actor="PipelineManager")
 
     # -- start-up and shutdown --------------------------------------------------------------
@@ -121,67 +125,77 @@ class PipelineManager:
 
     async def create(self, doc: Any) -> PipelineRunner:
         config = self._parse(doc, "request")
-        if config.name in self.pipelines:
-            raise LifecycleError("exists", f"a pipeline named {config.name!r} exists already")
-        await self.registry.put(config.name, doc)
-        self.docs[config.name] = doc
-        self.pipelines[config.name] = self.make_runner(config)
-        self._start(config.name)
-        self.log.info("pipeline_created", pipeline=config.name)
-        return self.pipelines[config.name]
+        async with self._changing[config.name]:
+            if config.name in self.pipelines:
+                raise LifecycleError("exists", f"a pipeline named {config.name!r} exists already")
+            await self.registry.put(config.name, doc)
+            self.docs[config.name] = doc
+            self.pipelines[config.name] = self.make_runner(config)
+            self._start(config.name)
+            self.log.info("pipeline_created", pipeline=config.name)
+            return self.pipelines[config.name]
 
     async def pause(self, name: str) -> PipelineRunner:
-        runner = self._runner(name)
-        try:
-            await runner.pause()
-        except BadState as exc:
-            raise LifecycleError("bad_state", str(exc)) from None
-        return runner
+        async with self._changing[name]:
+            runner = self._runner(name)
+            try:
+                await runner.pause()
+            except BadState as exc:
+                raise LifecycleError("bad_state", str(exc)) from None
+            return runner
 
     async def resume(self, name: str) -> PipelineRunner:
-        runner = self._runner(name)
-        if runner.state == "paused":
-            await runner.resume()
-            return runner
-        if runner.state in ("stopped", "failed"):
-            return await self._restart(name, runner.config)
-        raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state}, not paused or stopped")
+        async with self._changing[name]:
+            runner = self._runner(name)
+            if runner.state == "paused":
+                await runner.resume()
+                return runner
+            if runner.state in ("stopped", "failed"):
+                return await self._restart(name, runner.config)
+            raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state}, not paused or stopped")
 
     async def stop(self, name: str) -> PipelineRunner:
-        runner = self._runner(name)
-        if runner.state not in ("running", "paused", "starting"):
-            raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state} already")
-        await self._stop(name)
-        self.log.info("pipeline_stopped_by_request", pipeline=name)
-        return runner
+        async with self._changing[name]:
+            runner = self._runner(name)
+            if runner.state not in ("running", "paused", "starting"):
+                raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state} already")
+            await self._stop(name)
+            self.log.info("pipeline_stopped_by_request", pipeline=name)
+            return runner
 
     async def patch(self, name: str, change: Any) -> PipelineRunner:
-        self._runner(name)
-        doc = self.docs.get(name)
-        if doc is None:
-            raise LifecycleError("read_only", f"pipeline {name!r} comes from a config file: edit the file")
-        if not isinstance(change, dict):
-            raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
-        merged = merge(doc, change)
-        config = self._parse(merged, "patched document")
-        if config.name != name:
-            raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
-        await self.registry.put(name, merged)
-        self.docs[name] = merged
-        self.log.info("pipeline_patched", pipeline=name)
-        return await self._restart(name, config)
+        async with self._changing[name]:
+            self._runner(name)
+            doc = self.docs.get(name)
+            if doc is None:
+                raise LifecycleError(
+                    "read_only", f"pipeline {name!r} comes from a config file: edit the file"
+                )
+            if not isinstance(change, dict):
+                raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
+            merged = merge(doc, change)
+            config = self._parse(merged, "patched document")
+            if config.name != name:
+                raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
+            await self.registry.put(name, merged)
+            self.docs[name] = merged
+            self.log.info("pipeline_patched", pipeline=name)
+            return await self._restart(name, config)
 
     async def delete(self, name: str, keep_checkpoints: bool = True) -> None:
-        runner = self._runner(name)
-        if name not in self.docs:
-            raise LifecycleError("read_only", f"pipeline {name!r} comes from a config file: remove it there")
-        await self._stop(name)
-        if not keep_checkpoints:
-            await runner.forget_checkpoints()
-        await self.registry.delete(name)
-        del self.docs[name], self.pipelines[name]
-        self.tasks.pop(name, None)
-        self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
+        async with self._changing[name]:
+            runner = self._runner(name)
+            if name not in self.docs:
+                raise LifecycleError(
+                    "read_only", f"pipeline {name!r} comes from a config file: remove it there"
+                )
+            await self._stop(name)
+            if not keep_checkpoints:
+                await runner.forget_checkpoints()
+            await self.registry.delete(name)
+            del self.docs[name], self.pipelines[name]
+            self.tasks.pop(name, None)
+            self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
 
     async def _stop(self, name: str) -> None:
         runner = self.pipelines[name]
