@@ -214,3 +214,20 @@ async def test_sinks_putting_dead_letters_at_once_keep_the_bound(tmp_path: Path,
     if policy == "reject":
         assert sum(seq is not None for seq in kept) == 2 and dlq.rejected == 4
     await store.close()
+
+
+async def test_a_replay_sent_twice_at_once_delivers_the_entry_once(api: Any) -> None:
+    """Both requests took the same entries and both delivered them before either acked them;
+    now the second finds them gone."""
+    sink, store = ScriptedSink("a", script=refusing({700})), MemoryCheckpointStore()
+    runner = await run(sink, 1_000, store, journal=journal())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 1_000, what="every batch committed")
+    client = api(runner)
+    [entry] = (await client.get("/pipelines/t/journal/dlq")).json()
+    sink.script = None  # the target is fixed
+    replays = await asyncio.gather(
+        *(client.post("/pipelines/t/journal/dlq/replay", json={"seqs": [entry["seq"]]}) for _ in range(2))
+    )
+    assert sorted(r.json()["replayed"] for r in replays) == [0, 1]
+    assert sink.received.count(700) == 1
+    await finish(runner)

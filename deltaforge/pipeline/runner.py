@@ -107,6 +107,7 @@ class PipelineRunner:
         self.state = "starting"
         self._stop_asked = False
         self._opening: asyncio.Task[None] | None = None
+        self._replaying = asyncio.Lock()
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
 
@@ -317,6 +318,10 @@ class PipelineRunner:
     async def replay_dead_letters(self, which: Select) -> int:
         """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only
         once its sink holds it. Raises :class:`ReplayFailed` saying why when a sink refuses."""
+        async with self._replaying:  # a replay sent twice at once would deliver each entry twice
+            return await self._replay(which)
+
+    async def _replay(self, which: Select) -> int:
         dlq = self.ctx.dlq
         assert dlq is not None
         total = 0
