@@ -107,3 +107,50 @@ async def test_a_database_nobody_writes_is_snapshotted_whole(tmp_path: Path) -> 
     await task
     check_handoff(out, table_state(db), crashes=False)
     assert snapshot_rows_in(out) == 1000  # each row once
+
+
+class RefusingProgress(MemoryCheckpointStore):
+    """Refuses every write of snapshot progress while ``full`` (as a full disk would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = True
+        self.refused = 0
+
+    async def put_many(self, values: dict[str, Any]) -> None:
+        if self.full and any(k.endswith("::snapshot") for k in values):
+            self.refused += 1
+            raise OSError(28, "No space left on device")
+        await super().put_many(values)
+
+
+async def test_snapshot_progress_met_on_a_full_disk_is_waited_for_and_the_snapshot_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Snapshot progress is written beside the checkpoints: a write the disk refuses is tried
+    again (degraded, ``state_store`` listed, nothing restarted), and the snapshot goes on once it
+    holds, each row once."""
+    from tests.helpers import restarts
+
+    db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
+    existing_rows(db, 1000)
+    d = doc(source_path=str(db), sinks=[{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            batch={"max_events": 100, "max_ms": 20})  # fmt: skip
+    d["spec"]["source"]["config"].update(
+        {"tables": ["items"], "snapshot": {"mode": "initial", "chunk_size": 100}}
+    )
+    store = RefusingProgress()
+    runner = PipelineRunner(parse_pipeline(d, env={}), store=store)
+    outages = runner.ctx.availability
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: "state_store" in outages.view(), what="the store listed as down")
+    await wait_until(lambda: store.refused > 3, what="the progress write tried again")
+    assert runner.state == "running"
+    store.full = False
+    await wait_until(lambda: bool(runner.ctx.snapshot.finished), timeout=60, what="snapshot finished")
+    assert not outages.degraded
+    await runner.drain()
+    await task
+    assert snapshot_rows_in(out) == 1000  # each row once
+    check_handoff(out, table_state(db), crashes=False)
+    assert restarts(runner.snapshot()) == 0
