@@ -227,3 +227,44 @@ async def test_two_creates_of_one_name_at_once_start_one_pipeline(tmp_path: Path
         await manager.create(doc)
     await manager.drain_all()
     assert all(t.done() for t in manager.tasks.values())
+
+
+async def test_a_shutdown_during_a_patch_drains_the_patched_pipeline_and_starts_none_after(
+    tmp_path: Path,
+) -> None:
+    """serve's shutdown waits for a patch's restart and drains the pipeline it started; before,
+    the restart could start the patched pipeline after the drain had passed it (left running past
+    the end of serve, or the shutdown waiting on it for ever). Nothing starts once it began."""
+    import asyncio
+
+    import anyio
+    import pytest
+
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.service.manager import LifecycleError, PipelineManager
+    from deltaforge.service.registry import PipelineRegistry
+    from tests.helpers import wait_until
+
+    manager = PipelineManager(PipelineRegistry(tmp_path / "pipelines.json"), PipelineRunner, env={})
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "p"},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp_path / "app.db")}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+            "storage": {"type": "memory"},
+        },
+    }
+    first = await manager.create(doc)
+    await wait_until(lambda: first.state == "running", what="the pipeline running")
+    patch = asyncio.create_task(manager.patch("p", {"spec": {"batch": {"max_events": 50}}}))
+    await wait_until(lambda: manager._changing["p"].locked(), what="the patch under way")
+    with anyio.fail_after(60):  # a guard against the old hang, not a timing goal
+        await manager.drain_all()
+        patched = await patch
+    assert patched is manager.pipelines["p"] and patched is not first
+    assert patched.state == "stopped" and all(t.done() for t in manager.tasks.values())
+    with pytest.raises(LifecycleError, match="shutting down"):
+        await manager.create({**doc, "metadata": {"name": "late"}})
+    assert "late" not in manager.pipelines

@@ -70,6 +70,7 @@ class PipelineManager:
         # One change at a time per name: two creates of one name both saw it free and both
         # started a runner (one left running, unmanaged), a delete during a patch lost its runner.
         self._changing: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._closing = False
         self.log = structlog.get_logger().bind(actor="PipelineManager")
 
     # -- start-up and shutdown --------------------------------------------------------------
@@ -96,8 +97,19 @@ class PipelineManager:
             self._start(name)
 
     async def drain_all(self) -> None:
-        await asyncio.gather(*(r.drain() for r in self.pipelines.values()))
+        """Drain every pipeline, each after a change in progress (a patch's restart) is done; no
+        change starts a pipeline after this began (it would run past the end of serve)."""
+        self._closing = True
+        await asyncio.gather(*(self._drain(name) for name in list(self.pipelines)))
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    async def _drain(self, name: str) -> None:
+        async with self._changing[name]:
+            await self.pipelines[name].drain()
+
+    def _open_for_changes(self) -> None:
+        if self._closing:
+            raise LifecycleError("bad_state", "serve is shutting down: no pipeline starts now")
 
     def stop_all_now(self) -> None:
         """Every pipeline stops at once, without draining (see :meth:`PipelineRunner.stop_now`)."""
@@ -126,6 +138,7 @@ class PipelineManager:
     async def create(self, doc: Any) -> PipelineRunner:
         config = self._parse(doc, "request")
         async with self._changing[config.name]:
+            self._open_for_changes()
             if config.name in self.pipelines:
                 raise LifecycleError("exists", f"a pipeline named {config.name!r} exists already")
             await self.registry.put(config.name, doc)
@@ -151,6 +164,7 @@ class PipelineManager:
                 await runner.resume()
                 return runner
             if runner.state in ("stopped", "failed"):
+                self._open_for_changes()
                 return await self._restart(name, runner.config)
             raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state}, not paused or stopped")
 
@@ -166,6 +180,7 @@ class PipelineManager:
     async def patch(self, name: str, change: Any) -> PipelineRunner:
         async with self._changing[name]:
             self._runner(name)
+            self._open_for_changes()
             doc = self.docs.get(name)
             if doc is None:
                 raise LifecycleError(
