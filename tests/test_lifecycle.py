@@ -4,6 +4,7 @@ row exactly once, and a pipeline created over REST comes back after serve restar
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -268,3 +269,62 @@ async def test_a_shutdown_during_a_patch_drains_the_patched_pipeline_and_starts_
     with pytest.raises(LifecycleError, match="shutting down"):
         await manager.create({**doc, "metadata": {"name": "late"}})
     assert "late" not in manager.pipelines
+
+
+class GateClock:
+    """A clock whose sleeps (the supervisor's backoff) wait until the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.sleeping = 0
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping += 1
+        await self.gate.wait()
+
+
+async def test_a_pipeline_whose_source_is_down_can_be_paused_and_reads_nothing_until_resumed() -> None:
+    """Paused while its source is down (the reader waits for its next restart): the pause holds,
+    the reader opens the source when it comes back but reads nothing, and a resume reads on.
+    Before, the pause failed with ActorStopped (a 500 over REST), when an operator needs it most."""
+    import anyio
+
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.state.checkpoints import MemoryCheckpointStore
+    from supervision import Unavailable
+    from tests.helpers import wait_until
+    from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+
+    class Down(SyntheticSource):
+        down = True
+
+        async def open(self, resume_after: Any) -> None:
+            if self.down:
+                raise Unavailable("connection refused")
+            await super().open(resume_after)
+
+    clock, source, sink = GateClock(), Down(10), ScriptedSink("a")
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(), source=source,
+                            sinks={"a": sink}, clock=clock)  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: clock.sleeping > 0, what="the reader down, waiting for its restart")
+    await runner.pause()
+    assert runner.state == "paused" and runner.ctx.paused
+    source.down = False
+    clock.gate.set()  # the restart comes
+    await wait_until(lambda: source.opened_from != [], what="the source opened again")
+
+    def reader_running() -> bool:
+        node = runner.snapshot().find("SourceReader")
+        return node is not None and node.state == "running"
+
+    await wait_until(reader_running, what="the reader running")
+    await anyio.wait_all_tasks_blocked()
+    assert source.reads == 0 and sink.received == []
+    await runner.resume()
+    await wait_until(lambda: sink.received == list(range(1, 11)), what="everything read after the resume")
+    await runner.drain()
+    await task

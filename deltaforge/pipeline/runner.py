@@ -9,7 +9,7 @@ from typing import Any, TypedDict, TypeVar
 
 import structlog
 
-from actors import ActorStopped, NodeSnapshot
+from actors import ActorStopped, AskTimeout, NodeSnapshot
 from deltaforge.config import PipelineConfig
 from deltaforge.events import Event
 from deltaforge.pipeline.availability import Availability
@@ -176,7 +176,7 @@ class PipelineRunner:
         if self.state != "running":
             raise BadState(f"pipeline {self.name!r} is {self.state}, not running")
         self.ctx.paused = True
-        await self.tree.reader.ask(StopReading(), timeout=30)
+        await self._tell_reader(StopReading())
         self.state = "paused"
         self.log.info("pipeline_paused")
 
@@ -185,9 +185,18 @@ class PipelineRunner:
         if self.state != "paused":
             raise BadState(f"pipeline {self.name!r} is {self.state}, not paused")
         self.ctx.paused = False
-        await self.tree.reader.ask(ResumeReading(), timeout=30)
+        await self._tell_reader(ResumeReading())
         self.state = "running"
         self.log.info("pipeline_resumed")
+
+    async def _tell_reader(self, message: StopReading | ResumeReading) -> None:
+        """Pause or resume reading. A reader that is down (its source is, and it waits for its next
+        restart) or still opening its source takes ``ctx.paused`` as it starts: pausing a degraded
+        pipeline used to fail (ActorStopped, a 500 over REST), which is when an operator pauses."""
+        try:
+            await self.tree.reader.ask(message, timeout=30)
+        except (ActorStopped, AskTimeout):
+            self.log.info("reader_told_at_start", message=type(message).__name__)
 
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop reading, deliver and checkpoint what is buffered, then stop the tree."""
