@@ -196,6 +196,20 @@ async def test_pipelines_created_at_once_all_come_back_after_a_restart(tmp_path:
         assert sorted(PipelineRegistry(path).load()) == sorted(names)
 
 
+def turso_to_file(tmp: Path, name: str) -> dict[str, Any]:
+    """A pipeline document for the manager's tests: the embedded source, a file sink, no servers."""
+    return {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp / "app.db")}},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "out.jsonl")}}],
+            "storage": {"type": "memory"},
+        },
+    }
+
+
 async def test_two_creates_of_one_name_at_once_start_one_pipeline(tmp_path: Path) -> None:
     """A client that sends its create twice (a retry after a timeout) gets one pipeline and one
     ``exists``; both used to see the name free, and both started a runner: two pipelines on one
@@ -209,16 +223,7 @@ async def test_two_creates_of_one_name_at_once_start_one_pipeline(tmp_path: Path
     from deltaforge.service.registry import PipelineRegistry
 
     manager = PipelineManager(PipelineRegistry(tmp_path / "pipelines.json"), PipelineRunner, env={})
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "twice"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp_path / "app.db")}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
-            "storage": {"type": "memory"},
-        },
-    }
+    doc = turso_to_file(tmp_path, "twice")
     results = await asyncio.gather(manager.create(doc), manager.create(doc), return_exceptions=True)
     created = [r for r in results if isinstance(r, PipelineRunner)]
     refused = [r for r in results if isinstance(r, LifecycleError)]
@@ -247,16 +252,7 @@ async def test_a_shutdown_during_a_patch_drains_the_patched_pipeline_and_starts_
     from tests.helpers import wait_until
 
     manager = PipelineManager(PipelineRegistry(tmp_path / "pipelines.json"), PipelineRunner, env={})
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "p"},
-        "spec": {
-            "source": {"type": "turso", "config": {"id": "src", "path": str(tmp_path / "app.db")}},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
-            "storage": {"type": "memory"},
-        },
-    }
+    doc = turso_to_file(tmp_path, "p")
     first = await manager.create(doc)
     await wait_until(lambda: first.state == "running", what="the pipeline running")
     patch = asyncio.create_task(manager.patch("p", {"spec": {"batch": {"max_events": 50}}}))
