@@ -15,7 +15,12 @@ from typing import Any
 import httpx
 import psycopg
 
+from deltaforge.snapshot.chunks import ChunkReader
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
+from supervision import Unavailable
 from tests.helpers import jsonl, wait_until_sync
+from tests.kit import SyntheticSource
 from tests.serve_proc import Serve
 from tests.servers.postgres import Postgres
 
@@ -324,3 +329,125 @@ async def test_a_pipeline_whose_source_is_down_can_be_paused_and_reads_nothing_u
     await wait_until(lambda: sink.received == list(range(1, 11)), what="everything read after the resume")
     await runner.drain()
     await task
+
+
+async def test_a_snapshot_asked_for_while_the_source_is_down_is_refused_as_unavailable() -> None:
+    """POST /snapshots while the reader waits for its source's next restart: 503 ``unavailable``
+    naming the source's error, nothing started; once the source is back the same request is
+    taken. Before, the reader's ActorStopped came out as a 500."""
+    import httpx
+
+    from deltaforge.api.app import build_app
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.state.checkpoints import MemoryCheckpointStore
+    from tests.helpers import wait_until
+    from tests.kit import ScriptedSink, config, sink_doc
+
+    clock, source, sink = GateClock(), _DownWithSnapshots(10), ScriptedSink("a")
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(), source=source,
+                            sinks={"a": sink}, clock=clock)  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    app = build_app({"p": runner})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://df") as client:
+        await wait_until(lambda: clock.sleeping > 0, what="the reader down, waiting for its restart")
+        resp = await client.post("/pipelines/p/snapshots", json={"tables": ["db.t"]})
+        assert resp.status_code == 503, resp.text
+        body = resp.json()
+        assert body["code"] == "unavailable" and "connection refused" in body["message"]
+        assert "nothing was started" in body["message"] and runner.ctx.snapshot.to_dict()["current"] is None
+        assert source.asked == []
+        source.down = False
+        clock.gate.set()
+        await wait_until(lambda: sink.received == list(range(1, 11)), what="reading again")
+        resp = await client.post("/pipelines/p/snapshots", json={"tables": ["db.t"]})
+        assert resp.status_code == 202, resp.text
+        assert source.asked and all(names == ["db.t"] for names in source.asked)
+    await runner.drain()
+    await task
+
+
+async def test_a_source_lost_while_a_snapshot_finds_its_tables_is_unavailable_not_an_error() -> None:
+    """The server goes away while the snapshot request looks its tables up: 503 ``unavailable``
+    (the reader restarts and waits for it, as for any outage), not a 500."""
+    import httpx
+
+    from deltaforge.api.app import build_app
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.state.checkpoints import MemoryCheckpointStore
+    from tests.helpers import wait_until
+    from tests.kit import ScriptedSink, config, sink_doc
+
+    source, sink = _DownWithSnapshots(10, down=False), ScriptedSink("a")
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(), source=source,
+                            sinks={"a": sink})  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    app = build_app({"p": runner})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://df") as client:
+        await wait_until(lambda: sink.received == list(range(1, 11)), what="everything read")
+        source.lookups_fail = True
+        resp = await client.post("/pipelines/p/snapshots", json={"tables": ["db.t"]})
+        assert resp.status_code == 503, resp.text
+        assert (
+            resp.json()["code"] == "unavailable" and "server closed the connection" in resp.json()["message"]
+        )
+    await runner.drain()
+    await task
+
+
+class _DownWithSnapshots(SyntheticSource):
+    """A synthetic source that can be down and whose chunk reader knows one empty table, ``db.t``
+    (these tests are about asking for a snapshot, not taking one)."""
+
+    def __init__(self, total: int, down: bool = True) -> None:
+        super().__init__(total)
+        self.down, self.lookups_fail = down, False
+        self.asked: list[list[str]] = []
+
+    async def open(self, resume_after: Any) -> None:
+        if self.down:
+            raise Unavailable("connection refused")
+        await super().open(resume_after)
+
+    def chunk_reader(self, settings: Any) -> Any:
+        return _OneTable(self)
+
+
+class _OneTable(ChunkReader):
+    def __init__(self, source: _DownWithSnapshots) -> None:
+        self.source = source
+
+    async def open(self, parallel: int) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def tables(self, names: list[str] | None) -> list[TableRef]:
+        if self.source.lookups_fail:
+            raise SourceUnavailable("synthetic source: server closed the connection")
+        self.source.asked.append(list(names or []))
+        return [TableRef("db.t", ("id",))]
+
+    async def estimate(self, table: TableRef) -> int:
+        return 0
+
+    async def chunk(self, table: TableRef, after: Any, limit: int) -> Any:
+        return [], after, False  # an empty table
+
+    async def watermark(self, kind: str, window: str) -> None:
+        pass  # never seen in the stream: the window stays pending, as these tests need nothing more
+
+    def name_of(self, e: Any) -> str:
+        return "db.t"
+
+    def is_signal(self, e: Any) -> bool:
+        return False
+
+    def mark_of(self, e: Any) -> None:
+        return None
+
+    def signal_of(self, e: Any) -> None:
+        return None
+
+    def source_info(self, table: TableRef, at: Any, ts_ms: int) -> Any:
+        raise AssertionError("an empty table has no rows")

@@ -6,7 +6,8 @@
   last ones finished; the same as ``snapshot`` in ``GET /pipelines/{name}``.
 
 Errors are ``{"code", "message"}``: ``not_found``, ``bad_request`` (no tables, an unknown table,
-one without a primary key), ``bad_state`` (the pipeline is not running).
+one without a primary key), ``bad_state`` (the pipeline is not running), ``unavailable`` (503:
+its source is down; nothing was started, ask again once it is back).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deltaforge.api.security import SafeJSONResponse
-from deltaforge.pipeline.runner import BadState, PipelineRunner
+from deltaforge.pipeline.runner import BadState, NotNow, PipelineRunner
 from deltaforge.snapshot.chunks import SnapshotRefused
 
 
@@ -47,5 +48,7 @@ def routes(pipelines: Mapping[str, PipelineRunner]) -> list[Route]:
             return error("bad_request", exc.reason, 400)
         except BadState as exc:
             return error("bad_state", str(exc), 409)
+        except NotNow as exc:
+            return error("unavailable", str(exc), 503)
 
     return [Route("/pipelines/{name}/snapshots", snapshots, methods=["GET", "POST"])]

@@ -33,13 +33,18 @@ from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
 from deltaforge.state.checkpoints import CheckpointStore, open_store
 from deltaforge.state.deadletters import Select
-from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed
+from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed, Unavailable
 
 T = TypeVar("T")
 
 
 class BadState(Exception):
     """An operation the pipeline's state does not allow (pause a stopped pipeline, say)."""
+
+
+class NotNow(Exception):
+    """What the pipeline cannot do while its source is down (a snapshot needs the server to
+    find its tables): ask again once it is back. Nothing was started."""
 
 
 class ReplayFailed(Exception):
@@ -270,7 +275,17 @@ class PipelineRunner:
         """Snapshot ``tables`` while streaming goes on (the reader takes it up between reads)."""
         if self.state not in ("running", "paused"):
             raise BadState(f"pipeline {self.name!r} is {self.state}, not running")
-        reply = await self.tree.reader.ask(TakeSnapshot(tuple(tables), by), timeout=60)
+        try:
+            reply = await self.tree.reader.ask(TakeSnapshot(tuple(tables), by), timeout=60)
+        except (ActorStopped, AskTimeout, Unavailable) as exc:
+            # The reader is down waiting for its source, still opening it, or lost it while
+            # finding the tables: the request is not taken (it used to be a 500).
+            down = self.ctx.availability.view().get("source")
+            why = down["last_error"] if down is not None else f"{type(exc).__name__}: {exc}"
+            raise NotNow(
+                f"pipeline {self.name!r} cannot take a snapshot now: its source is unavailable "
+                f"({why}); nothing was started, ask again once the source is back"
+            ) from None
         if isinstance(reply, Exception):
             raise reply
         return reply
