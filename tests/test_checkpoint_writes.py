@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from structlog.testing import capture_logs
 
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.runner import PipelineRunner
@@ -292,13 +293,15 @@ async def test_a_stop_while_the_store_waits_for_its_disk_ends_the_wait(tmp_path:
     storage = {"type": "sqlite", "path": str(tmp_path / "state.db")}
     hour = {"backoff": {"base_ms": 3_600_000, "max_ms": 3_600_000}}
     runner = PipelineRunner(config(storage=storage, supervision=hour), source=SyntheticSource(10))
-    with file_size_limit(0):
+    with file_size_limit(0), capture_logs() as logs:
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: "state_store" in runner.ctx.availability.view(), what="the store down")
         await runner.drain()
         with anyio.fail_after(30):  # a guard against a hang, not a timing goal
             await task
     assert runner.state == "stopped" and runner.failure is None
+    # the log says the pipeline stopped, as every other way out does (it used to say nothing)
+    assert [e["state"] for e in logs if e["event"] == "pipeline_stopped"] == ["stopped"]
 
 
 async def test_the_store_is_listed_as_down_until_every_writer_that_failed_gets_through() -> None:

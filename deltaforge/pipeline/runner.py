@@ -122,8 +122,15 @@ class PipelineRunner:
         await self.ctx.dlq.put(f"source:{self.source.id}", event, PoisonEvent(reason, "invalid_record"), 1)
 
     async def run(self) -> None:
-        """Run until stopped; never raises for a pipeline failure (see ``state``)."""
+        """Run until stopped; never raises for a pipeline failure (see ``state``). Every way out,
+        a stop before the store opened included, ends with one ``pipeline_stopped`` event."""
         structlog.contextvars.bind_contextvars(pipeline=self.name)
+        try:
+            await self._run()
+        finally:
+            self.log.info("pipeline_stopped", state=self.state, reason=self.failure)
+
+    async def _run(self) -> None:
         assert self.ctx.dlq is not None
         try:
             if self._own_store and not await self._open_store():
@@ -152,7 +159,6 @@ class PipelineRunner:
         finally:
             if self._own_store:
                 await self.store.close()
-            self.log.info("pipeline_stopped", state=self.state, reason=self.failure)
 
     async def _open_store(self) -> bool:
         """Open the store; False if stopped first. A disk that refuses writes (a full disk at start)
