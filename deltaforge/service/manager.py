@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-from collections import defaultdict
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -69,9 +69,18 @@ class PipelineManager:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         # One change at a time per name: two creates of one name both saw it free and both
         # started a runner (one left running, unmanaged), a delete during a patch lost its runner.
-        self._changing: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Weak: a name's lock lives while a request holds or awaits it, not for every name any
+        # request ever named (unknown ones included).
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._closing = False
         self.log = structlog.get_logger().bind(actor="PipelineManager")
+
+    def _changing(self, name: str) -> asyncio.Lock:
+        """The lock that orders changes of pipeline ``name``."""
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
 
     # -- start-up and shutdown --------------------------------------------------------------
     def add(self, config: PipelineConfig) -> None:
@@ -104,7 +113,7 @@ class PipelineManager:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
     async def _drain(self, name: str) -> None:
-        async with self._changing[name]:
+        async with self._changing(name):
             await self.pipelines[name].drain()
 
     def _open_for_changes(self) -> None:
@@ -137,7 +146,7 @@ class PipelineManager:
 
     async def create(self, doc: Any) -> PipelineRunner:
         config = self._parse(doc, "request")
-        async with self._changing[config.name]:
+        async with self._changing(config.name):
             self._open_for_changes()
             if config.name in self.pipelines:
                 raise LifecycleError("exists", f"a pipeline named {config.name!r} exists already")
@@ -149,7 +158,7 @@ class PipelineManager:
             return self.pipelines[config.name]
 
     async def pause(self, name: str) -> PipelineRunner:
-        async with self._changing[name]:
+        async with self._changing(name):
             runner = self._runner(name)
             try:
                 await runner.pause()
@@ -158,7 +167,7 @@ class PipelineManager:
             return runner
 
     async def resume(self, name: str) -> PipelineRunner:
-        async with self._changing[name]:
+        async with self._changing(name):
             runner = self._runner(name)
             if runner.state == "paused":
                 await runner.resume()
@@ -169,7 +178,7 @@ class PipelineManager:
             raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state}, not paused or stopped")
 
     async def stop(self, name: str) -> PipelineRunner:
-        async with self._changing[name]:
+        async with self._changing(name):
             runner = self._runner(name)
             if runner.state not in ("running", "paused", "starting"):
                 raise LifecycleError("bad_state", f"pipeline {name!r} is {runner.state} already")
@@ -178,7 +187,7 @@ class PipelineManager:
             return runner
 
     async def patch(self, name: str, change: Any) -> PipelineRunner:
-        async with self._changing[name]:
+        async with self._changing(name):
             self._runner(name)
             self._open_for_changes()
             doc = self.docs.get(name)
@@ -198,7 +207,7 @@ class PipelineManager:
             return await self._restart(name, config)
 
     async def delete(self, name: str, keep_checkpoints: bool = True) -> None:
-        async with self._changing[name]:
+        async with self._changing(name):
             runner = self._runner(name)
             if name not in self.docs:
                 raise LifecycleError(
