@@ -18,6 +18,8 @@ MODULES = [
     "deltaforge.position",
     "deltaforge.sources.kafka.position",
     "deltaforge.sources.mysql.connection",
+    "deltaforge.sources.mysql.statements",
+    "deltaforge.snapshot.window",
     "deltaforge.api.listen",
 ]
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import fnmatch
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import STRING_TYPES, TIMESTAMP_TYPES, as_bytes, as_utc, primary_key
+from deltaforge.sources.mysql.statements import UnreadableTruncate, may_touch, statement_dml, truncated
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 
@@ -272,6 +273,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             elif (key := xa_key(ev.query, "ROLLBACK")) is not None:
                 xa.rolled_back(key)
                 standalone = True
+            elif ev.query != "BEGIN":
+                standalone = _statement(ev, tx, file, wanted, patterns, halting) or standalone
         end = isinstance(ev, XidEvent) or (
             isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
         )
@@ -296,6 +299,47 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
+
+
+def _statement(
+    ev: Any,
+    tx: list[tuple[Any, ...]],
+    file: str,
+    wanted: Callable[[str, str], bool],
+    patterns: list[tuple[str, ...]],
+    halting: Callable[[Exception], Exception],
+) -> bool:
+    """A query event that changes rows without row events (see ``statements.py``): a TRUNCATE
+    of a captured table joins ``tx`` as ``op: t``; True if it ends its group (TRUNCATE commits
+    on its own, and MySQL writes no XID after it). A DML statement that may touch a captured
+    table halts: its rows are not in the binlog."""
+    query, pos = ev.query, int(ev.packet.log_pos)
+    db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema)
+    try:
+        target = truncated(query, db)
+    except UnreadableTruncate as exc:
+        raise halting(
+            Undecodable(
+                f"a TRUNCATE at {file}:{pos} whose table cannot be told ({exc}): it may have emptied a "
+                "captured table; re-snapshot the captured tables from a position after it"
+            )
+        ) from None
+    if target is not None:
+        if wanted(*target):
+            tx.append(("t", target[0], target[1], pos, 0, int(ev.timestamp), None, None))
+        return True
+    verb = statement_dml(query)
+    if verb is not None and may_touch(query, db, patterns):
+        raise halting(
+            Undecodable(
+                f"{verb} logged as a statement at {file}:{pos} (session database {db!r}): a session "
+                "wrote with binlog_format STATEMENT or MIXED, so its rows are not in the binlog and "
+                "cannot be delivered; set binlog_format=ROW globally, keep clients from SET SESSION "
+                "binlog_format (it needs SUPER or BINLOG ADMIN), and re-snapshot the tables it changed "
+                "from a position after it"
+            )
+        )
+    return False
 
 
 def _each_once(reader: Any) -> Iterator[Any]:
