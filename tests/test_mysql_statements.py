@@ -9,8 +9,20 @@ import re
 import pytest
 
 from deltaforge.sources.base import SourceMisconfigured
+from deltaforge.sources.mysql.source import MySQLSource
 from tests.mysql_kit import fresh_db, read_n, source
 from tests.servers.mariadb import MariaDB
+
+
+async def _capturing_t_beside(mariadb: MariaDB, other: str) -> tuple[str, MySQLSource]:
+    """A fresh database with tables ``t`` and ``other``, and a source capturing ``t`` only, open."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute(f"CREATE TABLE {other} (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    return db, src
 
 
 async def test_a_truncate_of_a_captured_table_is_delivered_as_op_t_in_commit_order(mariadb: MariaDB) -> None:
@@ -18,12 +30,7 @@ async def test_a_truncate_of_a_captured_table_is_delivered_as_op_t_in_commit_ord
     another, backquoted after a comment), a TRUNCATE of a captured table is an ``op: t`` event in
     its place in the stream; one of an uncaptured table is nothing. Before, every one was
     skipped: a truncated table's rows stayed in every sink."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
-        cur.execute("CREATE TABLE other (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await _capturing_t_beside(mariadb, "other")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (1)")
         cur.execute("INSERT INTO other VALUES (1)")
@@ -57,12 +64,7 @@ async def test_a_row_change_logged_as_a_statement_halts_the_reader_saying_where(
     its rows are not in the binlog. The reader stops with the statement's coordinates and what
     to set; the rows read before it are delivered first. A statement on a table it does not
     capture is not its business and does not stop it."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
-        cur.execute("CREATE TABLE audit_log (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
+    db, src = await _capturing_t_beside(mariadb, "audit_log")
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (1)")
         cur.execute("SET SESSION binlog_format = 'STATEMENT'")
