@@ -81,6 +81,27 @@ def test_compressed_binlog_is_refused_at_start_saying_what_to_set() -> None:
     assert "log_bin_compress is ON; set log_bin_compress=OFF" in str(info.value)
 
 
+def test_a_captured_database_the_binlog_filters_leave_out_is_refused_at_start() -> None:
+    """``binlog_ignore_db`` (or a ``binlog_do_db`` list without it) keeps a database's changes
+    out of the binlog: a source capturing it read nothing, for ever, and said nothing. It is
+    refused at start, naming the filter; a database the filters let through starts as before."""
+    with MariaDB(extra_args=["--binlog-ignore-db=secret"], server_id=11) as server:
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn(), tables=["secret.t", "shop.t"]))
+        with pytest.raises(SourceMisconfigured) as ignored:
+            asyncio.run(src.open(None))
+        fine = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn(), tables=["shop.t"]))
+        asyncio.run(fine.open(None))
+        asyncio.run(fine.close())
+    assert "binlog_ignore_db lists 'secret'" in str(ignored.value)
+    assert "remove --binlog-ignore-db=secret" in str(ignored.value)
+    assert "shop" not in str(ignored.value)
+    with MariaDB(extra_args=["--binlog-do-db=shop"], server_id=12) as server:
+        src = MySQLSource(MySQLSourceConfig(id="s", dsn=server.dsn(), tables=["crm.people"]))
+        with pytest.raises(SourceMisconfigured) as not_done:
+            asyncio.run(src.open(None))
+    assert "binlog_do_db is shop, so changes to 'crm' are never written to the binlog" in str(not_done.value)
+
+
 def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
     """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
 

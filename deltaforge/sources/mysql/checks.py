@@ -6,11 +6,13 @@ Everything here runs in a worker thread (pymysql is blocking).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pymysql
+import structlog
 
 from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.mysql.connection import Connection
@@ -115,8 +117,9 @@ _REQUIRED = (
 )
 
 
-def check_preconditions(conn: Any, where: str) -> ServerInfo:
-    """Binlog on, ROW format, FULL row image and metadata, and the CDC privileges — or say what to set."""
+def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...]] = ()) -> ServerInfo:
+    """Binlog on, ROW format, FULL row image and metadata, the CDC privileges, and no binlog
+    filter keeping a captured database out of the binlog — or say what to set."""
     with conn.cursor() as cur:
         cur.execute("SELECT VERSION(), @@server_id")
         version, server_id = cur.fetchone()
@@ -152,9 +155,47 @@ def check_preconditions(conn: Any, where: str) -> ServerInfo:
             problems.append(
                 f"user lacks {', '.join(missing)}; GRANT {', '.join(missing)} ON *.* TO the CDC user"
             )
+    if not problems:  # SHOW MASTER STATUS needs the rights checked above
+        problems += _filtered_out(conn, captured)
     if problems:
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""))
+
+
+def _filtered_out(conn: Any, captured: Sequence[tuple[str, ...]]) -> list[str]:
+    """Captured databases the server's binlog filters (``binlog_do_db``, ``binlog_ignore_db``)
+    keep out of the binlog: their changes are never written, so a reader would wait for them for
+    ever and see nothing. A database named by a glob cannot be told: the filter is logged."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+    if row is None or len(row) < 4:  # binary logging off (refused above) or an unknown layout
+        return []
+    do = [d for d in str(row[2] or "").split(",") if d]
+    ignore = [d for d in str(row[3] or "").split(",") if d]
+    if not do and not ignore:
+        return []
+    problems = []
+    dbs = sorted({p[0] for p in captured})
+    if not dbs or any(any(ch in db for ch in "*?[") for db in dbs):
+        structlog.get_logger().warning(
+            "binlog_filtered", actor="MySQLSource", binlog_do_db=do, binlog_ignore_db=ignore,
+            reason="tables in databases these filters leave out are never in the binlog, so never captured",
+        )  # fmt: skip
+    for db in dbs:
+        if any(ch in db for ch in "*?["):
+            continue
+        if db in ignore:
+            problems.append(
+                f"binlog_ignore_db lists {db!r}, so changes to its tables are never written to the binlog; "
+                f"remove --binlog-ignore-db={db} from the server's settings"
+            )
+        elif do and db not in do:
+            problems.append(
+                f"binlog_do_db is {','.join(do)}, so changes to {db!r} are never written to the binlog; "
+                f"add --binlog-do-db={db} to the server's settings (or remove the filter)"
+            )
+    return problems
 
 
 def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> None:

@@ -217,7 +217,7 @@ class MySQLSource(Source):
         return self._with_connection(lambda conn: self._check(conn, resume_after))
 
     def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
-        info = check_preconditions(conn, self.settings.where)
+        info = check_preconditions(conn, self.settings.where, self.captured)
         if resume_after:
             check_position(conn, resume_after, info)
         if resume_after is None and self.from_now:
