@@ -143,6 +143,59 @@ async def test_slot_of_another_database_is_refused_clearly(postgres: Postgres) -
         await b.open(None)
 
 
+async def test_a_table_added_to_tables_later_is_added_to_the_publication_and_captured(
+    postgres: Postgres,
+) -> None:
+    """The publication deltaforge made lists the tables configured then. A table added to
+    ``tables`` afterwards (a patch, an edited file) was never in it, so never decoded: its changes
+    were silently missing. The source now adds it at open; with ``create: false`` it refuses,
+    saying what to run."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)")
+    # a partitioned table: the catalog's pg_publication_tables lists its partition, not it
+    await conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    await conn.execute("CREATE TABLE p_low PARTITION OF p FOR VALUES FROM (0) TO (1000)")
+    first = source(postgres, db, tables=["public.a", "public.p"])
+    await first.open(None)
+    await first.close()
+    strict = source(postgres, db, tables=["public.a", "public.p", "public.b"], create=False)
+    with pytest.raises(SourceMisconfigured) as info:
+        await strict.open(None)
+    assert (
+        f'does not include public.b, so their changes would never be delivered; run ALTER PUBLICATION "p_{db}" ADD TABLE "public"."b"'
+        in str(info.value)
+    )
+    src = source(postgres, db, tables=["public.a", "public.p", "public.b"])
+    await src.open(None)
+    await conn.execute("INSERT INTO a VALUES (1); INSERT INTO b VALUES (1)")
+    events = await read_n(src, 2)
+    await src.close()
+    assert [(e.op, e.table) for e in events] == [("c", "a"), ("c", "b")]
+    await conn.close()
+
+
+async def test_a_publication_that_leaves_out_a_kind_of_change_or_is_gone_is_refused(
+    postgres: Postgres,
+) -> None:
+    """A publication the user made with ``publish = 'insert'`` decodes no update or delete: the
+    sinks would keep every row as first inserted. Refused at open, naming what it leaves out; and
+    one dropped under an existing slot is named as such."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE a WITH (publish = 'insert')")
+    await conn.close()
+    with pytest.raises(SourceMisconfigured) as info:
+        await source(postgres, db, tables=["public.a"]).open(None)
+    assert f"publication 'p_{db}' does not publish update, delete, truncate" in str(info.value)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(f"DROP PUBLICATION p_{db}")
+    await conn.close()
+    with pytest.raises(SourceMisconfigured, match=f"publication 'p_{db}' does not exist \\(dropped\\?\\)"):
+        await source(postgres, db, tables=["public.a"]).open(None)  # its slot is there: not created again
+
+
 async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
     """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
     pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write

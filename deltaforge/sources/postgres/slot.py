@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 
 import asyncpg
+import structlog
 
-from deltaforge.sources.base import SourceUnavailable
-from deltaforge.sources.postgres.names import quote_table
+from deltaforge.sources.base import SourceMisconfigured, SourceUnavailable
+from deltaforge.sources.postgres.names import quote_ident, quote_table
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
@@ -25,6 +26,83 @@ async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: 
         target = "FOR TABLE " + ", ".join(quote_table(t) for t in tables) if tables else "FOR ALL TABLES"
         await conn.execute(f'CREATE PUBLICATION "{publication}" {target}')
     await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+
+
+async def check_publication(
+    conn: asyncpg.Connection, publication: str, listed: list[str], create: bool, who: str
+) -> None:
+    """The publication publishes every kind of change, and every listed table: what it leaves out
+    is never decoded, so never delivered, and nothing would say so. A listed table it lacks is
+    added when the source manages it (``create``), as Debezium's ``filtered`` autocreate mode does
+    (a table added to ``tables`` later is captured from then on); anything else is refused, saying
+    what to run."""
+    pub = await conn.fetchrow(
+        "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication "
+        "WHERE pubname = $1",
+        publication,
+    )
+    if pub is None:
+        raise SourceMisconfigured(
+            f"{who}: publication {publication!r} does not exist (dropped?); the slot's changes cannot be "
+            f"decoded without it: create it again (CREATE PUBLICATION {quote_ident(publication)} ...) and "
+            "re-snapshot, or drop the slot to start afresh"
+        )
+    ops = [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+    if ops:
+        raise SourceMisconfigured(
+            f"{who}: publication {publication!r} does not publish {', '.join(ops)}, so those changes would "
+            f"never be delivered; ALTER PUBLICATION {quote_ident(publication)} SET "
+            "(publish = 'insert, update, delete, truncate')"
+        )
+    if pub["puballtables"] or not listed:
+        return
+    missing = [t for t in dict.fromkeys(listed) if not await _published(conn, pub["oid"], t, who)]
+    if not missing:
+        return
+    add = (
+        f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {', '.join(quote_table(t) for t in missing)}"
+    )
+    if create:
+        try:
+            await conn.execute(add)
+        except asyncpg.PostgresError as exc:
+            raise SourceMisconfigured(
+                f"{who}: publication {publication!r} does not include {', '.join(missing)}, and adding "
+                f"them failed ({exc}); run {add}"
+            ) from None
+        structlog.get_logger().info(
+            "publication_tables_added", actor="PostgresSource", publication=publication, tables=missing
+        )
+        return
+    raise SourceMisconfigured(
+        f"{who}: publication {publication!r} does not include {', '.join(missing)}, so their changes would "
+        f"never be delivered; run {add} (or set create: true to let deltaforge add them)"
+    )
+
+
+_IN_PUBLICATION = (
+    "SELECT EXISTS (SELECT 1 FROM pg_publication_rel WHERE prpubid = $1 AND prrelid IN "
+    "(SELECT $2::oid UNION SELECT relid FROM pg_partition_ancestors($2::oid)))"
+)
+# PostgreSQL 15: FOR TABLES IN SCHEMA
+_SCHEMA_IN_PUBLICATION = (
+    "SELECT EXISTS (SELECT 1 FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid "
+    "WHERE n.pnpubid = $1 AND c.oid = $2::oid)"
+)
+
+
+async def _published(conn: asyncpg.Connection, pub: int, table: str, who: str) -> bool:
+    """Whether the publication ``pub`` (oid) publishes ``table``: named, through a partitioned
+    table it is a partition of, or through its schema. Not ``pg_publication_tables``: that lists a
+    published partitioned table's partitions, not the table."""
+    oid = await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(table))
+    if oid is None:
+        raise SourceMisconfigured(f"{who}: table {table!r} in tables does not exist")
+    if await conn.fetchval(_IN_PUBLICATION, pub, oid):
+        return True
+    if await conn.fetchval("SELECT to_regclass('pg_catalog.pg_publication_namespace') IS NOT NULL"):
+        return bool(await conn.fetchval(_SCHEMA_IN_PUBLICATION, pub, oid))
+    return False
 
 
 async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:

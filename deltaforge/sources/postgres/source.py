@@ -41,7 +41,8 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.postgres import failover, slot
+from deltaforge.sources.postgres import failover
+from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import split
@@ -197,6 +198,9 @@ class PostgresSource(Source):
             )
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
+        await slot_ops.check_publication(
+            conn, self.publication, self._listed(), self.create, f"postgres source {self.id!r}"
+        )
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
@@ -242,11 +246,14 @@ class PostgresSource(Source):
                 tables.setdefault((schema, table), []).append((column, typ))
         return [DeclaredTable(s, t, tuple(cols)) for (s, t), cols in tables.items()]
 
+    def _listed(self) -> list[str]:
+        """The tables the publication must have (none: it publishes all tables). The signal table
+        rides along only when tables are listed (all tables include it)."""
+        return [*self.tables, *([self.signal_table] if self.signal_table else [])] if self.tables else []
+
     async def _create(self) -> None:
         assert self._conn is not None
-        # The signal table rides along only when tables are listed (all tables include it).
-        listed = [*self.tables, *([self.signal_table] if self.signal_table else [])] if self.tables else []
-        await slot.create(self._conn, self.slot, self.publication, listed)
+        await slot_ops.create(self._conn, self.slot, self.publication, self._listed())
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
@@ -255,7 +262,7 @@ class PostgresSource(Source):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             if decoder is not None:
-                await slot.released(conn, self.slot)  # a stopped pipeline has let go of its slot
+                await slot_ops.released(conn, self.slot)  # a stopped pipeline has let go of its slot
             await conn.close(timeout=5)
 
     async def confirm(self, checkpoint: Position) -> None:
@@ -270,7 +277,7 @@ class PostgresSource(Source):
         """Move the slot while no stream holds it (before the decoder starts)."""
         if lsn <= self._confirmed or self._conn is None:
             return
-        await slot.advance(self._conn, self.slot, lsn, f"postgres source {self.id!r}")
+        await slot_ops.advance(self._conn, self.slot, lsn, f"postgres source {self.id!r}")
         self._confirmed = lsn
 
     def take_schema_changes(self) -> list[SchemaChange]:
