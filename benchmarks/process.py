@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,6 +90,10 @@ def byte_compiled() -> None:
     root = Path(__file__).resolve().parent.parent
     for package in ("deltaforge", "actors", "supervision"):
         compileall.compile_dir(root / package, quiet=1)
+    # and the dataclass methods serve compiles at start (deltaforge/codecache.py), which the
+    # first start after an install keeps unless bytecode writing is off, as it is here
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", "import deltaforge.cli"], env=env, check=True)
 
 
 def first_event_after_restart() -> list[float]:

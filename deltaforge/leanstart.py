@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import sys
 
+from deltaforge import codecache
+
+codecache.install()  # before the first dataclass: structlog's, just below
+
 if "structlog" not in sys.modules and "rich" not in sys.modules:
     sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError
     try:
