@@ -164,13 +164,15 @@ async def test_config_file_pipelines_are_read_only_and_unknown_names_not_found(t
 async def test_a_paused_pipeline_stays_paused_when_its_tree_restarts() -> None:
     import asyncio
 
+    import anyio
+
     from deltaforge.pipeline.runner import PipelineRunner
     from deltaforge.state.checkpoints import MemoryCheckpointStore
     from tests.helpers import wait_until
-    from tests.kit import PacedSource, ScriptedSink, config, sink_doc
+    from tests.kit import ScriptedSink, config, sink_doc
 
     runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(),
-                            source=PacedSource(1_000_000, chunk=100, delay=0.005), sinks={"a": ScriptedSink("a")})  # fmt: skip
+                            source=SyntheticSource(1_000_000, chunk=100), sinks={"a": ScriptedSink("a")})  # fmt: skip
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.ctx.stats.events_read > 500, what="reading")
     await runner.pause()
@@ -182,7 +184,9 @@ async def test_a_paused_pipeline_stays_paused_when_its_tree_restarts() -> None:
 
     await wait_until(reader_restarted, what="the reader restarted")
     read = runner.ctx.stats.events_read
-    await asyncio.sleep(0.5)  # an observation window: unpaused, this source reads 100 events per 5 ms
+    # Every task waits: unpaused, the reader of this source (never idle, no timer) would still be
+    # reading, or would have read all of it by now.
+    await anyio.wait_all_tasks_blocked()
     assert runner.ctx.stats.events_read == read and runner.state == "paused"
     await runner.resume()
     await wait_until(lambda: runner.ctx.stats.events_read > read, what="reading again")
