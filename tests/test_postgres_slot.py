@@ -10,6 +10,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
@@ -194,6 +195,25 @@ async def test_a_publication_that_leaves_out_a_kind_of_change_or_is_gone_is_refu
     await conn.close()
     with pytest.raises(SourceMisconfigured, match=f"publication 'p_{db}' does not exist \\(dropped\\?\\)"):
         await source(postgres, db, tables=["public.a"]).open(None)  # its slot is there: not created again
+
+
+async def test_unlogged_tables_a_publication_for_all_tables_cannot_capture_are_named(
+    postgres: Postgres,
+) -> None:
+    """A publication FOR ALL TABLES (no ``tables`` listed) takes in unlogged tables, whose changes
+    never reach the WAL: the source names them at open instead of capturing nothing in silence."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(
+        "CREATE TABLE kept (id int PRIMARY KEY); CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY)"
+    )
+    await conn.close()
+    src = source(postgres, db)
+    with capture_logs() as logs:
+        await src.open(None)
+    await src.close()
+    named = [e for e in logs if e["event"] == "unlogged_tables_not_captured"]
+    assert [e["tables"] for e in named] == [["public.scratch"]]
 
 
 async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
