@@ -202,3 +202,31 @@ def test_a_pipeline_meeting_a_damaged_binlog_event_halts_saying_where_after_what
         reason = asyncio.run(scenario(server))
     assert reason is not None and "does not match its CRC32 checksum" in reason, reason
     assert "the binlog event at mysql-bin.000001:" in reason
+
+
+def test_the_binlog_status_is_asked_as_each_server_understands_it() -> None:
+    """MySQL 8.4 (the compose file's server) removed SHOW MASTER STATUS; MariaDB does not parse
+    SHOW BINARY LOG STATUS. No MySQL server runs here, so a cursor that answers as each does
+    stands in for it; MariaDB's way is proven on the real server by the tests above (the binlog
+    filter check and the snapshot's start position both ask it)."""
+    import pymysql
+
+    from deltaforge.sources.mysql.checks import binlog_status
+
+    class Server:
+        def __init__(self, knows: str) -> None:
+            self.knows, self.asked, self.row = knows, [], None
+
+        def execute(self, sql: str) -> None:
+            self.asked.append(sql)
+            if sql != self.knows:
+                raise pymysql.err.ProgrammingError(1064, "You have an error in your SQL syntax")
+            self.row = ("mysql-bin.000003", 157, "", "")
+
+        def fetchone(self) -> tuple[str, int, str, str] | None:
+            return self.row
+
+    mysql84, mariadb = Server("SHOW BINARY LOG STATUS"), Server("SHOW MASTER STATUS")
+    assert binlog_status(mysql84) == binlog_status(mariadb) == ("mysql-bin.000003", 157, "", "")
+    assert mysql84.asked == ["SHOW BINARY LOG STATUS"]
+    assert mariadb.asked == ["SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"]

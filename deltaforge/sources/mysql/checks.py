@@ -155,11 +155,29 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
             problems.append(
                 f"user lacks {', '.join(missing)}; GRANT {', '.join(missing)} ON *.* TO the CDC user"
             )
-    if not problems:  # SHOW MASTER STATUS needs the rights checked above
+    if not problems:  # the binlog status needs the rights checked above
         problems += _filtered_out(conn, captured)
     if problems:
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""))
+
+
+_PARSE_ERROR = 1064
+
+
+def binlog_status(cur: Any) -> tuple[Any, ...] | None:
+    """The server's binlog status row (file, position, Binlog_Do_DB, Binlog_Ignore_DB, ...):
+    ``SHOW BINARY LOG STATUS`` on MySQL >= 8.2 (8.4 removed ``SHOW MASTER STATUS``), else, where
+    that does not parse (MariaDB, older MySQL), ``SHOW MASTER STATUS``; as python-mysql-replication
+    itself asks."""
+    try:
+        cur.execute("SHOW BINARY LOG STATUS")
+    except pymysql.err.ProgrammingError as exc:
+        if not exc.args or exc.args[0] != _PARSE_ERROR:
+            raise
+        cur.execute("SHOW MASTER STATUS")
+    row = cur.fetchone()
+    return tuple(row) if row is not None else None
 
 
 def _filtered_out(conn: Any, captured: Sequence[tuple[str, ...]]) -> list[str]:
@@ -167,8 +185,7 @@ def _filtered_out(conn: Any, captured: Sequence[tuple[str, ...]]) -> list[str]:
     keep out of the binlog: their changes are never written, so a reader would wait for them for
     ever and see nothing. A database named by a glob cannot be told: the filter is logged."""
     with conn.cursor() as cur:
-        cur.execute("SHOW MASTER STATUS")
-        row = cur.fetchone()
+        row = binlog_status(cur)
     if row is None or len(row) < 4:  # binary logging off (refused above) or an unknown layout
         return []
     do = [d for d in str(row[2] or "").split(",") if d]
@@ -244,10 +261,9 @@ def earliest_position(conn: Any, info: ServerInfo) -> BinlogPosition:
 def current_position(conn: Any, info: ServerInfo) -> BinlogPosition:
     """Where the binlog ends now, as a resume position (a snapshot copies what came before)."""
     with conn.cursor() as cur:
-        cur.execute("SHOW MASTER STATUS")
-        found = cur.fetchone()
+        found = binlog_status(cur)
         if found is None:
-            raise SourceMisconfigured("SHOW MASTER STATUS is empty; enable log_bin")
+            raise SourceMisconfigured("the server's binlog status is empty; enable log_bin")
         gtid = ""
         if info.is_mariadb:
             cur.execute("SELECT @@gtid_binlog_pos")
