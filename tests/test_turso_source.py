@@ -14,7 +14,7 @@ import turso
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.record import decode_record
 from deltaforge.sources.turso.source import TursoSource
@@ -236,6 +236,41 @@ async def test_a_pruned_cdc_table_is_position_lost_not_a_silent_gap(tmp_path: Pa
         f"position lost: checkpoint change_id {cp.change_id} of source 't' is no longer in"
     )
     assert "pruned" in str(info.value) and str(info.value).endswith("Re-snapshot required.")
+
+
+async def test_a_change_written_without_full_images_halts_saying_why_after_what_came_before(
+    tmp_path: Path,
+) -> None:
+    """Turso captures per connection, in the mode that connection asked for. A delete written by
+    one on ``'after'`` has no before image, so no key: delivered, it deleted nothing anywhere. The
+    source now hands over the transactions before it, then stops naming the change and the mode to
+    set; a restart from the last checkpoint stops at the same change."""
+    db = tmp_path / "modes.db"
+    full = writer(db)
+    full.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    full.execute("INSERT INTO t VALUES (1, 'a')")
+    full.commit()
+    partial = turso.connect(str(db))
+    partial.execute("PRAGMA unstable_capture_data_changes_conn('after')")
+    partial.execute("DELETE FROM t WHERE id = 1")
+    partial.commit()
+    full.execute("INSERT INTO t VALUES (2, 'b')")
+    full.commit()
+    src = source(db)
+    await src.open(None)
+    first = await src.read()
+    assert [(e.op, e.after) for e in first] == [("c", {"id": 1, "v": "a"})]
+    with pytest.raises(SourceMisconfigured) as info:
+        await src.read()
+    await src.close()
+    msg = str(info.value)
+    assert "(delete on 't', transaction" in msg and "has no before image" in msg
+    assert "PRAGMA unstable_capture_data_changes_conn('full')" in msg
+    again = source(db)
+    await again.open(first[-1].checkpoint)
+    with pytest.raises(SourceMisconfigured, match="has no before image"):
+        await again.read()
+    await again.close()
 
 
 def _replace_database(db: Path) -> None:

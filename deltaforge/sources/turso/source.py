@@ -22,12 +22,20 @@ from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
-from deltaforge.sources.base import DeclaredTable, PositionLost, Source, SourceError, own_position
+from deltaforge.sources.base import (
+    DeclaredTable,
+    PositionLost,
+    Source,
+    SourceError,
+    SourceMisconfigured,
+    own_position,
+)
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import decode_record
 
 _OPS = {1: "c", 0: "u", -1: "d"}
+_NAMES = {1: "insert", 0: "update", -1: "delete"}
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 _COMMIT = 2
 _SCHEMA_TABLE = "sqlite_schema"
@@ -213,7 +221,14 @@ class TursoSource(Source):
             tx: list[tuple[Any, ...]] = self._pending
             for row in rows:
                 if row[3] == _COMMIT:
-                    out.extend(self._events(tx, row))
+                    try:
+                        out.extend(self._events(tx, row))
+                    except SourceMisconfigured:
+                        if not out:
+                            raise
+                        # the transactions before it first: the halt then stops right at it
+                        self._pending, self._more = [], True
+                        return out
                     tx = []
                     self._after = row[0]
                 else:
@@ -241,6 +256,15 @@ class TursoSource(Source):
                 # pyturso 0.8.3 logs a rowid change as a delete and an insert whose new row is in
                 # the *before* column: an insert has no before image, so that is its after image.
                 before, after = None, before
+            if (change_type != -1 and after is None) or (change_type != 1 and before is None):
+                image = "before" if change_type != 1 and before is None else "after"
+                raise SourceMisconfigured(
+                    f"turso source {self.id!r}: change {change_id} ({_NAMES[change_type]} on {table!r}, "
+                    f"transaction {txn_id}) has no {image} image: the "
+                    "connection that wrote it captured changes in a mode other than 'full'. Run PRAGMA "
+                    "unstable_capture_data_changes_conn('full') on every connection that writes, then "
+                    "re-snapshot the table from a position after it"
+                )
             position = new_position(TursoPosition, (change_id, txn_id, change_time, 0))
             events.append(
                 Event(
