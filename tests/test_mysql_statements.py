@@ -85,3 +85,30 @@ async def test_a_row_change_logged_as_a_statement_halts_the_reader_saying_where(
     assert re.search(r"UPDATE logged as a statement at mysql-bin\.\d+:\d+ ", msg), msg
     assert f"session database '{db}'" in msg
     assert "set binlog_format=ROW globally" in msg
+
+
+def test_on_a_server_that_folds_names_a_truncate_in_any_case_is_delivered() -> None:
+    """With lower_case_table_names=1 (Windows, macOS, some managed servers) names are stored,
+    and row events carry them, in lower case, while a statement may spell them in any case: a
+    ``TRUNCATE TABLE SHOP.ORDERS`` of the captured ``shop.orders`` was not recognised. Tables
+    listed in another case are captured too."""
+    import asyncio
+
+    async def scenario(server: MariaDB) -> list[tuple[str, str, str]]:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE Shop")
+            cur.execute("CREATE TABLE Shop.Orders (id INT PRIMARY KEY)")
+        src = source(server, ["Shop.Orders"])
+        await src.open(None)
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("INSERT INTO Shop.Orders VALUES (1)")
+            cur.execute("TRUNCATE TABLE SHOP.ORDERS")
+            cur.execute("INSERT INTO shop.orders VALUES (2)")
+        try:
+            return [(e.op, e.source.db, e.table) for e in await read_n(src, 3)]
+        finally:
+            await src.close()
+
+    with MariaDB(extra_args=["--lower-case-table-names=1"], server_id=13) as server:
+        events = asyncio.run(scenario(server))
+    assert events == [("c", "shop", "orders"), ("t", "shop", "orders"), ("c", "shop", "orders")]

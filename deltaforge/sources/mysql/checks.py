@@ -98,6 +98,8 @@ class ServerInfo:
     version: str
     server_id: int
     gtid_binlog_pos: str
+    names_fold_case: bool = False
+    """``lower_case_table_names`` is 1 or 2: statements may name a table in any case."""
 
 
 def _variables(cur: Any, names: list[str]) -> dict[str, str]:
@@ -125,7 +127,12 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
         version, server_id = cur.fetchone()
         mariadb = "mariadb" in str(version).lower()
         compression = ["log_bin_compress", "binlog_transaction_compression"]
-        values = _variables(cur, [name for name, _, _ in _REQUIRED] + ["gtid_binlog_pos", *compression])
+        wanted = [name for name, _, _ in _REQUIRED] + [
+            "gtid_binlog_pos",
+            "lower_case_table_names",
+            *compression,
+        ]
+        values = _variables(cur, wanted)
         problems = []
         for name, want, how in _REQUIRED:
             got = values.get(name)
@@ -159,7 +166,8 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
         problems += _filtered_out(conn, captured)
     if problems:
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
-    return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""))
+    fold = values.get("lower_case_table_names", "0") != "0"
+    return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""), fold)
 
 
 _PARSE_ERROR = 1064

@@ -34,6 +34,7 @@ class DecoderSettings(TypedDict):
     patterns: list[tuple[str, ...]]
     schemas: list[str]
     chunk: int
+    fold_case: bool
 
 
 HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)
@@ -105,7 +106,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     binlogstream.MYSQL_EXPECTED_ERROR_CODES.clear()
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
-    patterns = [tuple(p) for p in cfg["patterns"]]
+    fold_case = bool(cfg.get("fold_case"))
+    # lower_case_table_names: names are stored, and row events carry them, in lower case
+    patterns = [
+        tuple(p.lower() for p in pattern) if fold_case else tuple(pattern) for pattern in cfg["patterns"]
+    ]
     wanted_cache: dict[tuple[str, str], bool] = {}
 
     def wanted(schema: str, table: str) -> bool:
@@ -116,6 +121,14 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             )
             wanted_cache[(schema, table)] = hit
         return hit
+
+    def named(schema: str, table: str) -> tuple[str, str] | None:
+        """A table as a statement names it, as row events name it, if captured: a server with
+        lower_case_table_names stores (and row events carry) names in lower case, whatever case
+        the statement used."""
+        if fold_case:
+            schema, table = schema.lower(), table.lower()
+        return (schema, table) if wanted(schema, table) else None
 
     resume = BinlogPosition.from_doc(cfg["resume"])
     kw: dict[str, Any] = {}
@@ -146,7 +159,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             XAPrepareEvent,
             TableMapEvent,  # its column types decode the rows after it: its checksum counts too
         ],
-        only_schemas=cfg["schemas"] or None,
+        only_schemas=[d.lower() if fold_case else d for d in cfg["schemas"]] or None,
         filter_non_implemented_events=False,  # they are checked for undecodable rows below
         slave_heartbeat=HEARTBEAT_S,
         # Each event's CRC32 (binlog_checksum=CRC32, the default) is checked below; the library
@@ -274,7 +287,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 xa.rolled_back(key)
                 standalone = True
             elif ev.query != "BEGIN":
-                standalone = _statement(ev, tx, file, wanted, patterns, halting) or standalone
+                standalone = _statement(ev, tx, file, named, patterns, halting) or standalone
         end = isinstance(ev, XidEvent) or (
             isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
         )
@@ -305,7 +318,7 @@ def _statement(
     ev: Any,
     tx: list[tuple[Any, ...]],
     file: str,
-    wanted: Callable[[str, str], bool],
+    named: Callable[[str, str], tuple[str, str] | None],
     patterns: list[tuple[str, ...]],
     halting: Callable[[Exception], Exception],
 ) -> bool:
@@ -325,8 +338,8 @@ def _statement(
             )
         ) from None
     if target is not None:
-        if wanted(*target):
-            tx.append(("t", target[0], target[1], pos, 0, int(ev.timestamp), None, None))
+        if (table := named(*target)) is not None:
+            tx.append(("t", table[0], table[1], pos, 0, int(ev.timestamp), None, None))
         return True
     verb = statement_dml(query)
     if verb is not None and may_touch(query, db, patterns):

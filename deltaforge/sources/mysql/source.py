@@ -147,6 +147,7 @@ class MySQLSource(Source):
             "patterns": self.patterns,
             "schemas": sorted({p[0] for p in self.patterns if not any(ch in p[0] for ch in "*?[")}),
             "chunk": self.chunk,
+            "fold_case": info.names_fold_case,
         }
         decoder.start(cfg)
         self._decoder = decoder
