@@ -90,8 +90,8 @@ async def test_a_row_change_logged_as_a_statement_halts_the_reader_saying_where(
 def test_on_a_server_that_folds_names_a_truncate_in_any_case_is_delivered() -> None:
     """With lower_case_table_names=1 (Windows, macOS, some managed servers) names are stored,
     and row events carry them, in lower case, while a statement may spell them in any case: a
-    ``TRUNCATE TABLE SHOP.ORDERS`` of the captured ``shop.orders`` was not recognised. Tables
-    listed in another case are captured too."""
+    ``TRUNCATE TABLE SHOP.ORDERS`` of the captured ``shop.orders`` was not recognised, and
+    ``Shop.Orders`` listed in ``tables`` captured nothing at all. Both match in any case now."""
     import asyncio
 
     async def scenario(server: MariaDB) -> list[tuple[str, str, str]]:
@@ -105,6 +105,8 @@ def test_on_a_server_that_folds_names_a_truncate_in_any_case_is_delivered() -> N
             cur.execute("TRUNCATE TABLE SHOP.ORDERS")
             cur.execute("INSERT INTO shop.orders VALUES (2)")
         try:
+            declared = [(t.db, t.table) for t in await src.describe_tables()]
+            assert declared == [("shop", "orders")]  # the schema recorded at start, too
             return [(e.op, e.source.db, e.table) for e in await read_n(src, 3)]
         finally:
             await src.close()

@@ -147,6 +147,9 @@ class MySQLChunks(ChunkReader):
             if name != self.signal and self.source.captures(r["TABLE_SCHEMA"], r["TABLE_NAME"]):
                 captured.setdefault(name, []).append(r)
         out = []
+        info = self.source.info
+        if names and info is not None and info.names_fold_case:  # stored, and read, in lower case
+            names = [n.lower() for n in names]
         for name in names or sorted(captured):
             cols = captured.get(name)
             if cols is None:

@@ -85,10 +85,17 @@ class MySQLSource(Source):
         self._threads = BlockingRunner(1)
 
     def captures(self, db: str, table: str) -> bool:
-        """Whether ``db.table`` is one of the tables this source delivers changes of."""
-        return not self.captured or any(
-            fnmatch.fnmatchcase(db, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.captured
-        )
+        """Whether ``db.table`` is one of the tables this source delivers changes of (in any case
+        on a server that folds names, as the decoder matches them)."""
+        if not self.captured:
+            return True
+        if self.info is not None and self.info.names_fold_case:
+            db, table = db.lower(), table.lower()
+            return any(
+                fnmatch.fnmatchcase(db, p[0].lower()) and fnmatch.fnmatchcase(table, p[-1].lower())
+                for p in self.captured
+            )
+        return any(fnmatch.fnmatchcase(db, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.captured)
 
     def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader | None:
         from deltaforge.sources.mysql.snapshot import MySQLChunks
