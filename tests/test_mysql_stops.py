@@ -102,6 +102,24 @@ def test_a_captured_database_the_binlog_filters_leave_out_is_refused_at_start() 
     assert "binlog_do_db is shop, so changes to 'crm' are never written to the binlog" in str(not_done.value)
 
 
+def test_a_replica_that_does_not_log_what_it_applies_is_refused_at_start() -> None:
+    """Reading a replica started without log_slave_updates read none of what it replicated (it
+    is not in its binlog), for ever, in silence. Refused at start, saying what to set; a replica
+    that logs it is read as before."""
+    with MariaDB(server_id=31) as primary:
+        with primary.replica(log_updates=False) as replica:
+            src = MySQLSource(MySQLSourceConfig(id="r", dsn=replica.dsn(), tables=["shop.t"]))
+            with pytest.raises(SourceMisconfigured) as info:
+                asyncio.run(src.open(None))
+        with primary.replica() as logging_replica:
+            fine = MySQLSource(MySQLSourceConfig(id="r", dsn=logging_replica.dsn(), tables=["shop.t"]))
+            asyncio.run(fine.open(None))
+            asyncio.run(fine.close())
+    assert "this server is a replica (its replication is running) with log_slave_updates=OFF" in str(
+        info.value
+    )
+
+
 def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
     """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
 

@@ -135,9 +135,11 @@ class MariaDB(ServerProcess):
                 time.sleep(0.1)
 
     @contextlib.contextmanager
-    def replica(self) -> Iterator[MariaDB]:
-        """A GTID replica of this server that logs what it applies (so it can be promoted)."""
-        with MariaDB(extra_args=["--log-slave-updates"], server_id=self.server_id + 1) as replica:
+    def replica(self, log_updates: bool = True) -> Iterator[MariaDB]:
+        """A GTID replica of this server that logs what it applies (so it can be promoted), or,
+        with ``log_updates=False``, one that does not (a CDC reader of it would see nothing)."""
+        args = ["--log-slave-updates"] if log_updates else []
+        with MariaDB(extra_args=args, server_id=self.server_id + 1) as replica:
             with replica.root() as conn, conn.cursor() as cur:
                 cur.execute("RESET MASTER")  # only this server's history from here on
                 cur.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.port}, "

@@ -127,12 +127,9 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
         version, server_id = cur.fetchone()
         mariadb = "mariadb" in str(version).lower()
         compression = ["log_bin_compress", "binlog_transaction_compression"]
-        wanted = [name for name, _, _ in _REQUIRED] + [
-            "gtid_binlog_pos",
-            "lower_case_table_names",
-            *compression,
-        ]
-        values = _variables(cur, wanted)
+        relay = ["log_slave_updates", "log_replica_updates"]
+        extra = ["gtid_binlog_pos", "lower_case_table_names", *compression, *relay]
+        values = _variables(cur, [name for name, _, _ in _REQUIRED] + extra)
         problems = []
         for name, want, how in _REQUIRED:
             got = values.get(name)
@@ -146,6 +143,13 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
                     f"{name} is ON; set {name}=OFF (compressed binlog events cannot be decoded, so their rows "
                     "would be lost)"
                 )
+        logged = any(values.get(name, "OFF").upper() in ("ON", "1") for name in relay)
+        if not logged and _replicating(cur, mariadb):
+            problems.append(
+                "this server is a replica (its replication is running) with log_slave_updates=OFF: what it "
+                "applies from its primary is not written to its own binlog, so it would never be captured; "
+                "set log_slave_updates=ON (--log-slave-updates), or read from the primary"
+            )
         cur.execute("SHOW GRANTS")
         grants = " ".join(str(r[0]).upper() for r in cur.fetchall())
     if "ALL PRIVILEGES ON *.*" not in grants:
@@ -168,6 +172,22 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
     fold = values.get("lower_case_table_names", "0") != "0"
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""), fold)
+
+
+def _replicating(cur: Any, mariadb: bool) -> bool:
+    """Whether the server applies changes from a primary now (readable by the CDC user; a server
+    that will not say counts as not replicating)."""
+    try:
+        if mariadb:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Slaves_running'")
+            row = cur.fetchone()
+            return row is not None and int(row[1]) > 0
+        cur.execute(
+            "SELECT COUNT(*) FROM performance_schema.replication_applier_status WHERE SERVICE_STATE = 'ON'"
+        )
+        return int(cur.fetchone()[0]) > 0
+    except (pymysql.err.MySQLError, ValueError, TypeError):
+        return False
 
 
 _PARSE_ERROR = 1064
