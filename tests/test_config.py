@@ -218,6 +218,21 @@ def test_a_secret_setting_of_the_wrong_type_is_named_and_its_value_never_echoed(
     assert not any("hunter2" in e for e in errs)
 
 
+def test_kafka_producer_settings_that_would_weaken_delivery_are_refused_naming_them() -> None:
+    """``producer`` passes librdkafka settings on as given, and they used to override deltaforge's
+    own: ``acks: 1`` let a checkpoint pass records a broker failover then lost, silently."""
+    d = doc()
+    d["spec"]["sinks"] = [{"type": "kafka", "config": {"id": "k", "brokers": "b:9092", "topic": "t",
+                           "producer": {"acks": 1, "enable.idempotence": False, "linger.ms": 20}}}]  # fmt: skip
+    [err] = errors_of(d)
+    assert err.startswith("spec.sinks[0].config.producer: acks=1: deltaforge needs acks=all")
+    assert "; enable.idempotence=False: deltaforge needs the idempotent producer" in err
+    d["spec"]["sinks"][0]["config"]["producer"] = {"transactional.id": "mine"}
+    assert "use exactly_once: true instead" in errors_of(d)[0]
+    d["spec"]["sinks"][0]["config"]["producer"] = {"acks": "all", "enable.idempotence": True, "linger.ms": 20}
+    parse_pipeline(d, env={})  # what it would set anyway, and any other setting, pass
+
+
 def test_a_commit_policy_no_sink_can_satisfy_is_refused() -> None:
     """Every sink optional under 'required' would commit with zero acks: nothing ever checkpointed."""
     d = doc(sinks=[{"type": "stdout", "config": {"id": "a", "required": False}},

@@ -43,6 +43,7 @@ from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableS
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, moves_key, row_key, wire_size
+from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
@@ -59,9 +60,6 @@ _NON_RETRYABLE = {
     KafkaError._AUTHENTICATION,
 }
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-
-
-ProducerValue = str | int | float | bool
 
 
 class KafkaSinkConfig(SinkSettings):
@@ -87,8 +85,10 @@ class KafkaSinkConfig(SinkSettings):
         description="exactly_once: where each batch's source position is written in its transaction "
         "(make it compacted).",
     )
-    producer: dict[str, ProducerValue] = Field(
-        default_factory=dict, description="More librdkafka producer settings, passed as given."
+    producer: ProducerSettings = Field(
+        default_factory=dict,
+        description="More librdkafka producer settings, passed as given (not acks, enable.idempotence "
+        "or transactional.id: deltaforge sets them).",
     )
 
 

@@ -1,0 +1,63 @@
+"""The librdkafka settings a Kafka sink passes on as given (``producer``), and those it may not.
+
+deltaforge checkpoints a batch once the broker has acknowledged every record of it with
+``acks=all`` from an idempotent producer (or once its transaction commits). A setting that
+weakens that would let a checkpoint pass records a broker failover then loses, or duplicates
+a retry would write: refused when the config is read, naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+from deltaforge.configmodel import fail
+
+ProducerValue = str | int | float | bool
+
+
+def _acks(value: Any) -> str | None:
+    if str(value).lower() in ("all", "-1"):
+        return None
+    return (
+        f"acks={value}: deltaforge needs acks=all (every in-sync replica holds a record before its "
+        "batch is checkpointed; with fewer, a broker failover loses acknowledged records)"
+    )
+
+
+def _idempotence(value: Any) -> str | None:
+    if value is True or str(value).lower() == "true":
+        return None
+    return (
+        f"enable.idempotence={value}: deltaforge needs the idempotent producer (a retried batch "
+        "would otherwise write its records twice, or out of order)"
+    )
+
+
+def _transactional_id(value: Any) -> str | None:
+    return (
+        "transactional.id: set by deltaforge for exactly_once (one per pipeline and sink, so a "
+        "restart fences the old producer); use exactly_once: true instead"
+    )
+
+
+_GUARDED = {
+    "acks": _acks,
+    "request.required.acks": _acks,
+    "enable.idempotence": _idempotence,
+    "transactional.id": _transactional_id,
+}
+
+
+def _check(settings: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
+    problems = [
+        why for key, value in settings.items() if (check := _GUARDED.get(key)) and (why := check(value))
+    ]
+    if problems:
+        fail("; ".join(problems))
+    return settings
+
+
+ProducerSettings = Annotated[dict[str, ProducerValue], AfterValidator(_check)]
+"""``producer``: more librdkafka settings, passed as given, except those that would weaken delivery."""
