@@ -75,6 +75,28 @@ async def test_if_newer_never_lets_a_stale_replay_overwrite(postgres: Postgres) 
     await sink.close()
 
 
+async def test_a_target_that_commits_without_flushing_is_made_to_flush_each_batch(postgres: Postgres) -> None:
+    """A database (or role, or server) defaulting to synchronous_commit=off answers COMMIT before
+    the commit is on disk: a crash of the target then lost batches the sink had checkpointed. The
+    sink's session commits with at least a local flush, whatever the default; a stronger setting
+    (waiting for a synchronous standby) is left as it is."""
+    db = await target(postgres, "CREATE TABLE t (id bigint PRIMARY KEY, seq bigint, _df_position text)")
+    admin = await asyncpg.connect(postgres.dsn(db))
+    await admin.execute(f"ALTER DATABASE {db} SET synchronous_commit = off")
+    await admin.execute("CREATE ROLE careful LOGIN PASSWORD 'pw'; GRANT ALL ON t TO careful")
+    await admin.execute(f"ALTER ROLE careful IN DATABASE {db} SET synchronous_commit = remote_apply")
+    await admin.close()
+    settings = []
+    for dsn in (postgres.dsn(db), postgres.dsn(db).replace("postgres@", "careful:pw@", 1)):
+        sink = PostgresSink(parse_pipeline(pg_doc(dsn, table="t"), env={}).sinks[0])
+        await sink.open()
+        assert sink._conn is not None
+        settings.append(await sink._conn.fetchval("SHOW synchronous_commit"))
+        await sink.deliver([make_event(1)])
+        await sink.close()
+    assert settings == ["local", "remote_apply"]
+
+
 async def test_missing_table_is_non_retryable_with_sink_id(postgres: Postgres) -> None:
     db = await fresh_db(postgres)
     sink = PostgresSink(parse_pipeline(pg_doc(postgres.dsn(db)), env={}).sinks[0])

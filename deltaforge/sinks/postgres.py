@@ -101,7 +101,13 @@ class PostgresSink(Sink[PostgresSinkConfig]):
 
     async def open(self) -> None:
         try:
-            self._conn = await asyncpg.connect(self.dsn, timeout=10)
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+            # A batch is checkpointed once its COMMIT returns. With synchronous_commit=off (the
+            # server's, the database's or the role's default) that is before the commit is on
+            # disk, and a crash of the target then loses batches the checkpoint has passed.
+            if await conn.fetchval("SHOW synchronous_commit") == "off":
+                await conn.execute("SET synchronous_commit = local")
+            self._conn = conn
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}") from None
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
