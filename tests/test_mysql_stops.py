@@ -248,3 +248,54 @@ def test_the_binlog_status_is_asked_as_each_server_understands_it() -> None:
     assert binlog_status(mysql84) == binlog_status(mariadb) == ("mysql-bin.000003", 157, "", "")
     assert mysql84.asked == ["SHOW BINARY LOG STATUS"]
     assert mariadb.asked == ["SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"]
+
+
+def test_partial_json_updates_are_refused_at_start_saying_what_to_set() -> None:
+    """MySQL 8 can log a JSON update as the changed part of the document only
+    (binlog_row_value_options=PARTIAL_JSON): such events were not even asked of the binlog
+    reader, so those updates were skipped. Refused at start (and, met while reading because a
+    session set it, the reader halts like on a compressed event). MariaDB has no such setting,
+    and no MySQL server runs here: a connection answering as a MySQL 8.4 with it set stands in."""
+    from deltaforge.sources.mysql.checks import check_preconditions
+
+    answers = {
+        "SELECT VERSION(), @@server_id": [("8.4.0", 1)],
+        "SHOW GLOBAL VARIABLES": [
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+            ("binlog_row_metadata", "FULL"),
+            ("binlog_row_value_options", "PARTIAL_JSON"),
+            ("log_replica_updates", "ON"),
+        ],
+        "SHOW GRANTS": [("GRANT ALL PRIVILEGES ON *.* TO `cdc`@`%`",)],
+        "SHOW BINARY LOG STATUS": [("binlog.000001", 157, "", "")],
+    }
+
+    class Cursor:
+        rows: list[tuple[object, ...]] = []
+
+        def __enter__(self) -> Cursor:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def execute(self, sql: str, params: object = None) -> None:
+            self.rows = next(rows for start, rows in answers.items() if sql.startswith(start))
+
+        def fetchone(self) -> tuple[object, ...] | None:
+            return self.rows[0] if self.rows else None
+
+        def fetchall(self) -> list[tuple[object, ...]]:
+            return self.rows
+
+    class Conn:
+        def cursor(self) -> Cursor:
+            return Cursor()
+
+    with pytest.raises(SourceMisconfigured) as info:
+        check_preconditions(Conn(), "127.0.0.1:3306", [("shop", "t")])
+    assert "binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options=''" in str(info.value)
+    answers["SHOW GLOBAL VARIABLES"][4] = ("binlog_row_value_options", "")
+    assert check_preconditions(Conn(), "127.0.0.1:3306", [("shop", "t")]).version == "8.4.0"

@@ -128,7 +128,13 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
         mariadb = "mariadb" in str(version).lower()
         compression = ["log_bin_compress", "binlog_transaction_compression"]
         relay = ["log_slave_updates", "log_replica_updates"]
-        extra = ["gtid_binlog_pos", "lower_case_table_names", *compression, *relay]
+        extra = [
+            "gtid_binlog_pos",
+            "lower_case_table_names",
+            "binlog_row_value_options",
+            *compression,
+            *relay,
+        ]
         values = _variables(cur, [name for name, _, _ in _REQUIRED] + extra)
         problems = []
         for name, want, how in _REQUIRED:
@@ -143,6 +149,11 @@ def check_preconditions(conn: Any, where: str, captured: Sequence[tuple[str, ...
                     f"{name} is ON; set {name}=OFF (compressed binlog events cannot be decoded, so their rows "
                     "would be lost)"
                 )
+        if "PARTIAL_JSON" in values.get("binlog_row_value_options", "").upper():
+            problems.append(
+                "binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options='' (a partial JSON "
+                "update carries only the changed part of a document, so its row could not be delivered whole)"
+            )
         logged = any(values.get(name, "OFF").upper() in ("ON", "1") for name in relay)
         if not logged and _replicating(cur, mariadb):
             problems.append(

@@ -55,6 +55,10 @@ _UNDECODABLE = {
     171: "a MariaDB compressed row event",
     40: "a MySQL compressed transaction payload",
 }
+_PARTIAL_JSON = (
+    "a MySQL partial JSON update (binlog_row_value_options=PARTIAL_JSON, set for the session that wrote "
+    "it): it carries only the changed part of a document, so its row cannot be delivered whole"
+)
 
 
 def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
@@ -96,7 +100,13 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         XAPrepareEvent,
         XidEvent,
     )
-    from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+    from pymysqlreplication.row_event import (
+        DeleteRowsEvent,
+        PartialUpdateRowsEvent,
+        TableMapEvent,
+        UpdateRowsEvent,
+        WriteRowsEvent,
+    )
 
     # The library reconnects by itself after a lost connection (2013, 2006), from where *it*
     # thinks the stream is: on MariaDB the GTID it was started at, replaying every transaction
@@ -149,6 +159,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         is_mariadb=cfg["is_mariadb"] and not cfg["by_file"],
         only_events=[
             *rows_types,
+            PartialUpdateRowsEvent,  # never decoded: halts below (left out, it was skipped)
             XidEvent,
             QueryEvent,
             RotateEvent,
@@ -221,6 +232,15 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                         f"{what} (type {ev.event_type}) at {file}:{ev.packet.log_pos} cannot be decoded and may "
                         "hold rows; set log_bin_compress=OFF (MariaDB) or binlog_transaction_compression=OFF "
                         "(MySQL) and re-snapshot from a position after it"
+                    )
+                )
+            continue
+        if isinstance(ev, PartialUpdateRowsEvent):
+            if wanted(ev.schema, ev.table):
+                raise halting(
+                    Undecodable(
+                        f"{_PARTIAL_JSON} at {file}:{ev.packet.log_pos} on {ev.schema}.{ev.table}; set "
+                        "binlog_row_value_options='' and re-snapshot the table from a position after it"
                     )
                 )
             continue
