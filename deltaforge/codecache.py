@@ -12,7 +12,8 @@ code looks up before the builtin): each text is compiled once, as ``exec`` would
 the user's cache directory, keyed by Python's bytecode magic number. What is run is unchanged:
 the same text gives the same code. A missing, unreadable or stale file only means compiling, as
 before; the file is written at exit when something new was compiled, unless bytecode writing is
-off (``PYTHONDONTWRITEBYTECODE``), as for ``.pyc`` files.
+off (``PYTHONDONTWRITEBYTECODE``), as for ``.pyc`` files. It is trusted as those are: whoever
+can write the user's cache directory can already change what the user's Python runs.
 """
 
 from __future__ import annotations
