@@ -267,3 +267,50 @@ async def test_a_process_ending_before_the_first_checkpoint_leaves_where_its_str
         cur.execute("DELETE FROM items WHERE id = 1")
     second, task = early_pipeline(mariadb.dsn(db), db, store, got)
     assert await replay_after_the_second_snapshot(mariadb, db, got, second, task) == {2, 3, 4}, got
+
+
+async def test_a_table_growing_at_its_end_faster_than_it_is_read_still_finishes(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """Each chunk read here is followed by more new rows at the table's end than the chunk held.
+    A snapshot reading to the end of the table never finished (this test timed out, and so did
+    a full suite's snapshot under load); it now ends at the largest key it found when it began,
+    as Debezium's incremental snapshots do, and the rows added after come through the stream.
+    The sink ends equal to the table."""
+    from deltaforge.sources.mysql.config import MySQLSourceConfig
+    from deltaforge.sources.mysql.snapshot import MySQLChunks
+    from deltaforge.sources.mysql.source import MySQLSource
+
+    db = prepare(mariadb, 100)
+    added = 0
+
+    class Growing(MySQLChunks):
+        async def chunk(self, table: Any, after: Any, limit: int) -> Any:
+            nonlocal added
+            got = await super().chunk(table, after, limit)
+            with mariadb.root(db) as c, c.cursor() as cur:  # 15 new rows at the end for every 10 read
+                cur.execute("INSERT INTO items SELECT 1000 + %s + seq, seq, 'new' FROM seq_1_to_15", (added,))
+            added += 15
+            return got
+
+    class Source(MySQLSource):
+        def chunk_reader(self, settings: Any) -> Any:
+            return Growing(self, self.signal_table or "")
+
+    doc = spec(tmp_path, mariadb, db, chunk_size=10)
+    cfg = parse_pipeline({"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "shop"},
+                          "spec": doc}, env={})  # fmt: skip
+    source = Source(MySQLSourceConfig.model_validate(doc["source"]["config"]))
+    runner = PipelineRunner(cfg, source=source)
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: runner.ctx.snapshot.to_dict()["finished"] != [], timeout=120,
+                         what="the snapshot finished")  # fmt: skip
+    finally:
+        await runner.drain()
+        await task
+    lines = jsonl(tmp_path / "events.jsonl")
+    snapshot_rows = [d for d in lines if d["op"] == "r"]
+    assert 100 <= len(snapshot_rows) <= 100 + 15 * 2  # the table as it began, give or take a chunk
+    assert added >= 150
+    assert replay(lines) == table_state(mariadb, db)

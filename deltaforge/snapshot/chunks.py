@@ -31,6 +31,21 @@ class ChunkReader(ABC):
     parallel = True
     """Whether chunks of several tables may share a window."""
 
+    bounded = False
+    """Whether a table's snapshot ends at its largest key when it started (:meth:`last_key`,
+    :meth:`remaining`), as Debezium's incremental snapshots do. Rows that get a larger key later
+    are inserted (or moved there) after that: the stream delivers them. Unbounded, a table that
+    gains rows at its end faster than chunks are read was never done."""
+
+    async def last_key(self, table: TableRef) -> list[Any] | None:
+        """The largest key of ``table`` now, as :meth:`chunk` returns keys (None: it is empty)."""
+        raise NotImplementedError
+
+    async def remaining(self, table: TableRef, after: list[Any], bound: list[Any]) -> bool:
+        """Whether ``table`` has rows with a key after ``after`` and not after ``bound`` (compared
+        by the database, in the key's own order)."""
+        raise NotImplementedError
+
     @abstractmethod
     async def open(self, parallel: int) -> None:
         """Connect (``parallel`` connections: chunks of that many tables are read at once)."""

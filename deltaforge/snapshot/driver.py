@@ -51,6 +51,9 @@ class SnapshotDriver:
         """Where each table's next chunk starts: ahead of the saved progress while windows are open."""
         self.exhausted: set[str] = set()
         """Tables whose last chunk has been read (it may still be waiting for its window to close)."""
+        self.bounds: dict[str, list[Any] | None] = {}
+        """Each table's largest key when this run first read it: its snapshot ends there
+        (``ChunkReader.bounded``)."""
         self.log = log
         self.status = ctx.snapshot
 
@@ -115,6 +118,7 @@ class SnapshotDriver:
             await self.progress.extend([t.name for t in added], estimates)
             for t in added:
                 self.exhausted.discard(t.name)  # asked for again after it was read
+                self.bounds.pop(t.name, None)
                 self.next_key[t.name] = None
                 state.pending.append(t.name)
                 state.cursors.pop(t.name, None)
@@ -143,7 +147,8 @@ class SnapshotDriver:
     async def _take(self, state: SnapshotState | None) -> None:
         """Make ``state`` the running snapshot."""
         if state is not None and (self.state is None or self.state.id != state.id):
-            self.next_key, self.exhausted = {}, set()  # another snapshot: every table from its progress
+            # another snapshot: every table from its progress, up to its largest key from now
+            self.next_key, self.exhausted, self.bounds = {}, set(), {}
         self.state = state
         if state is None:
             return
@@ -186,12 +191,19 @@ class SnapshotDriver:
                 progress.started_at = time.time()
                 self.log.info("snapshot_table_started", snapshot=state.id, table=t.name,
                               rows=state.rows.get(t.name, 0), estimate=state.estimates.get(t.name, 0))  # fmt: skip
+        if reader.bounded:
+            for t in active:
+                if t.name not in self.bounds:
+                    self.bounds[t.name] = await reader.last_key(t)
         wid = uuid.uuid4().hex[:16]
         await reader.watermark("open", wid)
         results = await asyncio.gather(*(reader.chunk(t, self.next_key.get(t.name), size) for t in active))
         await reader.watermark("close", wid)
         chunks = {}
         for t, (rows, last, more) in zip(active, results, strict=True):
+            if more and reader.bounded:  # the table's end when this run began, or nothing after it
+                bound = self.bounds.get(t.name)
+                more = bound is not None and last is not None and await reader.remaining(t, last, bound)
             chunks[t.name] = Chunk(t, rows, last, more)
             self.next_key[t.name] = last
             if not more:
@@ -282,7 +294,7 @@ class SnapshotDriver:
             await self.progress.confirm(durable.order)
 
     async def close(self) -> None:
-        self.windows, self.next_key, self.exhausted = [], {}, set()
+        self.windows, self.next_key, self.exhausted, self.bounds = [], {}, set(), {}
         if self.reader is not None:
             await self.reader.close()
 

@@ -54,6 +54,8 @@ class _Table:
         keys = ", ".join(quote_ident(k) for k in ref.key)
         marks = ", ".join(["%s"] * len(ref.key))
         after = f" WHERE ({keys}) > ({marks})"
+        self.last_key = f"SELECT {keys} FROM {target} ORDER BY {', '.join(f'{quote_ident(k)} DESC' for k in ref.key)} LIMIT 1"
+        self.remaining = f"SELECT EXISTS (SELECT 1 FROM {target}{after} AND ({keys}) <= ({marks})) AS found"
         self.first = f"SELECT {select} FROM {target} ORDER BY {keys} LIMIT %s"
         self.after = f"SELECT {select} FROM {target}{after} ORDER BY {keys} LIMIT %s"
         self.json = JsonChunks.of(columns)
@@ -204,6 +206,24 @@ class MySQLChunks(ChunkReader):
             )
             found = await cur.fetchone()
             return int((found or {}).get("TABLE_ROWS") or 0)
+
+        return await self._run(read)
+
+    bounded = True
+
+    async def last_key(self, table: TableRef) -> list[Any] | None:
+        async def read(cur: aiomysql.Cursor) -> list[Any] | None:
+            await cur.execute(self.known[table.name].last_key)
+            row = await cur.fetchone()
+            return None if row is None else [_json_key(row[k]) for k in table.key]
+
+        return await self._run(read)
+
+    async def remaining(self, table: TableRef, after: list[Any], bound: list[Any]) -> bool:
+        async def read(cur: aiomysql.Cursor) -> bool:
+            await cur.execute(self.known[table.name].remaining, (*after, *bound))
+            row = await cur.fetchone()
+            return bool(row and row["found"])
 
         return await self._run(read)
 

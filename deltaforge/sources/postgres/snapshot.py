@@ -73,6 +73,15 @@ class _Table:
         # Qualified: ORDER BY a bare name would sort by the output column, the text cast.
         keys = ", ".join(f"t.{quote_ident(k)}" for k in ref.key)
         params = ", ".join(f"${i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
+        n = len(ref.key)
+        bound = ", ".join(f"${n + i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
+        self.last_key = (
+            f"SELECT {', '.join(f't.{quote_ident(k)}::text' for k in ref.key)} FROM {target} t "
+            f"ORDER BY {', '.join(f't.{quote_ident(k)} DESC' for k in ref.key)} LIMIT 1"
+        )
+        self.remaining = (
+            f"SELECT EXISTS (SELECT 1 FROM {target} t WHERE ({keys}) > ({params}) AND ({keys}) <= ({bound}))"
+        )
         self.first = f"SELECT {cols} FROM {target} t ORDER BY {keys} LIMIT $1"
         self.after = f"SELECT {cols} FROM {target} t WHERE ({keys}) > ({params}) ORDER BY {keys} LIMIT ${len(ref.key) + 1}"
 
@@ -151,6 +160,17 @@ class PostgresChunks(ChunkReader):
             lambda conn: conn.fetchval("SELECT reltuples::bigint FROM pg_class WHERE oid = $1", oid)
         )
         return max(int(found or 0), 0)
+
+    bounded = True
+
+    async def last_key(self, table: TableRef) -> list[Any] | None:
+        sql = self.known[table.name].last_key
+        row = await self._run(lambda conn: conn.fetchrow(sql))
+        return None if row is None else [str(v) for v in row]
+
+    async def remaining(self, table: TableRef, after: list[Any], bound: list[Any]) -> bool:
+        sql = self.known[table.name].remaining
+        return bool(await self._run(lambda conn: conn.fetchval(sql, *after, *bound)))
 
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
