@@ -109,6 +109,55 @@ async def test_a_database_nobody_writes_is_snapshotted_whole(tmp_path: Path) -> 
     assert snapshot_rows_in(out) == 1000  # each row once
 
 
+async def test_a_table_growing_at_its_end_faster_than_it_is_read_still_finishes(tmp_path: Path) -> None:
+    """As for MariaDB (tests/test_snapshot_mariadb.py): 15 captured rows added at the end for
+    every 10 a chunk reads; the snapshot ends at the largest key it began with, the stream
+    delivers the rest, and the sink ends equal to the table."""
+    from deltaforge.sources.turso.snapshot import TursoChunks
+    from deltaforge.sources.turso.source import TursoSource
+    from tests.helpers import jsonl
+    from tests.snapshot_kit import replay
+
+    db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
+    existing_rows(db, 100)
+    grow = turso.connect(str(db))
+    grow.execute("PRAGMA unstable_capture_data_changes_conn('full')")
+    added = 0
+
+    class Growing(TursoChunks):
+        def _chunk(self, table: Any, after: Any, limit: int) -> Any:
+            nonlocal added
+            got = super()._chunk(table, after, limit)
+            grow.executemany(
+                "INSERT INTO items VALUES (?, ?, 'new')", [(1000 + added + i, i) for i in range(1, 16)]
+            )
+            grow.commit()
+            added += 15
+            return got
+
+    class Source(TursoSource):
+        def chunk_reader(self, settings: Any) -> Any:
+            return Growing(self)
+
+    d = doc(source_path=str(db), sinks=[{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            batch={"max_events": 100, "max_ms": 20})  # fmt: skip
+    d["spec"]["source"]["config"].update(
+        {"tables": ["items"], "snapshot": {"mode": "initial", "chunk_size": 10}}
+    )
+    cfg = parse_pipeline(d, env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=Source(cfg.source.config, cfg.tenant))
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: bool(runner.ctx.snapshot.finished), timeout=60, what="snapshot finished")
+        final = table_state(db)
+        await wait_until(lambda: replay(jsonl(out)) == final, timeout=60, what="sink caught up")
+    finally:
+        await runner.drain()
+        await task
+        grow.close()
+    assert 100 <= snapshot_rows_in(out) <= 100 + 15 * 2 and added >= 150
+
+
 class RefusingProgress(MemoryCheckpointStore):
     """Refuses every write of snapshot progress while ``full`` (as a full disk would)."""
 

@@ -87,6 +87,37 @@ class TursoChunks(ChunkReader):
 
         return await self.source._threads.run(count)
 
+    bounded = True
+
+    async def last_key(self, table: TableRef) -> list[Any] | None:
+        keys = table.key
+
+        def read() -> list[Any] | None:
+            conn = self.source.connection()
+            order = ", ".join(f"{_quote(k)} DESC" for k in keys)
+            row = conn.execute(
+                f"SELECT {', '.join(_quote(k) for k in keys)} FROM {_quote(table.name)} ORDER BY {order} LIMIT 1"
+            ).fetchone()
+            conn.commit()
+            return None if row is None else list(row)
+
+        return await self.source._threads.run(read)
+
+    async def remaining(self, table: TableRef, after: list[Any], bound: list[Any]) -> bool:
+        keys, marks = ", ".join(_quote(k) for k in table.key), ", ".join("?" * len(table.key))
+
+        def read() -> bool:
+            conn = self.source.connection()
+            found = conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {_quote(table.name)} WHERE ({keys}) > ({marks}) "
+                f"AND ({keys}) <= ({marks}))",
+                (*after, *bound),
+            ).fetchone()
+            conn.commit()
+            return bool(found and found[0])
+
+        return await self.source._threads.run(read)
+
     async def chunk(
         self, table: TableRef, after: list[Any] | None, limit: int
     ) -> tuple[list[Row], list[Any] | None, bool]:
