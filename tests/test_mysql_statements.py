@@ -10,18 +10,15 @@ import pytest
 
 from deltaforge.sources.base import SourceMisconfigured
 from deltaforge.sources.mysql.source import MySQLSource
-from tests.mysql_kit import fresh_db, read_n, source
+from tests.mysql_kit import opened_on, read_n, source
 from tests.servers.mariadb import MariaDB
 
 
 async def _capturing_t_beside(mariadb: MariaDB, other: str) -> tuple[str, MySQLSource]:
     """A fresh database with tables ``t`` and ``other``, and a source capturing ``t`` only, open."""
-    db = fresh_db(mariadb)
+    db, src = await opened_on(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
         cur.execute(f"CREATE TABLE {other} (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.t"])
-    await src.open(None)
     return db, src
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import fnmatch
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import STRING_TYPES, TIMESTAMP_TYPES, as_bytes, as_utc, primary_key
-from deltaforge.sources.mysql.statements import UnreadableTruncate, may_touch, statement_dml, truncated
+from deltaforge.sources.mysql.statements import Unreadable, rows_of_statement
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 
@@ -114,7 +114,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     # another server, past the reconciler. The loss must reach the source instead, which
     # reopens from the checkpoint after reconciling.
     binlogstream.MYSQL_EXPECTED_ERROR_CODES.clear()
-    rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
+    rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)  # a PartialUpdateRowsEvent is one
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
     fold_case = bool(cfg.get("fold_case"))
     # lower_case_table_names: names are stored, and row events carry them, in lower case
@@ -235,15 +235,6 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     )
                 )
             continue
-        if isinstance(ev, PartialUpdateRowsEvent):
-            if wanted(ev.schema, ev.table):
-                raise halting(
-                    Undecodable(
-                        f"{_PARTIAL_JSON} at {file}:{ev.packet.log_pos} on {ev.schema}.{ev.table}; set "
-                        "binlog_row_value_options='' and re-snapshot the table from a position after it"
-                    )
-                )
-            continue
         if isinstance(ev, MariadbGtidEvent | GtidEvent):
             tx_gtid = ev.gtid
             standalone = isinstance(ev, MariadbGtidEvent) and bool(ev.flags & _STANDALONE)
@@ -252,6 +243,14 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if isinstance(ev, rows_types):
             if not wanted(ev.schema, ev.table):
                 continue
+            op = op_of.get(type(ev))
+            if op is None:  # a PartialUpdateRowsEvent (the only row event type not in op_of)
+                raise halting(
+                    Undecodable(
+                        f"{_PARTIAL_JSON} at {file}:{ev.packet.log_pos} on {ev.schema}.{ev.table}; set "
+                        "binlog_row_value_options='' and re-snapshot the table from a position after it"
+                    )
+                )
             table = f"{ev.schema}.{ev.table}"
             pos = int(ev.packet.log_pos)
             columns = tuple((c.name, c.type) for c in ev.columns)
@@ -265,7 +264,6 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 keys = primary_key(ev)
                 cols = [{"name": n, "type": t, "key": n in keys} for n, t in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
-            op = op_of[type(ev)]
             ts = int(ev.timestamp)
             rows = ev.rows
             if instants[table]:
@@ -307,7 +305,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 xa.rolled_back(key)
                 standalone = True
             elif ev.query != "BEGIN":
-                standalone = _statement(ev, tx, file, named, patterns, halting) or standalone
+                try:
+                    standalone = rows_of_statement(ev, tx, named, patterns) or standalone
+                except Unreadable as exc:
+                    raise halting(Undecodable(f"{exc} at {file}:{ev.packet.log_pos} {exc.why}")) from None
         end = isinstance(ev, XidEvent) or (
             isinstance(ev, QueryEvent) and (standalone or ev.query.strip().upper() == "COMMIT")
         )
@@ -332,47 +333,6 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
-
-
-def _statement(
-    ev: Any,
-    tx: list[tuple[Any, ...]],
-    file: str,
-    named: Callable[[str, str], tuple[str, str] | None],
-    patterns: list[tuple[str, ...]],
-    halting: Callable[[Exception], Exception],
-) -> bool:
-    """A query event that changes rows without row events (see ``statements.py``): a TRUNCATE
-    of a captured table joins ``tx`` as ``op: t``; True if it ends its group (TRUNCATE commits
-    on its own, and MySQL writes no XID after it). A DML statement that may touch a captured
-    table halts: its rows are not in the binlog."""
-    query, pos = ev.query, int(ev.packet.log_pos)
-    db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema)
-    try:
-        target = truncated(query, db)
-    except UnreadableTruncate as exc:
-        raise halting(
-            Undecodable(
-                f"a TRUNCATE at {file}:{pos} whose table cannot be told ({exc}): it may have emptied a "
-                "captured table; re-snapshot the captured tables from a position after it"
-            )
-        ) from None
-    if target is not None:
-        if (table := named(*target)) is not None:
-            tx.append(("t", table[0], table[1], pos, 0, int(ev.timestamp), None, None))
-        return True
-    verb = statement_dml(query)
-    if verb is not None and may_touch(query, db, patterns):
-        raise halting(
-            Undecodable(
-                f"{verb} logged as a statement at {file}:{pos} (session database {db!r}): a session "
-                "wrote with binlog_format STATEMENT or MIXED, so its rows are not in the binlog and "
-                "cannot be delivered; set binlog_format=ROW globally, keep clients from SET SESSION "
-                "binlog_format (it needs SUPER or BINLOG ADMIN), and re-snapshot the tables it changed "
-                "from a position after it"
-            )
-        )
-    return False
 
 
 def _each_once(reader: Any) -> Iterator[Any]:

@@ -27,6 +27,8 @@ reader halts rather than skip them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 _IDENT = r"(?:`(?:[^`]|``)+`|[0-9A-Za-z_$\u0080-\uffff]+)"
 _COMMENTS = re.compile(r"(?:\s+|/\*(?!!).*?\*/|(?:--\s|#)[^\n]*(?:\n|$))*", re.S)
@@ -39,6 +41,15 @@ _VERB = re.compile(r"(TRUNCATE|INSERT|UPDATE|DELETE|REPLACE|LOAD)\b", re.I)
 
 class UnreadableTruncate(Exception):
     """A TRUNCATE whose table cannot be told: it may have emptied a captured table."""
+
+
+class Unreadable(Exception):
+    """A statement whose changes cannot be delivered: what it is (``str``), then why and what to do
+    (``why``); the decoder puts where it is in between and halts."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(what)
+        self.why = why
 
 
 def _unquote(name: str) -> str:
@@ -92,3 +103,38 @@ def _named(name: str, query: str) -> bool:
     if any(ch in name for ch in "*?["):
         return True
     return re.search(rf"(?<![0-9A-Za-z_$]){re.escape(name)}(?![0-9A-Za-z_$])", query, re.I) is not None
+
+
+def rows_of_statement(
+    ev: Any, tx: list[tuple[Any, ...]], named: Callable[[str, str], tuple[str, str] | None],
+    patterns: list[tuple[str, ...]],
+) -> bool:  # fmt: skip
+    """A query event ``ev`` (not BEGIN) that changes rows without row events: a TRUNCATE of a
+    captured table (``named`` says which, as row events name it) joins ``tx`` as ``op: t``; True if
+    it ends its group (TRUNCATE commits on its own, and MySQL writes no XID after it). A DML
+    statement that may touch a captured table raises :class:`Unreadable`: its rows are not in the
+    binlog."""
+    query, pos = ev.query, int(ev.packet.log_pos)
+    db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema)
+    try:
+        target = truncated(query, db)
+    except UnreadableTruncate as exc:
+        raise Unreadable(
+            "a TRUNCATE",
+            f"whose table cannot be told ({exc}): it may have emptied a captured table; re-snapshot the "
+            "captured tables from a position after it",
+        ) from None
+    if target is not None:
+        if (table := named(*target)) is not None:
+            tx.append(("t", table[0], table[1], pos, 0, int(ev.timestamp), None, None))
+        return True
+    verb = statement_dml(query)
+    if verb is not None and may_touch(query, db, patterns):
+        raise Unreadable(
+            f"{verb} logged as a statement",
+            f"(session database {db!r}): a session wrote with binlog_format STATEMENT or MIXED, so its rows "
+            "are not in the binlog and cannot be delivered; set binlog_format=ROW globally, keep clients "
+            "from SET SESSION binlog_format (it needs SUPER or BINLOG ADMIN), and re-snapshot the tables it "
+            "changed from a position after it",
+        )
+    return False
