@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import sys
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 import yaml
 
+from deltaforge.snapshot.chunks import SnapshotRefused
 from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
 from tests.postgres_kit import chunk_reader_on, fresh_db
 from tests.serve_proc import serve_pipeline
@@ -26,6 +28,7 @@ from tests.snapshot_kit import (
     check_handoff,
     kill_during_snapshot,
     pipeline_spec,
+    replay,
     snapshot_done,
     snapshot_rows_in,
     snapshot_status,
@@ -287,6 +290,41 @@ def test_a_signal_row_asks_for_a_snapshot_on_postgres(postgres: Postgres, tmp_pa
     assert {d["source"]["table"] for d in lines} == {"items"}  # the signal row itself is not delivered
 
 
+def test_a_publications_row_filter_and_column_list_hold_for_snapshot_rows_too(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A user's publication may publish some rows (a row filter) and some columns (a column list,
+    how personal data is kept out of a publication); its changes carry only those, so the
+    snapshot must too. Read whole, it delivered the columns the user kept out, and rows outside
+    the filter whose later changes are never published: they stayed in every sink for good."""
+    db = prepare(postgres, 1000)
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        # What the filter and column list name must be the replica identity, for updates and deletes.
+        conn.execute("CREATE UNIQUE INDEX items_id_v ON items (id, v)")
+        conn.execute("ALTER TABLE items REPLICA IDENTITY USING INDEX items_id_v")
+        conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE items (id, v) WHERE (v % 2 = 0)")
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, spec(tmp_path, postgres, db, chunk_size=100)) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute("UPDATE items SET v = v + 1 WHERE id IN (2, 3)")  # 2 leaves the filter, 3 enters
+            conn.execute("DELETE FROM items WHERE id IN (4, 5)")
+            conn.execute("INSERT INTO items VALUES (2001, 2001, 'y'), (2002, 2002, 'y')")
+        target = wal_now(postgres, db)
+        wait_until_sync(lambda: caught_up(tmp_path, target), timeout=60, what="sink caught up")
+        assert serve.terminate() == 0
+    lines = jsonl(out)
+    assert snapshot_rows_in(out) == 500
+    assert not [d for d in lines if "payload" in {**(d["before"] or {}), **(d["after"] or {})}]
+    assert replay(lines) == {i: v for i, v in table_state(postgres, db).items() if v % 2 == 0}
+    filtered = [
+        json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines() if "publication_filters" in x
+    ]
+    assert filtered and filtered[0]["tables"] == {
+        "public.items": {"columns": ["id", "v"], "rows": "((v % (2)::bigint) = 0)"}
+    }
+
+
 def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_now(
     postgres: Postgres,
 ) -> None:
@@ -307,6 +345,25 @@ def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_
     assert first == [{"id": 1, "v": "a"}]
     assert second == [{"id": 2, "v": "b", "extra": pytest.approx(7.5)}]
     assert third == [{"id": 3, "extra": pytest.approx(7.5)}] and not more
+
+
+def test_snapshot_rows_leave_out_what_changes_leave_out(postgres: Postgres) -> None:
+    """pgoutput (PostgreSQL 15) sends no generated column; a snapshot row carrying one held a
+    value no later change of the row replaced. A column list that leaves out the key cannot be
+    read in key order: refused, saying so."""
+
+    async def run() -> tuple[list[Any], str]:
+        async with chunk_reader_on(postgres, "(1, 'a'), (2, 'b')") as (db, conn, reader, ref):
+            await conn.execute("ALTER TABLE t ADD COLUMN w int GENERATED ALWAYS AS (id * 2) STORED")
+            rows, _, _ = await reader.chunk(ref, None, 10)
+            await conn.execute(f"ALTER PUBLICATION p_{db} SET TABLE t (v)")
+            with pytest.raises(SnapshotRefused) as refused:
+                await reader.tables(["public.t"])
+        return rows, str(refused.value)
+
+    rows, refused = asyncio.run(run())
+    assert rows == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]
+    assert "leaves key column(s) id out of its column list" in refused
 
 
 def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(postgres: Postgres) -> None:

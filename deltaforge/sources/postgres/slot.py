@@ -65,6 +65,7 @@ async def check_publication(
                 reason="unlogged tables are not written to the WAL, so logical decoding never sees their changes",
             )  # fmt: skip
         return
+    await _name_filters(conn, pub["oid"], publication)
     if not listed:
         return
     missing = [t for t in dict.fromkeys(listed) if not await _published(conn, pub["oid"], t, who)]
@@ -89,6 +90,34 @@ async def check_publication(
         f"{who}: publication {publication!r} does not include {', '.join(missing)}, so their changes would "
         f"never be delivered; run {add} (or set create: true to let deltaforge add them)"
     )
+
+
+# PostgreSQL 15: row filters and column lists
+_FILTERS = (
+    "SELECT n.nspname || '.' || c.relname, pg_get_expr(r.prqual, r.prrelid), "
+    "(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a "
+    " WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs)) "
+    "FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE r.prpubid = $1 AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL) ORDER BY 1"
+)
+
+
+async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) -> None:
+    """Log the publication's row filters and column lists: what they leave out is never decoded.
+    A user's choice, so not refused, but said at every open (snapshots apply the same ones)."""
+    if not await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_publication_rel'::regclass "
+        "AND attname = 'prqual')"
+    ):
+        return
+    found = await conn.fetch(_FILTERS, pub)
+    if found:
+        structlog.get_logger().warning(
+            "publication_filters", actor="PostgresSource", publication=publication,
+            tables={str(r[0]): {"columns": r[2], "rows": r[1]} for r in found},
+            reason="changes to rows outside a row filter, and columns outside a column list, are not published, "
+            "so never delivered; snapshots read the same rows and columns",
+        )  # fmt: skip
 
 
 _UNLOGGED = (

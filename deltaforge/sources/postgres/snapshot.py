@@ -40,6 +40,7 @@ _COLUMNS = (
     "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
     "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
 )
+_GENERATED = "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND attgenerated <> ''"
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
 
 
@@ -53,11 +54,21 @@ NATIVE = {16, 20, 21, 23, 25, 1043}
 conversion gives, without the text round trip (a third of a chunk's cost)."""
 
 
+_SHAPE = "SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
+"""PostgreSQL 15: the columns (its column list, else all) and rows (its row filter) a publication
+publishes of a table; pgoutput sends only those, so a snapshot reads only those."""
+
+Shape = tuple[list[tuple[str, int, str]], str | None]
+"""The columns a snapshot reads of a table (name, type oid, declared type; in table order), and
+the row filter it applies (SQL, or None)."""
+
+
 class _Table:
     """How one table is read: its select, and its columns' converters."""
 
-    def __init__(self, ref: TableRef, oid: int, columns: list[tuple[str, int, str]]) -> None:
-        self.ref, self.oid = ref, oid
+    def __init__(self, ref: TableRef, oid: int, shape: Shape) -> None:
+        self.ref, self.oid, self.shape = ref, oid, shape
+        columns, where = shape
         self.columns = columns
         self.names = [c[0] for c in columns]
         self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
@@ -75,15 +86,16 @@ class _Table:
         params = ", ".join(f"${i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
         n = len(ref.key)
         bound = ", ".join(f"${n + i + 1}::text::{key_types[k]}" for i, k in enumerate(ref.key))
+        # The row filter as the publication has it: bare column names, which name the table's
+        # columns in a WHERE clause (the select list's text casts are seen by ORDER BY only).
+        also, only = (f" AND ({where})", f" WHERE ({where})") if where else ("", "")
         self.last_key = (
-            f"SELECT {', '.join(f't.{quote_ident(k)}::text' for k in ref.key)} FROM {target} t "
+            f"SELECT {', '.join(f't.{quote_ident(k)}::text' for k in ref.key)} FROM {target} t{only} "
             f"ORDER BY {', '.join(f't.{quote_ident(k)} DESC' for k in ref.key)} LIMIT 1"
         )
-        self.remaining = (
-            f"SELECT EXISTS (SELECT 1 FROM {target} t WHERE ({keys}) > ({params}) AND ({keys}) <= ({bound}))"
-        )
-        self.first = f"SELECT {cols} FROM {target} t ORDER BY {keys} LIMIT $1"
-        self.after = f"SELECT {cols} FROM {target} t WHERE ({keys}) > ({params}) ORDER BY {keys} LIMIT ${len(ref.key) + 1}"
+        self.remaining = f"SELECT EXISTS (SELECT 1 FROM {target} t WHERE ({keys}) > ({params}) AND ({keys}) <= ({bound}){also})"
+        self.first = f"SELECT {cols} FROM {target} t{only} ORDER BY {keys} LIMIT $1"
+        self.after = f"SELECT {cols} FROM {target} t WHERE ({keys}) > ({params}){also} ORDER BY {keys} LIMIT ${len(ref.key) + 1}"
 
 
 class PostgresChunks(ChunkReader):
@@ -94,6 +106,33 @@ class PostgresChunks(ChunkReader):
         self.signal = qualified(settings.signal_table) if settings.signal_table else None
         self.pool: asyncpg.Pool | None = None
         self.known: dict[str, _Table] = {}
+        self.filters: bool | None = None
+        """Whether the server has row filters and column lists (PostgreSQL 15); asked once."""
+
+    async def _shape(self, conn: asyncpg.Connection, oid: int, name: str) -> Shape:
+        """What of table ``name`` (its ``oid``) the publication publishes now (see :data:`Shape`)."""
+        columns = await _columns_of(conn, oid)
+        if conn.get_server_version().major < 18:
+            # pgoutput leaves generated columns out of every change before PostgreSQL 18 (from
+            # 18 on the publication says, and its column names below follow it); a snapshot row
+            # carrying one would hold a value no later change of the row updates.
+            generated = {str(r[0]) for r in await conn.fetch(_GENERATED, oid)}
+            columns = [c for c in columns if c[0] not in generated]
+        if self.filters is None:
+            self.filters = bool(await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attname = 'rowfilter' "
+                "AND attrelid = 'pg_catalog.pg_publication_tables'::regclass)"
+            ))  # fmt: skip
+        if not self.filters or not columns:
+            return columns, None
+        schema, _, table = name.partition(".")
+        found = await conn.fetchrow(_SHAPE, self.source.publication, schema, table)
+        if found is None:
+            raise SnapshotRefused(
+                f"snapshot of {name!r}: the table is no longer in publication {self.source.publication!r}"
+            )
+        published = set(found[0] or ())
+        return [c for c in columns if c[0] in published], found[1]
 
     async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """``work`` on a pooled connection; a server that went away is unavailable, not an error."""
@@ -142,15 +181,22 @@ class PostgresChunks(ChunkReader):
                     f"(it has {', '.join(published) or 'none'})"
                 )
             oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", quote_table(name))
-            columns = await _columns_of(conn, oid)
+            shape = await self._shape(conn, oid, name)
             key = tuple(str(r[0]) for r in await conn.fetch(_PRIMARY_KEY, oid))
             if not key:
                 raise SnapshotRefused(
                     f"snapshot of {name!r}: the table has no primary key, and snapshots read tables in "
                     "primary-key ranges; add a primary key, or leave the table out of snapshot.tables"
                 )
+            left_out = [k for k in key if k not in {c[0] for c in shape[0]}]
+            if left_out:
+                raise SnapshotRefused(
+                    f"snapshot of {name!r}: publication {self.source.publication!r} leaves key column(s) "
+                    f"{', '.join(left_out)} out of its column list, and snapshot rows are read and delivered "
+                    "by their key; add them to the column list"
+                )
             ref = TableRef(name, key)
-            self.known[name] = _Table(ref, int(oid), columns)
+            self.known[name] = _Table(ref, int(oid), shape)
             out.append(ref)
         return out
 
@@ -196,17 +242,18 @@ class PostgresChunks(ChunkReader):
                         records = await conn.fetch(t.after, *after, limit + 1)
                 except asyncpg.UndefinedColumnError as exc:
                     await conn.execute("ROLLBACK")
-                    records, failure, columns = None, exc, await _columns_of(conn, t.oid)
+                    records, failure, shape = None, exc, await self._shape(conn, t.oid, table.name)
                 else:
-                    columns = await _columns_of(conn, t.oid)
+                    shape = await self._shape(conn, t.oid, table.name)
                     await conn.execute("COMMIT")
-                if columns == t.columns or not set(table.key) <= {c[0] for c in columns}:
+                columns = shape[0]
+                if shape == t.shape or not set(table.key) <= {c[0] for c in columns}:
                     if failure is not None:  # a renamed key column, say: no rebuild helps
                         raise failure
                     if records is not None:
                         return t, records
                 table_changed(self.source.id, table.name, [c[0] for c in columns])
-                self.known[table.name] = _Table(table, t.oid, columns)
+                self.known[table.name] = _Table(table, t.oid, shape)
 
         t, records = await self._run(read)
         more = len(records) > limit
