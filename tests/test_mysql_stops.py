@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from deltaforge.events import Event
 from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured
@@ -100,6 +101,58 @@ def test_a_captured_database_the_binlog_filters_leave_out_is_refused_at_start() 
         with pytest.raises(SourceMisconfigured) as not_done:
             asyncio.run(src.open(None))
     assert "binlog_do_db is shop, so changes to 'crm' are never written to the binlog" in str(not_done.value)
+
+
+async def test_a_table_changed_by_foreign_key_cascades_is_refused_at_start_unless_accepted(
+    mariadb: MariaDB,
+) -> None:
+    """InnoDB makes a foreign key's referential actions (ON DELETE CASCADE, SET NULL, ON UPDATE
+    CASCADE) itself, and they are not in the binlog: a parent's delete is logged, its children's
+    are not (MariaDB's replication docs; MySQL before 9.6 handles keys the same way). A captured
+    child table kept every cascaded-away row in every sink, in silence. Refused at start naming
+    the key; ``foreign_key_cascades: warn`` starts and names it in the log; the parent alone, and
+    a key without actions, are fine."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE p (id INT PRIMARY KEY)")
+        cur.execute(
+            "CREATE TABLE ch (id INT PRIMARY KEY, p INT, CONSTRAINT ch_p FOREIGN KEY (p) REFERENCES p (id) "
+            "ON DELETE CASCADE ON UPDATE SET NULL)"
+        )
+        cur.execute("CREATE TABLE plain (id INT PRIMARY KEY, p INT, FOREIGN KEY (p) REFERENCES p (id))")
+    with pytest.raises(SourceMisconfigured) as refused:
+        await source(mariadb, [f"{db}.*"]).open(None)
+    for fine in (
+        source(mariadb, [f"{db}.p", f"{db}.plain"]),
+        source(mariadb, [f"{db}.*"], foreign_key_cascades="warn"),
+    ):
+        with capture_logs() as logs:
+            await fine.open(None)
+        await fine.close()
+    message = str(refused.value)
+    assert (
+        f"{db}.ch is changed by foreign key ch_p (ON DELETE CASCADE, ON UPDATE SET NULL from {db}.p)"
+        in message
+    )
+    assert "set foreign_key_cascades: warn" in message and "plain" not in message
+    warned = [e for e in logs if e["event"] == "foreign_key_cascades_not_logged"]
+    assert warned and warned[0]["keys"] == [
+        f"{db}.ch: ch_p (ON DELETE CASCADE, ON UPDATE SET NULL from {db}.p)"
+    ]
+
+
+def test_referential_actions_are_read_from_the_servers_create_table_whatever_the_names() -> None:
+    """The actions come from SHOW CREATE TABLE (MariaDB hides REFERENTIAL_CONSTRAINTS from a user
+    with SELECT only); a name that reads like an action is not one."""
+    from deltaforge.sources.mysql.checks import _actions
+
+    text = (
+        "CREATE TABLE `c` (\n  `x ON DELETE CASCADE` int(11) DEFAULT NULL,\n  `p` int(11) DEFAULT NULL,\n"
+        "  CONSTRAINT `odd``name` FOREIGN KEY (`x ON DELETE CASCADE`) REFERENCES `q` (`id`),\n"
+        "  CONSTRAINT `fk` FOREIGN KEY (`p`) REFERENCES `other`.`p` (`id`) ON UPDATE CASCADE\n"
+        ") ENGINE=InnoDB"
+    )
+    assert _actions(text) == {"odd`name": [], "fk": ["ON UPDATE CASCADE"]}
 
 
 def test_a_replica_that_does_not_log_what_it_applies_is_refused_at_start() -> None:
@@ -270,6 +323,7 @@ def test_partial_json_updates_are_refused_at_start_saying_what_to_set() -> None:
         ],
         "SHOW GRANTS": [("GRANT ALL PRIVILEGES ON *.* TO `cdc`@`%`",)],
         "SHOW BINARY LOG STATUS": [("binlog.000001", 157, "", "")],
+        "SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME, CONSTRAINT_NAME": [],  # no foreign keys
     }
 
     class Cursor:

@@ -32,6 +32,13 @@ class MySQLSourceConfig(ServerSourceSettings):
         None, description="Replica server id (default: derived from the source id)."
     )
     read_chunk: PositiveInt = Field(2000, description="Rows handed over per read.")
+    foreign_key_cascades: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="A captured table that foreign keys change by ON DELETE/UPDATE CASCADE, SET NULL or "
+        "SET DEFAULT: InnoDB makes those changes without writing them to the binlog (MariaDB; MySQL "
+        "before 9.6), so they are never delivered. refuse: do not start, naming the keys; warn: start, "
+        "and name them in the log at every start.",
+    )
     resume_by: Literal["auto", "file"] = Field(
         "auto",
         description="auto: GTID on MariaDB, binlog file and position on MySQL; "

@@ -12,7 +12,6 @@ so a resume starts exactly after the committed transaction.
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -49,6 +48,7 @@ from deltaforge.sources.mysql.checks import (
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.decoder import DecoderSettings
+from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 T = TypeVar("T")
@@ -66,6 +66,7 @@ class MySQLSource(Source):
         self.settings = MySQLSettings.from_dsn(config.dsn)
         self.by_file = config.resume_by == "file"
         self.on_schema_drift = config.on_schema_drift
+        self.cascades = config.foreign_key_cascades
         self.captured = [tuple(t.split(".", 1)) for t in config.tables]
         db = self.settings.database
         self.signal_table = config.snapshot.signal_table or (f"{db}.deltaforge_signal" if db else None)
@@ -87,15 +88,7 @@ class MySQLSource(Source):
     def captures(self, db: str, table: str) -> bool:
         """Whether ``db.table`` is one of the tables this source delivers changes of (in any case
         on a server that folds names, as the decoder matches them)."""
-        if not self.captured:
-            return True
-        if self.info is not None and self.info.names_fold_case:
-            db, table = db.lower(), table.lower()
-            return any(
-                fnmatch.fnmatchcase(db, p[0].lower()) and fnmatch.fnmatchcase(table, p[-1].lower())
-                for p in self.captured
-            )
-        return any(fnmatch.fnmatchcase(db, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in self.captured)
+        return matches(self.captured, db, table, self.info is not None and self.info.names_fold_case)
 
     def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader | None:
         from deltaforge.sources.mysql.snapshot import MySQLChunks
@@ -225,7 +218,7 @@ class MySQLSource(Source):
         return self._with_connection(lambda conn: self._check(conn, resume_after))
 
     def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
-        info = check_preconditions(conn, self.settings.where, self.captured)
+        info = check_preconditions(conn, self.settings.where, self.captured, self.cascades)
         if resume_after:
             check_position(conn, resume_after, info)
         if resume_after is None and self.from_now:
