@@ -70,6 +70,11 @@ class BatchConfig(PluginConfig):
     max_bytes: PositiveInt = Field(16 * 1024 * 1024, description="Cut a batch at about this many bytes.")
     max_ms: PositiveInt = Field(50, description="Cut a partial batch this old.")
     respect_source_tx: Bool = Field(True, description="Cut only at source transaction ends.")
+    max_tx_events: PositiveInt = Field(
+        50_000,
+        description="With respect_source_tx, a transaction with more events than this is cut at the "
+        "limits like any stream (logged transaction_split), so memory stays bounded.",
+    )
     max_inflight: PositiveInt = Field(1, description="Batches delivered or transformed at once.")
 
 

@@ -19,6 +19,8 @@ import anyio
 import orjson
 
 from actors.snapshot import NodeSnapshot
+from deltaforge.events import Event
+from deltaforge.sources.base import Source
 
 T = TypeVar("T", bound=Hashable)
 
@@ -163,3 +165,21 @@ def file_size_limit(size: int) -> Iterator[None]:
 def restarts(node: NodeSnapshot) -> int:
     """How many times any actor of a supervisor tree (``runner.snapshot()``) was restarted."""
     return node.restarts + sum(restarts(child) for child in node.children)
+
+
+async def one_transaction_in_pieces(src: Source, rows: int, then: int, timeout: float = 60) -> list[Event]:
+    """The events of a ``rows``-event transaction read from ``src``, and the ``then`` events after
+    it. The first read must hand over part of it, ending nothing (it was not held to its commit),
+    and its events must still make one transaction: one id, in order, one end, at its end."""
+    deadline = time.monotonic() + timeout
+    out: list[Event] = []
+    while len(out) < rows + then:
+        assert time.monotonic() < deadline, f"read {len(out)} of {rows + then}"
+        got = [e for e in await src.read() if e.op != "h"]
+        if got and not out:
+            assert len(got) < rows and not any(e.tx_end for e in got), "the first read ends the transaction"
+        out += got
+    big = out[:rows]
+    assert len({e.tx_id for e in big}) == 1 and [e.tx_end for e in big].count(True) == 1 and big[-1].tx_end
+    assert [e.order for e in big] == sorted(e.order for e in big)
+    return out

@@ -14,7 +14,7 @@ import yaml
 
 from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
 from tests.postgres_kit import fresh_db
-from tests.serve_proc import Serve
+from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.postgres import Postgres
 
 
@@ -173,3 +173,42 @@ def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -
             == f"orders: position lost: replication slot 'slot_{db}' does not exist (dropped?). Re-snapshot required."
         )
         assert serve.terminate() == 0
+
+
+def test_a_transaction_too_large_to_hold_is_split_and_survives_a_sigkill_inside_it(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A transaction over ``batch.max_tx_events`` is delivered in batches as it is read (logged
+    ``transaction_split``) instead of held whole; a SIGKILL once part of it is checkpointed
+    resumes inside it, and every row arrives in order."""
+    db = asyncio.run(fresh_db(postgres))
+    asyncio.run(_prepare(postgres, db))
+    spec = yaml.safe_load(pipeline_yaml(tmp_path, postgres, db).read_text())["spec"]
+    spec["source"]["config"].update(dsn=postgres.dsn(db), read_chunk=1000)
+    spec["batch"] = {"max_events": 1000, "max_ms": 20, "max_tx_events": 4000}
+    rows = 100_000
+
+    async def write() -> int:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute(f"INSERT INTO items SELECT g, 1, 'p' FROM generate_series(1, {rows}) g")
+        await conn.execute("INSERT INTO items VALUES (0, 1, 'after')")
+        lsn = int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
+        await conn.close()
+        return lsn
+
+    def inside() -> bool:
+        cp = stored_checkpoint(tmp_path / "cp.db", "orders-pg::sink::f")
+        return cp is not None and 0 < int(cp["seq"]) < rows - 1  # part of the big one, not its end
+
+    with serve_pipeline(tmp_path, spec, name="orders") as serve:
+        target = asyncio.run(write())
+        wait_until_sync(inside, timeout=60, what="a checkpoint inside the transaction")
+        serve.kill()
+    with serve_pipeline(tmp_path, spec, name="orders") as serve:
+        wait_until_sync(lambda: checkpoint_lsn(tmp_path / "cp.db") >= target, timeout=120, what="caught up")
+        assert serve.terminate() == 0
+    lines = sink_lines(tmp_path / "events.jsonl")
+    got = first_occurrences([int(d["after"]["id"]) for d in lines])
+    assert got == [*range(1, rows + 1), 0], f"{len(got)} of {rows + 1}"
+    assert len(lines) < 2 * rows  # what the sink held before the kill was not written again
+    assert '"transaction_split"' in (tmp_path / "log.jsonl").read_text()

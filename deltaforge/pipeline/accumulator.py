@@ -27,7 +27,8 @@ class Accumulator(Actor):
     limits only while a backlog is being read, and ``max_ms`` bounds how long it may wait.
 
     With ``respect_source_tx`` a cut happens only at a transaction end, so a
-    transaction larger than the limits makes a larger batch. Batches go to
+    transaction larger than the limits makes a larger batch, up to ``max_tx_events``:
+    one larger than that is split (logged once, ``transaction_split``). Batches go to
     ``batches`` (the SparkTransformer when there are processors, else the
     coordinator), whose mailbox holds ``max_inflight`` of them: when it is full
     this actor waits, its own mailbox fills, and the reader waits in turn.
@@ -47,6 +48,7 @@ class Accumulator(Actor):
         self.next_id = 0
         self.epoch = 0
         self.caught_up = False  # what the last chunk said of the source
+        self.split = ""  # the last transaction split across batches (logged once)
         self.timers = StageTimers(ctx.config.name)
         self._ticker: asyncio.Task[None] | None = None
 
@@ -92,10 +94,17 @@ class Accumulator(Actor):
     async def _cut(self, final: bool) -> None:
         cfg = self.cfg
         while self.buffer:
-            n = cut_point(self.buffer, cfg.max_events, cfg.max_bytes, cfg.respect_source_tx, final=final)
+            n = cut_point(self.buffer, cfg.max_events, cfg.max_bytes, cfg.respect_source_tx, final=final,
+                          max_tx_events=cfg.max_tx_events, split=self.split)  # fmt: skip
             if n == 0:
                 return
             events, self.buffer = self.buffer[:n], self.buffer[n:]
+            if cfg.respect_source_tx and not events[-1].tx_end and events[-1].tx_id != self.split:
+                self.split = events[-1].tx_id
+                self.log.warning(
+                    "transaction_split", tx=self.split, events_so_far=n, max_tx_events=cfg.max_tx_events,
+                    reason="a source transaction this large is delivered in several batches, not held whole",
+                )  # fmt: skip
             now = time.monotonic()
             if self.first_at is not None:
                 self.timers.batch.observe(now - self.first_at)

@@ -41,6 +41,7 @@ HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished tra
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
+_XA = 0x40 | 0x80  # MariaDB GTID flags FL_PREPARED_XA, FL_COMPLETED_XA: an XA transaction's group
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
 # Events python-mysql-replication cannot decode and that may carry rows: MariaDB's compressed
 # query and row events (log_bin_compress=ON) and MySQL's transaction payload
@@ -192,6 +193,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
     tx: list[tuple[Any, ...]] = []
     standalone = False
+    # A plain transaction (its own GTID, then BEGIN; not XA, whose rows wait for XA COMMIT) larger
+    # than a chunk is handed over in pieces as it is read, not held whole until its XID: the
+    # binlog holds only committed transactions, so a piece is final (see the source's _events).
+    piecewise = own_gtid = False
     pending: list[tuple[Any, ...]] = []
     pending_rows = 0
     last_mark = time.monotonic()
@@ -238,7 +243,9 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if isinstance(ev, MariadbGtidEvent | GtidEvent):
             tx_gtid = ev.gtid
             standalone = isinstance(ev, MariadbGtidEvent) and bool(ev.flags & _STANDALONE)
-            tx = []
+            # MariaDB's GTID event stands for BEGIN (none is logged); MySQL logs BEGIN after it.
+            plain = isinstance(ev, MariadbGtidEvent) and not ev.flags & (_STANDALONE | _XA)
+            tx, piecewise, own_gtid = [], plain, True
             continue
         if isinstance(ev, rows_types):
             if not wanted(ev.schema, ev.table):
@@ -279,6 +286,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     tx.append((op, ev.schema, ev.table, pos, i, ts, None, row["values"]))
                 else:
                     tx.append((op, ev.schema, ev.table, pos, i, ts, row["values"], None))
+            if piecewise and len(tx) > chunk:
+                # all but the last row: the piece that ends the transaction carries it, and its end
+                pending.append((tx_gtid, None, file, None, tx_start, tx[:-1]))
+                tx = tx[-1:]
+                write_frame(out, ("txs", pending))
+                pending, pending_rows = [], 0
             continue
         if isinstance(ev, XAPrepareEvent):  # the rows wait for XA COMMIT
             if xa_current is not None:  # even with no captured rows: its XA COMMIT will look for it
@@ -291,6 +304,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             if (key := xa_key(ev.query, "END")) is not None:
                 xa_current = key
                 continue
+            if ev.query.lstrip().upper().startswith("XA "):
+                piecewise = False  # XA START (its GTID's flags said so already, on MariaDB)
             if (key := xa_key(ev.query, "COMMIT")) is not None:
                 held = xa.committed(key, int(ev.packet.log_pos))
                 if held is None:
@@ -304,7 +319,9 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             elif (key := xa_key(ev.query, "ROLLBACK")) is not None:
                 xa.rolled_back(key)
                 standalone = True
-            elif ev.query != "BEGIN":
+            elif ev.query == "BEGIN":
+                piecewise = own_gtid and not tx and not standalone
+            else:
                 try:
                     standalone = rows_of_statement(ev, tx, named, patterns) or standalone
                 except Unreadable as exc:
@@ -318,6 +335,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if (held_state := xa.held_state()) is not None:
             full = held_state  # a restart must read the open XA PREPARE again
         began, tx_start = tx_start, int(ev.packet.log_pos)
+        own_gtid = piecewise = False
         now = time.monotonic()
         # Nothing captured in this transaction? Now and then its end is handed over anyway (no
         # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise

@@ -283,7 +283,9 @@ class MySQLSource(Source):
                 out.append(self._heartbeat(file, fidx, end_pos, state))
                 committed = state
                 continue
-            last = len(rows) - 1
+            # A piece of a transaction still being read (the decoder's piecewise) ends nothing; it
+            # has a GTID of its own, so its id is the one the rest of the transaction gets.
+            last = len(rows) - 1 if end_pos is not None else -1
             tx_id = gtid or f"{file}:{end_pos}"
             for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
                 key = keys.get(f"{schema}.{table}", ())
@@ -304,7 +306,8 @@ class MySQLSource(Source):
                         128 + 32 * len(after or before or ()),
                     )
                 )
-            committed = state
+            if end_pos is not None:
+                committed = state
         return out, committed
 
 

@@ -74,13 +74,24 @@ def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]
     return out
 
 
-class TxDecoder:
-    """pgoutput messages to complete transactions, skipping those already handed out.
+Tx = tuple[int, int, int | None, int, int, list[tuple[Any, ...]], int]
+"""``(xid, commit_lsn, end_lsn, commit_ts, safe, changes, first)``: changes of one transaction,
+the first of them its ``first``-th; ``end_lsn`` is None until the piece that ends it."""
 
-    A transaction may span several reads: what is open stays here until its Commit.
+
+class TxDecoder:
+    """pgoutput messages to transactions, skipping those already handed out.
+
+    A transaction may span several reads. One larger than ``piece`` changes is handed out in
+    pieces as it is read, not held until its Commit: a million-row UPDATE held whole took
+    gigabytes here and again in the parent. pgoutput sends a transaction only once it has
+    committed, and its Begin already says the commit LSN and time, so a piece is final; the last
+    change is kept back for the piece that ends it (it carries ``tx_end``).
     """
 
-    def __init__(self, last_commit: int, safe: int) -> None:
+    def __init__(self, last_commit: int, safe: int, piece: int = 1 << 62) -> None:
+        self.piece = piece
+        self.first = 0
         self.last_commit = last_commit
         self.safe = safe
         """End of the last complete transaction (or heartbeat): where the slot may be advanced to."""
@@ -99,14 +110,14 @@ class TxDecoder:
     def in_transaction(self) -> bool:
         return self.begin is not None
 
-    def decode(self, rows: list[tuple[int, bytes]]) -> list[tuple[Any, ...]]:
-        txs: list[tuple[Any, ...]] = []
+    def decode(self, rows: list[tuple[int, bytes]]) -> list[Tx]:
+        txs: list[Tx] = []
         for lsn, data in rows:
             if self.skipping and data[:1] not in (b"C", b"R"):
                 continue
             msg = decode(data, lsn)
             if isinstance(msg, Begin):
-                self.begin, self.changes = msg, []
+                self.begin, self.changes, self.first = msg, [], 0
                 self.skipping = msg.final_lsn <= self.last_commit
             elif isinstance(msg, Relation):
                 self._relation_message(msg)
@@ -115,8 +126,9 @@ class TxDecoder:
                 if not self.skipping and begin is not None:
                     if self.changes:
                         txs.append(
-                            (begin.xid, msg.commit_lsn, msg.end_lsn, begin.commit_ts, self.safe, self.changes)
-                        )
+                            (begin.xid, msg.commit_lsn, msg.end_lsn, begin.commit_ts, self.safe, self.changes,
+                             self.first)
+                        )  # fmt: skip
                     self.last_commit = msg.commit_lsn
                 self.safe = max(self.safe, msg.end_lsn)
                 self.begin, self.skipping, self.changes = None, False, []
@@ -127,6 +139,8 @@ class TxDecoder:
                 before = row(names, convs, msg.old) if msg.old is not None else None
                 after = row(names, convs, msg.new) if msg.new is not None else None
                 self.changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
+                if len(self.changes) > self.piece:
+                    self._hand_out_piece(txs)
             elif isinstance(msg, LogicalMessage):
                 if msg.prefix == WATERMARK_PREFIX:  # a snapshot watermark (others are not ours)
                     content = msg.content.decode(errors="replace")
@@ -136,6 +150,14 @@ class TxDecoder:
                     rel = self._relation(relid, lsn)[0]
                     self.changes.append(("t", rel.namespace, rel.name, None, None, []))
         return txs
+
+    def _hand_out_piece(self, txs: list[Tx]) -> None:
+        """The open transaction's changes but the last, as a piece (see the class)."""
+        begin = self.begin
+        assert begin is not None
+        piece, self.changes = self.changes[:-1], self.changes[-1:]
+        txs.append((begin.xid, begin.final_lsn, None, begin.commit_ts, self.safe, piece, self.first))
+        self.first += len(piece)
 
     def _relation_message(self, msg: Relation) -> None:
         convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
@@ -210,7 +232,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         return
     start = parse_lsn(found[0])
     repl = _start(cfg, start)
-    tx = TxDecoder(int(cfg["last_commit"]), start)
+    tx = TxDecoder(int(cfg["last_commit"]), start, chunk)
     last_heartbeat = asked_at = time.monotonic()
     while not confirmations.closed:
         repl.confirm(confirmations.lsn)

@@ -335,12 +335,13 @@ class PostgresSource(Source):
     def _events(self, txs: list[tuple[Any, ...]]) -> list[Event]:
         out: list[Event] = []
         connector, db, tenant = self.connector, self.db, self.tenant
-        for xid, commit_lsn, end_lsn, commit_ts, safe, changes in txs:
+        for xid, commit_lsn, end_lsn, commit_ts, safe, changes, first in txs:
             prefix = format_lsn(commit_lsn)
             ts_ms = PG_EPOCH_MS + commit_ts // 1000
             tx_id = str(xid)
-            last = len(changes) - 1
-            for seq, (op, schema, table, before, after, key) in enumerate(changes):
+            # A piece of a transaction still being read (TxDecoder) ends nothing.
+            last = first + len(changes) - 1 if end_lsn is not None else -1
+            for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
                 position = new_position(PgPosition, (safe, commit_lsn, seq))
                 end = seq == last
                 out.append(
@@ -358,7 +359,8 @@ class PostgresSource(Source):
                         128 + 32 * len(after or before or ()),
                     )
                 )
-            self._last_commit = commit_lsn
+            if end_lsn is not None:
+                self._last_commit = commit_lsn
         return out
 
 
