@@ -18,7 +18,7 @@ from deltaforge.sources.base import PositionLost, SourceMisconfigured
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.record import decode_record
 from deltaforge.sources.turso.source import TursoSource
-from tests.helpers import wait_until
+from tests.helpers import one_transaction_in_pieces, wait_until
 from tests.kit import doc
 
 
@@ -366,3 +366,27 @@ async def test_a_primary_key_update_arrives_as_delete_and_insert_with_the_new_ro
         ("d", {"id": 5, "v": "x"}, None),
         ("c", None, {"id": 9, "v": "x"}),
     ]
+
+
+async def test_a_large_transaction_is_handed_over_in_pieces_as_it_is_read(tmp_path: Path) -> None:
+    """A transaction larger than a read goes on in pieces, not held until its commit marker is
+    read; the pieces make one transaction, and a checkpoint inside it resumes with the rest."""
+    db = tmp_path / "big.db"
+    w = writer(db)
+    w.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    w.commit()
+    for i in range(1, 5001):
+        w.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}"))
+    w.commit()
+    w.execute("INSERT INTO t VALUES (0, 'after')")
+    w.commit()
+    src = source(db, read_chunk=500)
+    await src.open(None)
+    events = await one_transaction_in_pieces(src, 5000, 1)
+    await src.close()
+    assert [e.after["id"] for e in events if e.after] == [*range(1, 5001), 0]
+    again = source(db)
+    await again.open(again.load_position(events[2499].checkpoint.to_doc()))
+    rest = await read_all(again)
+    await again.close()
+    assert [e.after["id"] for e in rest if e.after] == [*range(2501, 5001), 0] and rest[2499].tx_end

@@ -3,9 +3,10 @@
 Writes land in ``turso_cdc`` only from connections that ran
 ``PRAGMA unstable_capture_data_changes_conn('full')``. Each transaction ends
 with a commit marker row (change_type 2); events are held back until their
-marker is read, so every chunk ends on a transaction boundary and the last
-event of a transaction carries ``tx_end`` and the marker's change_id as its
-checkpoint (a resume then starts after the marker).
+marker is read, so the last event of a transaction carries ``tx_end`` and the
+marker's change_id as its checkpoint (a resume then starts after the marker).
+A transaction larger than a read goes on in pieces before its marker (its rows
+are visible only once it has committed), so none is held whole.
 
 pyturso locks the database file per process: the application writing it must
 run inside this service's process (see ``workload.py``) or stop while it runs.
@@ -233,21 +234,35 @@ class TursoSource(Source):
                     self._after = row[0]
                 else:
                     tx.append(row)
+            if len(tx) > self.chunk:
+                # A transaction larger than a read goes on in pieces, not held to its marker: its
+                # rows are visible only once it has committed, so a piece is final. The last row
+                # waits for the piece that ends it.
+                try:
+                    out.extend(self._events(tx[:-1], None))
+                except SourceMisconfigured:
+                    if not out:
+                        raise
+                    self._pending, self._more = [], True
+                    return out
+                tx = tx[-1:]
             self._pending = tx
             self._more = len(rows) == self.chunk
             # A transaction larger than a chunk: keep reading rather than report "idle".
             if out or len(rows) < self.chunk:
                 return out
 
-    def _events(self, tx: list[tuple[Any, ...]], marker: tuple[Any, ...]) -> list[Event]:
+    def _events(self, tx: list[tuple[Any, ...]], marker: tuple[Any, ...] | None) -> list[Event]:
+        """The events of ``tx``, a transaction ended by its commit ``marker``, or (None) a piece of
+        one still being read: it ends nothing."""
         changes = [r for r in tx if r[4] != _SCHEMA_TABLE]
         if len(changes) != len(tx):
             self._columns.clear()  # DDL in this transaction: reload column lists
-        self._decode_at = marker[0]
+        self._decode_at = marker[0] if marker is not None else tx[-1][0]
         if self.tables is not None:
             changes = [r for r in changes if r[4] in self.tables]
         events: list[Event] = []
-        last = len(changes) - 1
+        last = len(changes) - 1 if marker is not None else -1
         for i, (change_id, change_time, txn_id, change_type, table, rowid, before, after) in enumerate(
             changes
         ):
@@ -284,7 +299,7 @@ class TursoSource(Source):
                     event_id=str(change_id),
                     order=(change_id, 0),
                     checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1], 0))
-                    if end
+                    if end and marker is not None
                     else position,
                     tenant=self.tenant,
                     size=96 + len(before or b"") + len(after or b""),
