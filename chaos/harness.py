@@ -95,8 +95,23 @@ class Workload:
         self.rng = random.Random(self.seed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one transaction at a time: the thread's, or a bulk one
+
+    def bulk_insert(self, n: int, rows_sql: str) -> None:
+        """One transaction inserting ``n`` new rows, alongside the workload's thread: ``rows_sql``
+        selects ``(id, ver, payload)`` for the ids ``%s`` to ``%s`` (the database's series)."""
+        with self._lock:
+            first = self.next_id
+            self.execute([(f"INSERT INTO items (id, ver, payload) {rows_sql}", (first, first + n - 1))])
+            self.next_id += n
+            self.live.update(dict.fromkeys(range(first, first + n), 1))
+            self.committed.extend(("c", key, 1) for key in range(first, first + n))
 
     def transaction(self) -> None:
+        with self._lock:
+            self._transaction()
+
+    def _transaction(self) -> None:
         statements: list[tuple[str, tuple[Any, ...]]] = []
         changes: list[Change] = []
         live = dict(self.live)
