@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import orjson
+from structlog.testing import capture_logs
 
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -324,3 +325,37 @@ async def test_a_reopening_from_now_without_a_checkpoint_starts_where_the_first_
     fresh = await read_n(src, 1)
     await src.close()
     assert [(e.op, (e.after or e.before or {})["id"]) for e in fresh] == [("c", 3)]
+
+
+async def test_values_a_partial_row_image_leaves_out_are_marked_never_false_nulls(mariadb: MariaDB) -> None:
+    """A session may log with binlog_row_image MINIMAL or NOBLOB, whatever the server's setting:
+    its updates carry only the key before and the changed columns after. python-mysql-replication
+    gives the rest as None: an update of ``a`` was delivered with ``id`` and ``b`` NULL. An
+    unchanged column now takes its value from the before image when that has it; anything else
+    is marked ``{"__not_logged__": true}``, and the source says so, once per table."""
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, a INT, b TEXT")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"INSERT INTO {db}.t VALUES (1, 1, 'one'), (2, 2, 'two')")
+        c.commit()
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute(f"UPDATE {db}.t SET a = 10 WHERE id = 1")
+        cur.execute(f"DELETE FROM {db}.t WHERE id = 2")
+        c.commit()
+        cur.execute("SET SESSION binlog_row_image = 'NOBLOB'")
+        cur.execute(f"UPDATE {db}.t SET a = 11 WHERE id = 1")
+        c.commit()
+    with capture_logs() as logs:
+        events = await read_n(src, 5)
+    await src.close()
+    gone = {"__not_logged__": True}
+    minimal, deleted, noblob = events[2:]
+    assert minimal.before == {"id": 1, "a": gone, "b": gone} and minimal.after == {
+        "id": 1,
+        "a": 10,
+        "b": gone,
+    }
+    assert deleted.before == {"id": 2, "a": gone, "b": gone}
+    assert noblob.before == {"id": 1, "a": 10, "b": gone} and noblob.after == {"id": 1, "a": 11, "b": gone}
+    assert events[0].after == {"id": 1, "a": 1, "b": "one"}  # full images as they were
+    [said] = [e for e in logs if e["event"] == "partial_row_image"]
+    assert said["table"] == f"{db}.t" and said["columns"] == ["a", "b"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.mysql_kit import fresh_db as fresh_mysql_db
 from tests.postgres_kit import fresh_db
+from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
@@ -191,6 +195,27 @@ def test_target_stopped_for_a_minute_is_waited_for_and_ends_equal_to_the_source(
     assert got == source_rows  # the target equals the source after the outage
 
 
+def into_target(name: str, source: dict[str, Any], target_dsn: str, **sink: Any) -> dict[str, Any]:
+    """A pipeline from ``source`` to an if_newer PostgreSQL sink writing ``target_dsn``."""
+    config = {"id": "t", "dsn": target_dsn, "upsert_strategy": "if_newer", **sink}
+    return {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name},
+            "spec": {"source": source, "sinks": [{"type": "postgres", "config": config}],
+                     "batch": {"max_events": 100, "max_ms": 20}}}  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running(doc: dict[str, Any]) -> AsyncIterator[PipelineRunner]:
+    """``doc``'s pipeline, running with its source open; drained on the way out."""
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: _reader_up(runner), what="reader up")
+        yield runner
+    finally:
+        await runner.drain()
+        await task
+
+
 def _reader_up(runner: PipelineRunner) -> bool:
     """The reader has opened the source (so the slot exists and captures what comes next)."""
     node = runner.snapshot().find("SourceReader")
@@ -206,23 +231,10 @@ async def test_postgres_to_postgres_keeps_untouched_toast_values_and_follows_key
     source_db = await target(postgres, ddl.format(""))
     target_db = await target(postgres, ddl.format(", _df_position text"))
     body = "".join(random.Random(4).choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(20_000))
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "pg2pg"},
-        "spec": {
-            "source": {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
-                                                      "slot": f"s_{source_db}", "publication": f"p_{source_db}"}},
-            # no key_columns: the source table's primary key is the default
-            "sinks": [{"type": "postgres", "config": {"id": "t", "dsn": postgres.dsn(target_db),
-                                                      "upsert_strategy": "if_newer"}}],
-            "batch": {"max_events": 100, "max_ms": 20},
-        },
-    }  # fmt: skip
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
-    task = asyncio.create_task(runner.run())
-    try:
-        await wait_until(lambda: _reader_up(runner), what="reader up")
+    source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                             "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
+    # no key_columns: the source table's primary key is the default
+    async with running(into_target("pg2pg", source, postgres.dsn(target_db))) as runner:
         conn = await asyncpg.connect(postgres.dsn(source_db))
         await conn.execute("INSERT INTO docs VALUES (100, $1, 'new'), (7, 'short', 'new')", body)
         await conn.execute("UPDATE docs SET status = 'paid' WHERE id = 100")  # body unchanged: TOAST marker
@@ -232,10 +244,30 @@ async def test_postgres_to_postgres_keeps_untouched_toast_values_and_follows_key
         await wait_until(
             lambda: runner.ctx.stats.events_committed >= 5, timeout=30, what="all changes applied"
         )
-    finally:
-        await runner.drain()
-        await task
     want = await rows(postgres.dsn(source_db), "SELECT id, body, status FROM docs ORDER BY id")
     got = await rows(postgres.dsn(target_db), "SELECT id, body, status FROM docs ORDER BY id")
     assert [r[0] for r in got] == [8, 101]  # no row left behind under its old key
     assert got == want  # the 20,000-character body kept, not replaced by the marker
+
+
+async def test_a_value_a_partial_mysql_row_image_left_out_is_kept_in_the_target(
+    postgres: Postgres, mariadb: MariaDB
+) -> None:
+    """MariaDB → PostgreSQL: an update logged by a session with binlog_row_image=MINIMAL carries
+    the changed column only; the target must keep the others, not take a NULL (or the marker)."""
+    db = fresh_mysql_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, a INT, b TEXT)")
+    target_db = await target(
+        postgres, "CREATE TABLE t (id int PRIMARY KEY, a int, b text, _df_position text)"
+    )
+    source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
+    async with running(into_target("my2pg", source, postgres.dsn(target_db), table="t")) as runner:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("INSERT INTO t VALUES (1, 1, 'one')")
+            c.commit()
+            cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+            cur.execute("UPDATE t SET a = 10 WHERE id = 1")
+            c.commit()
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="both applied")
+    assert await rows(postgres.dsn(target_db), "SELECT id, a, b FROM t") == [(1, 10, "one")]

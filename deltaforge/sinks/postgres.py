@@ -48,8 +48,13 @@ def _table(name: str) -> str:
 
 
 def _unchanged_toast(v: Any) -> bool:
-    """The PostgreSQL source's marker for a TOASTed value that an update did not send."""
-    return type(v) is dict and len(v) == 1 and v.get("__unchanged_toast__") is True
+    """A source's marker for a value its change does not carry: the PostgreSQL source's for a
+    TOASTed value an update did not send, the MySQL source's for one a partial row image left out."""
+    return (
+        type(v) is dict
+        and len(v) == 1
+        and (v.get("__unchanged_toast__") is True or v.get("__not_logged__") is True)
+    )
 
 
 def _value(v: Any) -> Any:
@@ -175,7 +180,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         before = e.before
         if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in keys):
             out.append(self._delete(table, keys, before, pos))  # the key changed: the old row goes
-        # A TOASTed value the update did not touch is not in the change: leave that column alone.
+        # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it alone.
         columns = tuple(c for c in row if not _unchanged_toast(row[c]))
         args = tuple(_value(row[c]) for c in columns)
         out.append((self._upsert_sql(table, columns, keys), (*args, pos) if self.if_newer else args))

@@ -4,6 +4,8 @@
 * ``("txs", [(gtid, state, file, end_pos, start_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
   where ``state`` is the GTID position after the transaction (MariaDB: every domain's last GTID)
 * ``("schema", table, columns, position)``
+* ``("partial", table, "file:pos", columns)``: the first rows event of ``table`` with a partial
+  row image this run (its left-out values are marked, see ``rowvalues.fill_not_logged``)
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
 """
 
@@ -18,7 +20,14 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.position import BinlogPosition
-from deltaforge.sources.mysql.rowvalues import STRING_TYPES, TIMESTAMP_TYPES, as_bytes, as_utc, primary_key
+from deltaforge.sources.mysql.rowvalues import (
+    STRING_TYPES,
+    TIMESTAMP_TYPES,
+    as_bytes,
+    as_utc,
+    fill_not_logged,
+    primary_key,
+)
 from deltaforge.sources.mysql.statements import Unreadable, rows_of_statement
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
@@ -191,6 +200,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     schemas: dict[str, tuple[tuple[str, int], ...]] = {}
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
+    partial: set[str] = set()  # tables a partial row image was met in (said once each)
     tx: list[tuple[Any, ...]] = []
     standalone = False
     # A plain transaction (its own GTID, then BEGIN; not XA, whose rows wait for XA COMMIT) larger
@@ -273,6 +283,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             ts = int(ev.timestamp)
             rows = ev.rows
+            absent = fill_not_logged(ev, op)
+            if absent and table not in partial:
+                partial.add(table)
+                write_frame(out, ("partial", table, f"{file}:{pos}", absent))
             if instants[table]:
                 as_utc(rows, instants[table])
             if binaries[table]:

@@ -1,6 +1,7 @@
 """What python-mysql-replication's rows need before they are events: their primary key from the
-table map's metadata, and the values it decodes wrongly (empty VARBINARY as text, TIMESTAMP
-without its zone). Runs in the decoder process, per rows event."""
+table map's metadata, the values it decodes wrongly (empty VARBINARY as text, TIMESTAMP
+without its zone), and the values a partial row image leaves out (it gives them as None).
+Runs in the decoder process, per rows event."""
 
 from __future__ import annotations
 
@@ -48,3 +49,43 @@ def as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
                     value = image.get(name)
                     if value is not None:
                         image[name] = value.replace(tzinfo=UTC)
+
+
+NOT_LOGGED = "__not_logged__"
+"""The key of the marker ``{"__not_logged__": True}``: a value the row image does not carry."""
+
+
+def _absent(ev: Any, bitmap: bytes) -> list[int]:
+    """The columns a row image's columns-present bitmap leaves out."""
+    return [i for i in range(len(ev.columns)) if not bitmap[i >> 3] & (1 << (i & 7))]
+
+
+def fill_not_logged(ev: Any, op: str) -> list[str]:
+    """Mark what a partial row image leaves out, and name it ([] for a full image, as with
+    ``binlog_row_image=FULL``). A session may set ``binlog_row_image`` to MINIMAL or NOBLOB for
+    itself, whatever the server's: its updates then log only the key before and the changed
+    columns after, and python-mysql-replication gives every left-out column as None, a false
+    NULL. An update's after image takes a left-out column from its before image when that has
+    it (not in the after image means unchanged); anything else becomes ``{"__not_logged__":
+    True}``, as the PostgreSQL source marks an unchanged TOAST value."""
+    if op == "u":
+        before, after = _absent(ev, ev.columns_present_bitmap), _absent(ev, ev.columns_present_bitmap2)
+        if not before and not after:
+            return []
+        names = [c.name for c in ev.columns]
+        for row in ev.rows:
+            old, new = row["before_values"], row["after_values"]
+            for i in after:
+                new[names[i]] = old[names[i]] if i not in before else {NOT_LOGGED: True}
+            for i in before:
+                old[names[i]] = {NOT_LOGGED: True}
+        return sorted({names[i] for i in before})  # the after image is marked only where the before is
+    missing = _absent(ev, ev.columns_present_bitmap)
+    if not missing:
+        return []
+    names = [ev.columns[i].name for i in missing]
+    for row in ev.rows:
+        image = row["values"]
+        for name in names:
+            image[name] = {NOT_LOGGED: True}
+    return names

@@ -252,6 +252,13 @@ class MySQLSource(Source):
         if kind == "txs":
             events, self._committed = self._events(frame[1], self._committed)
             return events
+        if kind == "partial":
+            log.warning(
+                "partial_row_image", source=self.id, table=frame[1], at=frame[2], columns=frame[3],
+                reason="a session wrote with binlog_row_image MINIMAL or NOBLOB: the values its rows leave out "
+                'arrive as {"__not_logged__": true}, not as NULL; set binlog_row_image=FULL for every session',
+            )  # fmt: skip
+            return None
         if kind == "schema":
             self._keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
             with self._lock:
