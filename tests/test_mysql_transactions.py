@@ -123,3 +123,9 @@ async def test_a_large_transaction_is_handed_over_in_pieces_as_it_is_read(mariad
     await src.close()
     assert [e.after["id"] for e in xa if e.after] == list(range(100_001, 102_001))
     assert [e.tx_end for e in xa].count(True) == 1 and xa[-1].tx_end
+    cut = events[9_999]  # a checkpoint inside it, in a piece handed over before its XID was read
+    again = source(mariadb, [f"{db}.t"], read_chunk=500)
+    await again.open(again.load_position(cut.checkpoint.to_doc()))
+    rest = [e.after["id"] for e in await read_n(again, 22_001) if e.after and e.order > cut.order]
+    await again.close()
+    assert rest == [*range(10_001, 20_001), 0, *range(100_001, 102_001)]
