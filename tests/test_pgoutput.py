@@ -66,7 +66,7 @@ def test_decodes_every_message_type() -> None:
     assert msgs[3] == Change("c", 16384, None, ["1", "hello"])
     upd = msgs[4]
     assert isinstance(upd, Change) and upd.old == ["1", "hello"] and upd.new == ["1", UNCHANGED_TOAST]
-    assert msgs[5] == Change("d", 16384, ["1", None], None)
+    assert msgs[5] == Change("d", 16384, ["1", None], None, key_only=True)
     assert msgs[6] == Truncate((16384, 16385), 0)
 
 

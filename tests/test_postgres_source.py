@@ -114,6 +114,29 @@ async def test_a_large_transaction_is_handed_over_in_pieces_as_it_is_read(postgr
     await conn.close()
 
 
+async def test_columns_a_key_only_before_image_does_not_carry_are_marked_not_null(postgres: Postgres) -> None:
+    """With REPLICA IDENTITY DEFAULT a delete (or an update of the key) sends the old key only,
+    and pgoutput sends the other columns as null: a deleted row was delivered as having had
+    ``v`` NULL. Those columns are marked not logged; REPLICA IDENTITY FULL gives them."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE k (id int PRIMARY KEY, v text)")
+    await conn.execute("CREATE TABLE f (id int PRIMARY KEY, v text)")
+    await conn.execute("ALTER TABLE f REPLICA IDENTITY FULL")
+    src = source(postgres, db)
+    await src.open(None)
+    for t in ("k", "f"):
+        await conn.execute(f"INSERT INTO {t} VALUES (1, 'one'), (2, 'two')")
+        await conn.execute(f"UPDATE {t} SET id = 3 WHERE id = 1")
+        await conn.execute(f"DELETE FROM {t} WHERE id = 2")
+    events = await read_n(src, 8)
+    await src.close()
+    await conn.close()
+    gone = {"__not_logged__": True}
+    assert [e.before for e in events[:4]] == [None, None, {"id": 1, "v": gone}, {"id": 2, "v": gone}]
+    assert [e.before for e in events[4:]] == [None, None, {"id": 1, "v": "one"}, {"id": 2, "v": "two"}]
+
+
 async def test_unchanged_toast_is_marked_not_null(postgres: Postgres) -> None:
     db = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(db))

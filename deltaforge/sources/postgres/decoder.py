@@ -55,6 +55,9 @@ SESSION = {
 }
 
 
+NOT_LOGGED = "__not_logged__"
+"""The key of the marker ``{"__not_logged__": True}``: a value the change does not carry."""
+
 PRIMARY_KEY = (
     "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
     "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::oid AND i.indisprimary "
@@ -97,6 +100,8 @@ class TxDecoder:
         """End of the last complete transaction (or heartbeat): where the slot may be advanced to."""
         self.relations: dict[int, tuple[Relation, list[str], list[Any]]] = {}
         self.keys: dict[int, list[str]] = {}
+        self.not_key: dict[int, list[str]] = {}
+        """Each relation's columns outside its replica identity's key."""
         """Each relation's primary-key columns (one list, shared by its changes)."""
         self.unresolved: set[int] = set()
         """Relations whose primary key is still to be read from the catalog."""
@@ -137,6 +142,11 @@ class TxDecoder:
             elif isinstance(msg, Change):
                 rel, names, convs = self._relation(msg.relid, lsn)
                 before = row(names, convs, msg.old) if msg.old is not None else None
+                if msg.key_only and before is not None:
+                    # The replica identity's key only (REPLICA IDENTITY DEFAULT or USING INDEX): the
+                    # other columns come as null, which they need not be. Say they were not sent.
+                    for name in self.not_key[msg.relid]:
+                        before[name] = {NOT_LOGGED: True}
                 after = row(names, convs, msg.new) if msg.new is not None else None
                 self.changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
                 if len(self.changes) > self.piece:
@@ -175,6 +185,7 @@ class TxDecoder:
         # column is flagged).
         flagged = [c.name for c in msg.columns if c.key] if msg.replica_identity in ("d", "i") else []
         self.keys[msg.relid] = flagged
+        self.not_key[msg.relid] = [c.name for c in msg.columns if not c.key]
         self.unresolved.add(msg.relid)
 
     def _relation(self, relid: int, lsn: int) -> tuple[Relation, list[str], list[Any]]:

@@ -76,6 +76,9 @@ class Change:
     relid: int
     old: list[Any] | None
     new: list[Any] | None
+    key_only: bool = False
+    """``old`` is the replica identity's key (a ``K`` tuple): its other columns are sent as null,
+    not because they are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,18 +257,19 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
     elif tag == 0x55:  # U
         relid = r.u32()
         kind = r.u8()
-        old = None
+        old, key_only = None, kind == 0x4B
         if kind in (0x4B, 0x4F):  # K, O
             old = r.tuple_data()
             kind = r.u8()
         if kind != 0x4E:
             raise DecodeError(lsn, "update without a new tuple")
-        msg = Change("u", relid, old, r.tuple_data())
+        msg = Change("u", relid, old, r.tuple_data(), key_only)
     elif tag == 0x44:  # D
         relid = r.u32()
-        if r.u8() not in (0x4B, 0x4F):
+        kind = r.u8()
+        if kind not in (0x4B, 0x4F):
             raise DecodeError(lsn, "delete without a key or old tuple")
-        msg = Change("d", relid, r.tuple_data(), None)
+        msg = Change("d", relid, r.tuple_data(), None, kind == 0x4B)
     elif tag == 0x54:  # T
         n = r.i32()
         if n < 0 or n > len(buf):
