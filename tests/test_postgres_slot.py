@@ -272,3 +272,40 @@ async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed
         await runner.drain()
         await task
         await conn.close()
+
+
+async def test_a_table_taken_out_of_the_publication_while_streaming_is_position_lost(
+    postgres: Postgres,
+) -> None:
+    """pgoutput stops sending a table the publication stops covering, says nothing, and never
+    sends those changes later, even once the table is put back: the reader went on capturing the
+    other tables as if nothing had happened. It halts as position lost (``when_needed``
+    re-snapshots); so it does when the publication stops publishing a kind of change."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    await conn.execute("CREATE TABLE b (id int PRIMARY KEY)")
+    raised: list[str] = []
+    for change in (
+        f"ALTER PUBLICATION p_{db} DROP TABLE b",
+        f"ALTER PUBLICATION p_{db} SET (publish = 'insert')",
+    ):
+        src = source(postgres, db, tables=["public.a", "public.b"])
+        src.publication_check_s = 0.0  # every read asks
+        await src.open(None)
+        await conn.execute(f"INSERT INTO a VALUES ({len(raised) + 1})")
+        assert [e.after for e in await read_n(src, 1)] == [{"id": len(raised) + 1}]
+        await conn.execute(change)
+        with pytest.raises(PositionLost) as lost:
+            await read_n(src, 1)
+        await src.close()
+        raised.append(str(lost.value))
+        await conn.execute(f"DROP PUBLICATION p_{db}")
+        await conn.execute(f"SELECT pg_drop_replication_slot('s_{db}')")
+    await conn.close()
+    assert raised[0].startswith(
+        f"position lost: table public.b was taken out of publication 'p_{db}' while streaming"
+    )
+    assert raised[1].startswith(
+        f"position lost: publication 'p_{db}' stopped publishing update, delete, truncate"
+    )

@@ -120,6 +120,26 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
         )  # fmt: skip
 
 
+async def left_out(conn: asyncpg.Connection, publication: str, listed: list[str]) -> str | None:
+    """What the publication no longer publishes of what it did at open (a listed table, or a kind
+    of change), or None: asked while streaming, since pgoutput stops sending what a publication
+    stops covering without a word, and never sends it later."""
+    pub = await conn.fetchrow(
+        "SELECT oid, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
+        publication,
+    )
+    if pub is None:
+        return f"publication {publication!r} was dropped"
+    ops = [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+    if ops:
+        return f"publication {publication!r} stopped publishing {', '.join(ops)}"
+    for table in dict.fromkeys(listed):
+        oid = await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(table))
+        if oid is not None and not await _published(conn, pub["oid"], table, publication):
+            return f"table {table} was taken out of publication {publication!r}"
+    return None
+
+
 _UNLOGGED = (
     "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE c.relpersistence = 'u' AND c.relkind IN ('r', 'p') ORDER BY 1"

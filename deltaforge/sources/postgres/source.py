@@ -15,6 +15,7 @@ where the slot may safely be advanced to.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -79,6 +80,8 @@ class PostgresSource(Source):
         self._silence = config.receiver_timeout_ms / 1000
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
+        self._next_publication_check = 0.0
+        self._publication_check: asyncio.Task[str | None] | None = None
         self.db = ""
         self._last_commit = 0  # commit LSN of the last transaction handed out
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
@@ -259,8 +262,18 @@ class PostgresSource(Source):
         decoder, self._decoder = self._decoder, None
         if decoder is not None:
             await self._threads.run(decoder.stop)
+        check, self._publication_check = self._publication_check, None
+        # A check still waiting for its answer (a network holding everything) leaves the control
+        # connection mid-query: it is dropped, not closed politely, which would wait on it too.
+        interrupted = check is not None and not check.done()
+        if check is not None:
+            check.cancel()
+            await asyncio.gather(check, return_exceptions=True)
         if self._conn is not None:
             conn, self._conn = self._conn, None
+            if interrupted:
+                conn.terminate()
+                return
             if decoder is not None:
                 await slot_ops.released(conn, self.slot)  # a stopped pipeline has let go of its slot
             await conn.close(timeout=5)
@@ -285,13 +298,38 @@ class PostgresSource(Source):
             changes, self._schema_changes = self._schema_changes, []
         return changes
 
+    publication_check_s = 5.0
+    """How often, while streaming, the publication is asked whether it still covers what it did
+    at open (see :meth:`_still_published`)."""
+
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"postgres source {self.id!r} is not open")
+        self._still_published()
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def _still_published(self) -> None:
+        """pgoutput stops sending a table taken out of the publication (or a kind of change it
+        stops publishing), says nothing, and never sends those changes later, even once it is put
+        back: the position is lost for them. So the publication is asked now and then, on the
+        control connection, in a task of its own: a server that does not answer (a half-open
+        network) must not hold up reading, whose own checks notice it."""
+        task = self._publication_check
+        if task is not None and task.done():
+            self._publication_check = None
+            gone = None if task.cancelled() or task.exception() is not None else task.result()
+            if gone is not None:
+                raise PositionLost(f"{gone} while streaming, so its changes since were never decoded")
+        conn = self._conn
+        if self._publication_check is None and time.monotonic() >= self._next_publication_check:
+            self._next_publication_check = time.monotonic() + self.publication_check_s
+            if conn is not None and not conn.is_closed():
+                self._publication_check = asyncio.get_running_loop().create_task(
+                    slot_ops.left_out(conn, self.publication, self._listed())
+                )
 
     def caught_up(self) -> bool:
         return self._decoder is None or self._decoder.caught_up()
