@@ -309,3 +309,41 @@ async def test_a_table_taken_out_of_the_publication_while_streaming_is_position_
     assert raised[1].startswith(
         f"position lost: publication 'p_{db}' stopped publishing update, delete, truncate"
     )
+
+
+async def test_a_publication_that_would_break_updates_on_tables_without_identity_is_not_made(
+    postgres: Postgres,
+) -> None:
+    """PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity. With
+    no tables listed deltaforge made its publication FOR ALL TABLES, and the application's updates
+    of every table without a primary key failed from then on. It is not made, naming the tables;
+    a publication of the listed tables only is; a table without one created later is named at
+    every start."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE keyed (id int PRIMARY KEY)")
+    await conn.execute("CREATE TABLE bare (a int)")
+    await conn.execute("INSERT INTO bare VALUES (1)")
+    for tables in ([], ["public.bare"]):
+        with pytest.raises(SourceMisconfigured) as refused:
+            await source(postgres, db, tables=tables).open(None)
+        assert "would make UPDATE and DELETE fail on public.bare" in str(refused.value)
+    assert await conn.fetchval("SELECT count(*) FROM pg_publication") == 0
+    await conn.execute("UPDATE bare SET a = 2")  # the application still works
+    listed = source(postgres, db, tables=["public.keyed"])
+    await listed.open(None)
+    await listed.close()
+    await conn.execute(f"DROP PUBLICATION p_{db}")
+    await conn.execute(f"SELECT pg_drop_replication_slot('s_{db}')")
+    await conn.execute("ALTER TABLE bare REPLICA IDENTITY FULL")
+    everything = source(postgres, db)
+    await everything.open(None)
+    await everything.close()
+    await conn.execute("CREATE TABLE later (a int)")
+    with capture_logs() as logs:
+        again = source(postgres, db)
+        await again.open(None)
+        await again.close()
+    await conn.close()
+    said = [e for e in logs if e["event"] == "tables_without_replica_identity"]
+    assert said and said[0]["tables"] == ["public.later"]

@@ -100,9 +100,9 @@ class TxDecoder:
         """End of the last complete transaction (or heartbeat): where the slot may be advanced to."""
         self.relations: dict[int, tuple[Relation, list[str], list[Any]]] = {}
         self.keys: dict[int, list[str]] = {}
+        """Each relation's primary-key columns (one list, shared by its changes)."""
         self.not_key: dict[int, list[str]] = {}
         """Each relation's columns outside its replica identity's key."""
-        """Each relation's primary-key columns (one list, shared by its changes)."""
         self.unresolved: set[int] = set()
         """Relations whose primary key is still to be read from the catalog."""
         self.schemas: list[tuple[str, list[dict[str, Any]], PositionDoc]] = []

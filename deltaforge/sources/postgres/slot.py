@@ -20,10 +20,13 @@ RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go 
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
 
 
-async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: list[str]) -> None:
+async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: list[str], who: str) -> None:
     """The publication (of ``tables``; none listed: all tables) unless it exists, and the slot."""
     if not await conn.fetchval("SELECT 1 FROM pg_publication WHERE pubname = $1", publication):
         target = "FOR TABLE " + ", ".join(quote_table(t) for t in tables) if tables else "FOR ALL TABLES"
+        await refuse_without_identity(
+            conn, tables or None, f"creating publication {publication!r} {target}", who
+        )
         await conn.execute(f'CREATE PUBLICATION "{publication}" {target}')
     await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
 
@@ -54,6 +57,13 @@ async def check_publication(
             f"never be delivered; ALTER PUBLICATION {quote_ident(publication)} SET "
             "(publish = 'insert, update, delete, truncate')"
         )
+    stuck = await without_identity(conn, None if pub["puballtables"] else listed or [])
+    if stuck:
+        structlog.get_logger().warning(
+            "tables_without_replica_identity", actor="PostgresSource", publication=publication, tables=stuck,
+            reason="PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity; "
+            "give each a primary key or REPLICA IDENTITY FULL",
+        )  # fmt: skip
     if pub["puballtables"]:
         # FOR ALL TABLES takes in unlogged tables without a word, and their changes are never in
         # the WAL: say which, at every open (a table set unlogged later is named then).
@@ -75,6 +85,9 @@ async def check_publication(
         f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {', '.join(quote_table(t) for t in missing)}"
     )
     if create:
+        await refuse_without_identity(
+            conn, missing, f"adding {', '.join(missing)} to publication {publication!r}", who
+        )
         try:
             await conn.execute(add)
         except asyncpg.PostgresError as exc:
@@ -138,6 +151,47 @@ async def left_out(conn: asyncpg.Connection, publication: str, listed: list[str]
         if oid is not None and not await _published(conn, pub["oid"], table, publication):
             return f"table {table} was taken out of publication {publication!r}"
     return None
+
+
+_WITHOUT_IDENTITY = (
+    "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND {which} AND (c.relreplident = 'n' OR "
+    "(c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) "
+    "ORDER BY 1"
+)
+_USER_TABLES = "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'"
+# pg_partition_tree lists nothing for a table that is not partitioned: the tables themselves too
+_THESE_TABLES = (
+    "(c.oid = ANY($1::oid[]) OR c.oid IN (SELECT t.relid FROM unnest($1::oid[]) o, pg_partition_tree(o) t))"
+)
+
+
+async def without_identity(conn: asyncpg.Connection, tables: list[str] | None) -> list[str]:
+    """The tables (``tables`` and their partitions; None: every user table) without a replica
+    identity: no primary key under REPLICA IDENTITY DEFAULT, or NOTHING. PostgreSQL refuses UPDATE
+    and DELETE on such a table while a publication of updates and deletes covers it."""
+    if tables is None:
+        return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_USER_TABLES))]
+    oids = [o for t in tables if (o := await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(t)))]
+    if not oids:
+        return []
+    return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_THESE_TABLES), oids)]
+
+
+async def refuse_without_identity(
+    conn: asyncpg.Connection, tables: list[str] | None, doing: str, who: str
+) -> None:
+    """Refuse ``doing`` (putting ``tables`` in a publication; None: all tables) when it would make
+    the user's UPDATE and DELETE fail on a table without a replica identity: the application
+    breaks the moment the pipeline starts."""
+    stuck = await without_identity(conn, tables)
+    if stuck:
+        raise SourceMisconfigured(
+            f"{who}: {doing} would make UPDATE and DELETE fail on {', '.join(stuck)}: "
+            "PostgreSQL refuses them on a published table without a replica identity (no primary key, "
+            "or REPLICA IDENTITY NOTHING). Give each a primary key or run ALTER TABLE ... REPLICA "
+            "IDENTITY FULL" + ("" if tables else ", or list the tables to capture in tables")
+        )
 
 
 _UNLOGGED = (

@@ -256,7 +256,9 @@ class PostgresSource(Source):
 
     async def _create(self) -> None:
         assert self._conn is not None
-        await slot_ops.create(self._conn, self.slot, self.publication, self._listed())
+        await slot_ops.create(
+            self._conn, self.slot, self.publication, self._listed(), f"postgres source {self.id!r}"
+        )
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
