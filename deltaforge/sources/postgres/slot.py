@@ -31,6 +31,14 @@ async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: 
     await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
 
 
+_PUBLICATION = "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1"
+
+
+def _unpublished_ops(pub: asyncpg.Record) -> list[str]:
+    """The kinds of change the publication row ``pub`` leaves out."""
+    return [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+
+
 async def check_publication(
     conn: asyncpg.Connection, publication: str, listed: list[str], create: bool, who: str
 ) -> None:
@@ -39,18 +47,14 @@ async def check_publication(
     added when the source manages it (``create``), as Debezium's ``filtered`` autocreate mode does
     (a table added to ``tables`` later is captured from then on); anything else is refused, saying
     what to run."""
-    pub = await conn.fetchrow(
-        "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication "
-        "WHERE pubname = $1",
-        publication,
-    )
+    pub = await conn.fetchrow(_PUBLICATION, publication)
     if pub is None:
         raise SourceMisconfigured(
             f"{who}: publication {publication!r} does not exist (dropped?); the slot's changes cannot be "
             f"decoded without it: create it again (CREATE PUBLICATION {quote_ident(publication)} ...) and "
             "re-snapshot, or drop the slot to start afresh"
         )
-    ops = [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+    ops = _unpublished_ops(pub)
     if ops:
         raise SourceMisconfigured(
             f"{who}: publication {publication!r} does not publish {', '.join(ops)}, so those changes would "
@@ -78,7 +82,13 @@ async def check_publication(
     await _name_filters(conn, pub["oid"], publication)
     if not listed:
         return
-    missing = [t for t in dict.fromkeys(listed) if not await _published(conn, pub["oid"], t, who)]
+    missing = []
+    for table in dict.fromkeys(listed):
+        oid = await _oid(conn, table)
+        if oid is None:
+            raise SourceMisconfigured(f"{who}: table {table!r} in tables does not exist")
+        if not await _published(conn, pub["oid"], oid):
+            missing.append(table)
     if not missing:
         return
     add = (
@@ -118,10 +128,7 @@ _FILTERS = (
 async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) -> None:
     """Log the publication's row filters and column lists: what they leave out is never decoded.
     A user's choice, so not refused, but said at every open (snapshots apply the same ones)."""
-    if not await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_publication_rel'::regclass "
-        "AND attname = 'prqual')"
-    ):
+    if conn.get_server_version().major < 15:
         return
     found = await conn.fetch(_FILTERS, pub)
     if found:
@@ -137,18 +144,15 @@ async def left_out(conn: asyncpg.Connection, publication: str, listed: list[str]
     """What the publication no longer publishes of what it did at open (a listed table, or a kind
     of change), or None: asked while streaming, since pgoutput stops sending what a publication
     stops covering without a word, and never sends it later."""
-    pub = await conn.fetchrow(
-        "SELECT oid, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
-        publication,
-    )
+    pub = await conn.fetchrow(_PUBLICATION, publication)
     if pub is None:
         return f"publication {publication!r} was dropped"
-    ops = [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+    ops = _unpublished_ops(pub)
     if ops:
         return f"publication {publication!r} stopped publishing {', '.join(ops)}"
     for table in dict.fromkeys(listed):
-        oid = await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(table))
-        if oid is not None and not await _published(conn, pub["oid"], table, publication):
+        oid = await _oid(conn, table)  # a table dropped since has nothing more to send
+        if oid is not None and not await _published(conn, pub["oid"], oid):
             return f"table {table} was taken out of publication {publication!r}"
     return None
 
@@ -162,7 +166,8 @@ _WITHOUT_IDENTITY = (
 _USER_TABLES = "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'"
 # pg_partition_tree lists nothing for a table that is not partitioned: the tables themselves too
 _THESE_TABLES = (
-    "(c.oid = ANY($1::oid[]) OR c.oid IN (SELECT t.relid FROM unnest($1::oid[]) o, pg_partition_tree(o) t))"
+    "(c.oid IN (SELECT to_regclass(x) FROM unnest($1::text[]) x) OR "
+    "c.oid IN (SELECT t.relid FROM unnest($1::text[]) x, pg_partition_tree(to_regclass(x)) t))"
 )
 
 
@@ -172,10 +177,10 @@ async def without_identity(conn: asyncpg.Connection, tables: list[str] | None) -
     and DELETE on such a table while a publication of updates and deletes covers it."""
     if tables is None:
         return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_USER_TABLES))]
-    oids = [o for t in tables if (o := await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(t)))]
-    if not oids:
+    if not tables:
         return []
-    return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_THESE_TABLES), oids)]
+    names = [quote_table(t) for t in tables]
+    return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_THESE_TABLES), names)]
 
 
 async def refuse_without_identity(
@@ -209,16 +214,19 @@ _SCHEMA_IN_PUBLICATION = (
 )
 
 
-async def _published(conn: asyncpg.Connection, pub: int, table: str, who: str) -> bool:
-    """Whether the publication ``pub`` (oid) publishes ``table``: named, through a partitioned
-    table it is a partition of, or through its schema. Not ``pg_publication_tables``: that lists a
-    published partitioned table's partitions, not the table."""
+async def _oid(conn: asyncpg.Connection, table: str) -> int | None:
+    """``table``'s oid, or None when there is no such table."""
     oid = await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(table))
-    if oid is None:
-        raise SourceMisconfigured(f"{who}: table {table!r} in tables does not exist")
+    return None if oid is None else int(oid)
+
+
+async def _published(conn: asyncpg.Connection, pub: int, oid: int) -> bool:
+    """Whether the publication ``pub`` (oid) publishes the table ``oid``: named, through a
+    partitioned table it is a partition of, or through its schema. Not ``pg_publication_tables``:
+    that lists a published partitioned table's partitions, not the table."""
     if await conn.fetchval(_IN_PUBLICATION, pub, oid):
         return True
-    if await conn.fetchval("SELECT to_regclass('pg_catalog.pg_publication_namespace') IS NOT NULL"):
+    if conn.get_server_version().major >= 15:
         return bool(await conn.fetchval(_SCHEMA_IN_PUBLICATION, pub, oid))
     return False
 

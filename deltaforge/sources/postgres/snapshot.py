@@ -38,15 +38,17 @@ T = TypeVar("T")
 
 _COLUMNS = (
     "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
-    "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+    "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND ($2 OR attgenerated = '') ORDER BY attnum"
 )
-_GENERATED = "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND attgenerated <> ''"
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
 
 
-async def _columns_of(conn: asyncpg.Connection, oid: int) -> list[tuple[str, int, str]]:
-    """A table's columns (name, type oid, declared type), in table order."""
-    return [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid)]
+async def _columns_of(
+    conn: asyncpg.Connection, oid: int, generated: bool = True
+) -> list[tuple[str, int, str]]:
+    """A table's columns (name, type oid, declared type), in table order; generated ones only
+    with ``generated``."""
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(_COLUMNS, oid, generated)]
 
 
 NATIVE = {16, 20, 21, 23, 25, 1043}
@@ -106,24 +108,15 @@ class PostgresChunks(ChunkReader):
         self.signal = qualified(settings.signal_table) if settings.signal_table else None
         self.pool: asyncpg.Pool | None = None
         self.known: dict[str, _Table] = {}
-        self.filters: bool | None = None
-        """Whether the server has row filters and column lists (PostgreSQL 15); asked once."""
 
     async def _shape(self, conn: asyncpg.Connection, oid: int, name: str) -> Shape:
         """What of table ``name`` (its ``oid``) the publication publishes now (see :data:`Shape`)."""
-        columns = await _columns_of(conn, oid)
-        if conn.get_server_version().major < 18:
-            # pgoutput leaves generated columns out of every change before PostgreSQL 18 (from
-            # 18 on the publication says, and its column names below follow it); a snapshot row
-            # carrying one would hold a value no later change of the row updates.
-            generated = {str(r[0]) for r in await conn.fetch(_GENERATED, oid)}
-            columns = [c for c in columns if c[0] not in generated]
-        if self.filters is None:
-            self.filters = bool(await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attname = 'rowfilter' "
-                "AND attrelid = 'pg_catalog.pg_publication_tables'::regclass)"
-            ))  # fmt: skip
-        if not self.filters or not columns:
+        version = conn.get_server_version().major
+        # pgoutput leaves generated columns out of every change before PostgreSQL 18 (from 18 on
+        # the publication says, and its column names below follow it); a snapshot row carrying
+        # one would hold a value no later change of the row updates.
+        columns = await _columns_of(conn, oid, generated=version >= 18)
+        if version < 15 or not columns:  # row filters and column lists: PostgreSQL 15
             return columns, None
         schema, _, table = name.partition(".")
         found = await conn.fetchrow(_SHAPE, self.source.publication, schema, table)
