@@ -222,13 +222,7 @@ class TursoSource(Source):
             tx: list[tuple[Any, ...]] = self._pending
             for row in rows:
                 if row[3] == _COMMIT:
-                    try:
-                        out.extend(self._events(tx, row))
-                    except SourceMisconfigured:
-                        if not out:
-                            raise
-                        # the transactions before it first: the halt then stops right at it
-                        self._pending, self._more = [], True
+                    if not self._take(out, tx, row):
                         return out
                     tx = []
                     self._after = row[0]
@@ -238,12 +232,7 @@ class TursoSource(Source):
                 # A transaction larger than a read goes on in pieces, not held to its marker: its
                 # rows are visible only once it has committed, so a piece is final. The last row
                 # waits for the piece that ends it.
-                try:
-                    out.extend(self._events(tx[:-1], None))
-                except SourceMisconfigured:
-                    if not out:
-                        raise
-                    self._pending, self._more = [], True
+                if not self._take(out, tx[:-1], None):
                     return out
                 tx = tx[-1:]
             self._pending = tx
@@ -251,6 +240,18 @@ class TursoSource(Source):
             # A transaction larger than a chunk: keep reading rather than report "idle".
             if out or len(rows) < self.chunk:
                 return out
+
+    def _take(self, out: list[Event], tx: list[tuple[Any, ...]], marker: tuple[Any, ...] | None) -> bool:
+        """``tx``'s events onto ``out`` (see :meth:`_events`); False when one of them halts the source
+        after what ``out`` holds: those are handed over first, and the halt then stops right at it."""
+        try:
+            out.extend(self._events(tx, marker))
+        except SourceMisconfigured:
+            if not out:
+                raise
+            self._pending, self._more = [], True
+            return False
+        return True
 
     def _events(self, tx: list[tuple[Any, ...]], marker: tuple[Any, ...] | None) -> list[Event]:
         """The events of ``tx``, a transaction ended by its commit ``marker``, or (None) a piece of
