@@ -143,35 +143,50 @@ def test_sigkill_ten_times_loses_nothing_and_keeps_row_order(postgres: Postgres,
     assert first_occurrences(got) == work.done
 
 
-def test_dropped_slot_halts_serve_with_503(postgres: Postgres, tmp_path: Path) -> None:
+@pytest.mark.parametrize("while_stopped", ["slot dropped", "table out of the publication and back"])
+def test_what_was_lost_while_stopped_halts_serve_with_503(
+    postgres: Postgres, tmp_path: Path, while_stopped: str
+) -> None:
+    """What happened while serve was stopped lost changes for good: the slot dropped, or the
+    table taken out of the publication (an insert made then was never published) and put back.
+    The next start halts saying so, /health 503; before, the second went on without a word."""
     db = asyncio.run(fresh_db(postgres))
     asyncio.run(_prepare(postgres, db))
     cfg = pipeline_yaml(tmp_path, postgres, db)
     env = {"PG_DSN": postgres.dsn(db)}
+    statements = {
+        "slot dropped": [f"SELECT pg_drop_replication_slot('slot_{db}')"],
+        "table out of the publication and back": [
+            "ALTER PUBLICATION df_pub DROP TABLE items",
+            "INSERT INTO items VALUES (2, 1, 'x')",
+            "ALTER PUBLICATION df_pub ADD TABLE items",
+        ],
+    }[while_stopped]
+    reason = {
+        "slot dropped": f"replication slot 'slot_{db}' does not exist (dropped?)",
+        "table out of the publication and back": "table public.items was taken out of publication "
+        "'df_pub' and put back since the last run, so its changes in that time were never published",
+    }[while_stopped]
 
-    async def write_and_drop(drop: bool) -> None:
+    async def run(sql: list[str]) -> None:
         conn = await asyncpg.connect(postgres.dsn(db))
-        if drop:
-            await conn.execute("SELECT pg_drop_replication_slot($1)", f"slot_{db}")
-        else:
-            await conn.execute("INSERT INTO items VALUES (1, 1, 'x')")
+        for statement in sql:
+            await conn.execute(statement)
         await conn.close()
 
     with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
         serve.wait_api()
         wait_until_sync(lambda: slot_exists(postgres, db), timeout=30, what="slot created")
-        asyncio.run(write_and_drop(False))
+        asyncio.run(run(["INSERT INTO items VALUES (1, 1, 'x')"]))
         wait_until_sync(lambda: len(sink_lines(tmp_path / "events.jsonl")) == 1, timeout=30, what="delivered")
         assert serve.terminate() == 0
-    asyncio.run(write_and_drop(True))
+    asyncio.run(run(statements))
     with Serve(tmp_path, "--config", str(cfg), env=env) as serve:
         serve.wait_api()
         wait_until_sync(lambda: serve.get("/health").status_code == 503, timeout=30, what="503")
-        [reason] = serve.get("/health").json()["reasons"]
-        assert (
-            reason
-            == f"orders: position lost: replication slot 'slot_{db}' does not exist (dropped?). Re-snapshot required."
-        )
+        assert serve.get("/health").json()["reasons"] == [
+            f"orders: position lost: {reason}. Re-snapshot required."
+        ]
         assert serve.terminate() == 0
 
 

@@ -106,6 +106,8 @@ class SourceReader(Actor):
             epoch=self.epoch,
         )
         await self.snapshots.before_open(resume)
+        source, memo_key = ctx.source, f"{ctx.source.id}::memo"
+        source.remembered = await ctx.store.get(memo_key)
         try:
             try:
                 if self.reconciler is not None:
@@ -114,14 +116,17 @@ class SourceReader(Actor):
                     outcome = await self.reconciler.ask(Reconcile(resume), timeout=None)
                     if isinstance(outcome, Exception):
                         raise outcome
-                await ctx.source.open(resume)
+                await source.open(resume)
+                await self.snapshots.opened(resume)
             except PositionLost as lost:
                 await self._resnapshot_or_halt(lost)
-                return
-            await self.snapshots.opened(resume)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
+        memo = source.memo()
+        if memo is not None and memo != source.remembered:
+            await self.patient(lambda: ctx.store.put(memo_key, memo))
+            source.remembered = memo
 
     async def _deliver_what_was_read(self) -> None:
         """Before an error that ends this reading (a damaged event, a lost position): what came

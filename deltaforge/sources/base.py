@@ -93,6 +93,15 @@ class Source(ABC):
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 
+    remembered: dict[str, Any] | None = None
+    """What :meth:`memo` returned after the last opening, in this process or an earlier one:
+    the SourceReader stores it beside the checkpoints and sets it before each ``open``."""
+
+    def memo(self) -> dict[str, Any] | None:
+        """What to remember of this opening for the next one (None: nothing), for what can change
+        while no pipeline reads, such as a PostgreSQL publication's tables."""
+        return None
+
     @abstractmethod
     async def open(self, resume_after: Position | None) -> None:
         """Connect and position after ``resume_after`` (None: from the beginning)."""

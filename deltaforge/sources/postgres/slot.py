@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import asyncpg
 import structlog
@@ -140,10 +141,49 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
         )  # fmt: skip
 
 
-async def left_out(conn: asyncpg.Connection, publication: str, listed: list[str]) -> str | None:
+Memberships = dict[str, Any]
+"""Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
+{table: [row, ...]}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
+or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
+and putting it back makes a new one, so two of these with no row in common for a table mean it was
+out in between; the rows replicate with the catalog, so a standby promoted has the same."""
+
+
+async def memberships(conn: asyncpg.Connection, publication: str, listed: list[str]) -> Memberships | None:
+    """The publication's and each listed table's :data:`Memberships` (None: no publication)."""
+    pub = await conn.fetchval("SELECT oid FROM pg_publication WHERE pubname = $1", publication)
+    if pub is None:
+        return None
+    tables: dict[str, list[str]] = {}
+    for table in dict.fromkeys(listed):
+        oid = await _oid(conn, table)
+        if oid is not None:
+            tables[table] = sorted(await _rows(conn, int(pub), oid))
+    return {"publication": int(pub), "tables": tables}
+
+
+def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
+    """What was out of the publication at some moment between ``before`` and ``now`` (a table,
+    or the whole publication dropped and made again), or None."""
+    if now is None:
+        return f"publication {publication!r} was dropped"
+    if now["publication"] != before.get("publication"):
+        return f"publication {publication!r} was dropped and created again"
+    was: dict[str, list[str]] = before.get("tables") or {}
+    for table, rows in now["tables"].items():
+        if was.get(table) and not set(was[table]) & set(rows):
+            put_back = " and put back" if rows else ""
+            return f"table {table} was taken out of publication {publication!r}{put_back}"
+    return None
+
+
+async def left_out(
+    conn: asyncpg.Connection, publication: str, listed: list[str], at_open: Memberships | None
+) -> str | None:
     """What the publication no longer publishes of what it did at open (a listed table, or a kind
-    of change), or None: asked while streaming, since pgoutput stops sending what a publication
-    stops covering without a word, and never sends it later."""
+    of change), or what it left out for a moment since (taken out and put back between two asks),
+    or None: asked while streaming, since pgoutput stops sending what a publication stops covering
+    without a word, and never sends it later."""
     pub = await conn.fetchrow(_PUBLICATION, publication)
     if pub is None:
         return f"publication {publication!r} was dropped"
@@ -154,7 +194,9 @@ async def left_out(conn: asyncpg.Connection, publication: str, listed: list[str]
         oid = await _oid(conn, table)  # a table dropped since has nothing more to send
         if oid is not None and not await _published(conn, pub["oid"], oid):
             return f"table {table} was taken out of publication {publication!r}"
-    return None
+    if at_open is None:
+        return None
+    return out_in_between(at_open, await memberships(conn, publication, listed), publication)
 
 
 _WITHOUT_IDENTITY = (
@@ -203,14 +245,14 @@ _UNLOGGED = (
     "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE c.relpersistence = 'u' AND c.relkind IN ('r', 'p') ORDER BY 1"
 )
-_IN_PUBLICATION = (
-    "SELECT EXISTS (SELECT 1 FROM pg_publication_rel WHERE prpubid = $1 AND prrelid IN "
+_REL_ROWS = (
+    "SELECT array(SELECT 'table:' || oid::text FROM pg_publication_rel WHERE prpubid = $1 AND prrelid IN "
     "(SELECT $2::oid UNION SELECT relid FROM pg_partition_ancestors($2::oid)))"
 )
 # PostgreSQL 15: FOR TABLES IN SCHEMA
-_SCHEMA_IN_PUBLICATION = (
-    "SELECT EXISTS (SELECT 1 FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid "
-    "WHERE n.pnpubid = $1 AND c.oid = $2::oid)"
+_SCHEMA_ROWS = (
+    "SELECT array(SELECT 'schema:' || n.oid::text FROM pg_publication_namespace n "
+    "JOIN pg_class c ON c.relnamespace = n.pnnspid WHERE n.pnpubid = $1 AND c.oid = $2::oid)"
 )
 
 
@@ -220,15 +262,19 @@ async def _oid(conn: asyncpg.Connection, table: str) -> int | None:
     return None if oid is None else int(oid)
 
 
-async def _published(conn: asyncpg.Connection, pub: int, oid: int) -> bool:
-    """Whether the publication ``pub`` (oid) publishes the table ``oid``: named, through a
-    partitioned table it is a partition of, or through its schema. Not ``pg_publication_tables``:
-    that lists a published partitioned table's partitions, not the table."""
-    if await conn.fetchval(_IN_PUBLICATION, pub, oid):
-        return True
+async def _rows(conn: asyncpg.Connection, pub: int, oid: int) -> list[str]:
+    """The catalog rows by which the publication ``pub`` (oid) publishes the table ``oid``: it
+    named, a partitioned table it is a partition of named, or its schema. Not
+    ``pg_publication_tables``: that lists a published partitioned table's partitions, not the table."""
+    found = list(await conn.fetchval(_REL_ROWS, pub, oid))
     if conn.get_server_version().major >= 15:
-        return bool(await conn.fetchval(_SCHEMA_IN_PUBLICATION, pub, oid))
-    return False
+        found += await conn.fetchval(_SCHEMA_ROWS, pub, oid)
+    return found
+
+
+async def _published(conn: asyncpg.Connection, pub: int, oid: int) -> bool:
+    """Whether the publication ``pub`` (oid) publishes the table ``oid``."""
+    return bool(await _rows(conn, pub, oid))
 
 
 async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:

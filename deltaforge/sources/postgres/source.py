@@ -82,6 +82,7 @@ class PostgresSource(Source):
         self._conn: asyncpg.Connection | None = None
         self._next_publication_check = 0.0
         self._publication_check: asyncio.Task[str | None] | None = None
+        self._memberships: slot_ops.Memberships | None = None  # at the last open: see slot_ops.memberships
         self.db = ""
         self._last_commit = 0  # commit LSN of the last transaction handed out
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
@@ -201,9 +202,12 @@ class PostgresSource(Source):
             )
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
+        if resume is not None and not self._failover:
+            await self._not_left_out_while_stopped(conn)
         await slot_ops.check_publication(
             conn, self.publication, self._listed(), self.create, f"postgres source {self.id!r}"
         )
+        self._memberships = await slot_ops.memberships(conn, self.publication, self._listed())
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
@@ -225,6 +229,24 @@ class PostgresSource(Source):
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
+
+    async def _not_left_out_while_stopped(self, conn: asyncpg.Connection) -> None:
+        """A listed table taken out of the publication while no pipeline ran (and maybe put back,
+        or about to be added again by :func:`slot_ops.check_publication`) had its changes of that
+        time never published: the position is lost for it. Told by the catalog rows the last
+        opening noted (:meth:`memo`). Not after a failover: another server's rows may differ."""
+        noted = self.remembered
+        if noted is None or noted.get("publication_name") != self.publication:
+            return
+        now = await slot_ops.memberships(conn, self.publication, self._listed())
+        out = slot_ops.out_in_between(noted, now, self.publication)
+        if out is not None:
+            raise PositionLost(f"{out} since the last run, so its changes in that time were never published")
+
+    def memo(self) -> dict[str, Any] | None:
+        if self._memberships is None:
+            return None
+        return {"publication_name": self.publication, **self._memberships}
 
     async def describe_tables(self) -> list[DeclaredTable]:
         try:
@@ -330,7 +352,7 @@ class PostgresSource(Source):
             self._next_publication_check = time.monotonic() + self.publication_check_s
             if conn is not None and not conn.is_closed():
                 self._publication_check = asyncio.get_running_loop().create_task(
-                    slot_ops.left_out(conn, self.publication, self._listed())
+                    slot_ops.left_out(conn, self.publication, self._listed(), self._memberships)
                 )
 
     def caught_up(self) -> bool:
