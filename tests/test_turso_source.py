@@ -273,6 +273,34 @@ async def test_a_change_written_without_full_images_halts_saying_why_after_what_
     await again.close()
 
 
+async def test_a_change_without_full_images_inside_a_transaction_read_in_pieces_halts_once(
+    tmp_path: Path,
+) -> None:
+    """The bad change ends a transaction larger than a read, whose first pieces were handed
+    over as they were read: those pieces go out once, in order, and the source then stops at the
+    change (it never reads the transaction again from its start, which would hand them over
+    twice)."""
+    db = tmp_path / "pieces.db"
+    w = writer(db)
+    w.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    w.execute("INSERT INTO t VALUES (0, 'z')")
+    w.commit()
+    w.execute("BEGIN")
+    for i in range(1, 30):
+        w.execute("INSERT INTO t VALUES (?, 'a')", (i,))
+    w.execute("PRAGMA unstable_capture_data_changes_conn('after')")  # Turso takes it mid-transaction
+    w.execute("DELETE FROM t WHERE id = 0")
+    w.execute("COMMIT")
+    src = source(db, read_chunk=10)
+    await src.open(None)
+    ids: list[int] = []
+    with pytest.raises(SourceMisconfigured, match="has no before image"):
+        for _ in range(20):
+            ids += [e.after["id"] for e in await src.read() if e.after is not None]
+    await src.close()
+    assert ids == list(range(len(ids))) and len(ids) > 10, ids
+
+
 def _replace_database(db: Path) -> None:
     """Another database at the same path: more changes, in other transactions."""
     for f in db.parent.glob(f"{db.name}*"):
