@@ -146,7 +146,8 @@ Memberships = dict[str, Any]
 {table: [row, ...]}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
 or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
 and putting it back makes a new one, so two of these with no row in common for a table mean it was
-out in between; the rows replicate with the catalog, so a standby promoted has the same."""
+out in between (or that ``SET TABLE`` changed its row filter or column list, which replaces the
+row); the rows replicate with the catalog, so a standby promoted has the same."""
 
 
 async def memberships(conn: asyncpg.Connection, publication: str, listed: list[str]) -> Memberships | None:
@@ -172,8 +173,15 @@ def out_in_between(before: Memberships, now: Memberships | None, publication: st
     was: dict[str, list[str]] = before.get("tables") or {}
     for table, rows in now["tables"].items():
         if was.get(table) and not set(was[table]) & set(rows):
-            put_back = " and put back" if rows else ""
-            return f"table {table} was taken out of publication {publication!r}{put_back}"
+            if not rows:
+                return f"table {table} was taken out of publication {publication!r}"
+            # ALTER PUBLICATION ... SET TABLE replaces a table's row when its row filter or column
+            # list changes: no gap then, but rows and columns the sinks never had are now covered
+            # (and ones they have no longer are), which only a snapshot puts right.
+            return (
+                f"table {table} was taken out of publication {publication!r} and put back, or its row "
+                "filter or column list was changed"
+            )
     return None
 
 

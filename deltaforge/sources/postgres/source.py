@@ -241,7 +241,7 @@ class PostgresSource(Source):
         now = await slot_ops.memberships(conn, self.publication, self._listed())
         out = slot_ops.out_in_between(noted, now, self.publication)
         if out is not None:
-            raise PositionLost(f"{out} since the last run, so its changes in that time were never published")
+            raise PositionLost(f"{out} since the last run: what it left out was never published")
 
     def memo(self) -> dict[str, Any] | None:
         if self._memberships is None:
@@ -346,7 +346,7 @@ class PostgresSource(Source):
             self._publication_check = None
             gone = None if task.cancelled() or task.exception() is not None else task.result()
             if gone is not None:
-                raise PositionLost(f"{gone} while streaming, so its changes since were never decoded")
+                raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
         conn = self._conn
         if self._publication_check is None and time.monotonic() >= self._next_publication_check:
             self._next_publication_check = time.monotonic() + self.publication_check_s
