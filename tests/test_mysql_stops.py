@@ -141,6 +141,27 @@ async def test_a_table_changed_by_foreign_key_cascades_is_refused_at_start_unles
     ]
 
 
+async def test_entries_of_tables_no_table_matches_are_named_at_every_start(mariadb: MariaDB) -> None:
+    """Capture goes by name, so a misspelt entry of ``tables`` captured nothing while the pipeline
+    ran as if all were well. Each start names the entries no table matches; a table created later
+    under such a name is still captured."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE orders (id INT PRIMARY KEY)")
+        cur.execute("CREATE TABLE lines_2024 (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.orders", f"{db}.order", f"{db}.lines_*", f"{db}.notes_*", "nodb.*"])
+    with capture_logs() as logs:
+        await src.open(None)
+    warned = [e for e in logs if e["event"] == "captured_tables_not_found"]
+    assert len(warned) == 1 and warned[0]["tables"] == [f"{db}.order", f"{db}.notes_*", "nodb.*"]
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE `order` (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO `order` VALUES (7)")
+    [ev] = await read_n(src, 1)
+    await src.close()
+    assert (ev.table, ev.after) == ("order", {"id": 7})
+
+
 def test_referential_actions_are_read_from_the_servers_create_table_whatever_the_names() -> None:
     """The actions come from SHOW CREATE TABLE (MariaDB hides REFERENTIAL_CONSTRAINTS from a user
     with SELECT only); a name that reads like an action is not one."""

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 import turso
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
@@ -129,6 +130,24 @@ async def test_resume_after_checkpoint_and_table_filter(tmp_path: Path) -> None:
     assert [e.after["v"] for e in rest if e.after] == list(range(5, 10))
     # identical keys on replay
     assert [e.idempotency_key for e in rest] == [e.idempotency_key for e in first[5:]]
+
+
+async def test_names_in_tables_no_table_has_are_named_at_every_start(tmp_path: Path) -> None:
+    """A misspelt name in ``tables`` captured nothing while the pipeline ran as if all were well.
+    Each start names the ones no table has; a table created later under such a name is captured."""
+    db = tmp_path / "names.db"
+    w = writer(db)
+    w.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    w.commit()
+    src = source(db, tables=["orders", "order"])
+    with capture_logs() as logs:
+        await src.open(None)
+    assert [e["tables"] for e in logs if e["event"] == "captured_tables_not_found"] == [["order"]]
+    w.execute('CREATE TABLE "order" (id INTEGER PRIMARY KEY)')
+    w.execute('INSERT INTO "order" VALUES (7)')
+    w.commit()
+    assert [(e.table, e.after) for e in await read_all(src)] == [("order", {"id": 7})]
+    await src.close()
 
 
 async def test_added_column_appears_in_later_rows_only(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, SourceInfo
@@ -100,6 +102,7 @@ class TursoSource(Source):
         self._columns = {}
         self._has_cdc_table = False
         self._conn = await self._threads.run(self._connect)
+        await self._threads.run(self._name_unmatched)
         if self._resume is not None and self._after:
             await self._threads.run(self._check_position, self._resume)
 
@@ -126,6 +129,23 @@ class TursoSource(Source):
             return out
         finally:
             conn.close()
+
+    def _name_unmatched(self) -> None:
+        """Log the names in ``tables`` no table has now. Capture goes by name, so a table created
+        later is captured from then on; but a misspelt name captures nothing, and nothing else
+        would say so."""
+        if self.tables is None:
+            return
+        found = {
+            r[0] for r in self._conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
+        }
+        self._conn.commit()
+        if missing := sorted(self.tables - found):
+            structlog.get_logger().warning(
+                "captured_tables_not_found", actor="TursoSource", tables=missing,
+                reason="no table has these names from tables: their changes are captured once such a table "
+                "exists, but a misspelt name captures nothing",
+            )  # fmt: skip
 
     def _check_position(self, resume: TursoPosition) -> None:
         """Halt rather than skip: the checkpointed change must still be in ``turso_cdc``, and be
