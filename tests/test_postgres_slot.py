@@ -298,7 +298,7 @@ async def test_a_table_taken_out_of_the_publication_while_streaming_is_position_
         assert [e.after for e in await read_n(src, 1)] == [{"id": len(raised) + 1}]
         for statement in change:
             await conn.execute(statement)
-        src.publication_check_s = 0.0  # every read from now asks
+        src.watch.every_s = 0.0  # every read from now asks
         with pytest.raises(PositionLost) as lost:
             await read_n(src, 1, timeout=20)
         await src.close()

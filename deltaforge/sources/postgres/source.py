@@ -15,7 +15,6 @@ where the slot may safely be advanced to.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -49,6 +48,7 @@ from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
+from deltaforge.sources.postgres.publication import PublicationWatch
 
 if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child process needs (70 ms)
     from deltaforge.sources.postgres.decoder import DecoderSettings
@@ -80,9 +80,7 @@ class PostgresSource(Source):
         self._silence = config.receiver_timeout_ms / 1000
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
-        self._next_publication_check = 0.0
-        self._publication_check: asyncio.Task[str | None] | None = None
-        self._memberships: slot_ops.Memberships | None = None  # at the last open: see slot_ops.memberships
+        self.watch = PublicationWatch(self.publication, self._listed())
         self.db = ""
         self._last_commit = 0  # commit LSN of the last transaction handed out
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
@@ -202,12 +200,9 @@ class PostgresSource(Source):
             )
         elif slot["plugin"] != "pgoutput":
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
-        if resume is not None and not self._failover:
-            await self._not_left_out_while_stopped(conn)
-        await slot_ops.check_publication(
-            conn, self.publication, self._listed(), self.create, f"postgres source {self.id!r}"
-        )
-        self._memberships = await slot_ops.memberships(conn, self.publication, self._listed())
+        # Not after a failover: another server's catalog rows may differ from the ones noted.
+        resuming = resume is not None and not self._failover
+        await self.watch.opened(conn, self.remembered, resuming, self.create, f"postgres source {self.id!r}")
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
@@ -230,23 +225,8 @@ class PostgresSource(Source):
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
 
-    async def _not_left_out_while_stopped(self, conn: asyncpg.Connection) -> None:
-        """A listed table taken out of the publication while no pipeline ran (and maybe put back,
-        or about to be added again by :func:`slot_ops.check_publication`) had its changes of that
-        time never published: the position is lost for it. Told by the catalog rows the last
-        opening noted (:meth:`memo`). Not after a failover: another server's rows may differ."""
-        noted = self.remembered
-        if noted is None or noted.get("publication_name") != self.publication:
-            return
-        now = await slot_ops.memberships(conn, self.publication, self._listed())
-        out = slot_ops.out_in_between(noted, now, self.publication)
-        if out is not None:
-            raise PositionLost(f"{out} since the last run: what it left out was never published")
-
     def memo(self) -> dict[str, Any] | None:
-        if self._memberships is None:
-            return None
-        return {"publication_name": self.publication, **self._memberships}
+        return self.watch.memo()
 
     async def describe_tables(self) -> list[DeclaredTable]:
         try:
@@ -286,13 +266,9 @@ class PostgresSource(Source):
         decoder, self._decoder = self._decoder, None
         if decoder is not None:
             await self._threads.run(decoder.stop)
-        check, self._publication_check = self._publication_check, None
         # A check still waiting for its answer (a network holding everything) leaves the control
         # connection mid-query: it is dropped, not closed politely, which would wait on it too.
-        interrupted = check is not None and not check.done()
-        if check is not None:
-            check.cancel()
-            await asyncio.gather(check, return_exceptions=True)
+        interrupted = await self.watch.stop()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             if interrupted:
@@ -322,38 +298,14 @@ class PostgresSource(Source):
             changes, self._schema_changes = self._schema_changes, []
         return changes
 
-    publication_check_s = 5.0
-    """How often, while streaming, the publication is asked whether it still covers what it did
-    at open (see :meth:`_still_published`)."""
-
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"postgres source {self.id!r} is not open")
-        self._still_published()
+        self.watch.poll(self._conn)
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
         return item
-
-    def _still_published(self) -> None:
-        """pgoutput stops sending a table taken out of the publication (or a kind of change it
-        stops publishing), says nothing, and never sends those changes later, even once it is put
-        back: the position is lost for them. So the publication is asked now and then, on the
-        control connection, in a task of its own: a server that does not answer (a half-open
-        network) must not hold up reading, whose own checks notice it."""
-        task = self._publication_check
-        if task is not None and task.done():
-            self._publication_check = None
-            gone = None if task.cancelled() or task.exception() is not None else task.result()
-            if gone is not None:
-                raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
-        conn = self._conn
-        if self._publication_check is None and time.monotonic() >= self._next_publication_check:
-            self._next_publication_check = time.monotonic() + self.publication_check_s
-            if conn is not None and not conn.is_closed():
-                self._publication_check = asyncio.get_running_loop().create_task(
-                    slot_ops.left_out(conn, self.publication, self._listed(), self._memberships)
-                )
 
     def caught_up(self) -> bool:
         return self._decoder is None or self._decoder.caught_up()

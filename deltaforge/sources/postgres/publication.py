@@ -1,0 +1,337 @@
+"""The publication a PostgreSQL source reads through, on the source's control connection.
+
+What a publication does not cover, pgoutput never sends, and nothing says so: a table left out,
+a kind of change not published, rows outside a row filter. Checked at each opening (refused,
+added, or named in the log), against what the last opening noted (:data:`Memberships`), and
+again every few seconds while streaming (:class:`PublicationWatch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+import structlog
+
+from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.postgres.names import quote_ident, quote_table
+
+_PUBLICATION = "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1"
+
+
+def _unpublished_ops(pub: asyncpg.Record) -> list[str]:
+    """The kinds of change the publication row ``pub`` leaves out."""
+    return [op for op in ("insert", "update", "delete", "truncate") if not pub[f"pub{op}"]]
+
+
+async def check_publication(
+    conn: asyncpg.Connection, publication: str, listed: list[str], create: bool, who: str
+) -> None:
+    """The publication publishes every kind of change, and every listed table: what it leaves out
+    is never decoded, so never delivered, and nothing would say so. A listed table it lacks is
+    added when the source manages it (``create``), as Debezium's ``filtered`` autocreate mode does
+    (a table added to ``tables`` later is captured from then on); anything else is refused, saying
+    what to run."""
+    pub = await conn.fetchrow(_PUBLICATION, publication)
+    if pub is None:
+        raise SourceMisconfigured(
+            f"{who}: publication {publication!r} does not exist (dropped?); the slot's changes cannot be "
+            f"decoded without it: create it again (CREATE PUBLICATION {quote_ident(publication)} ...) and "
+            "re-snapshot, or drop the slot to start afresh"
+        )
+    ops = _unpublished_ops(pub)
+    if ops:
+        raise SourceMisconfigured(
+            f"{who}: publication {publication!r} does not publish {', '.join(ops)}, so those changes would "
+            f"never be delivered; ALTER PUBLICATION {quote_ident(publication)} SET "
+            "(publish = 'insert, update, delete, truncate')"
+        )
+    stuck = await without_identity(conn, None if pub["puballtables"] else listed or [])
+    if stuck:
+        structlog.get_logger().warning(
+            "tables_without_replica_identity", actor="PostgresSource", publication=publication, tables=stuck,
+            reason="PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity; "
+            "give each a primary key or REPLICA IDENTITY FULL",
+        )  # fmt: skip
+    if pub["puballtables"]:
+        # FOR ALL TABLES takes in unlogged tables without a word, and their changes are never in
+        # the WAL: say which, at every open (a table set unlogged later is named then).
+        unlogged = await conn.fetch(_UNLOGGED)
+        if unlogged:
+            structlog.get_logger().warning(
+                "unlogged_tables_not_captured", actor="PostgresSource", publication=publication,
+                tables=[str(r[0]) for r in unlogged],
+                reason="unlogged tables are not written to the WAL, so logical decoding never sees their changes",
+            )  # fmt: skip
+        return
+    await _name_filters(conn, pub["oid"], publication)
+    if not listed:
+        return
+    missing = []
+    for table in dict.fromkeys(listed):
+        oid = await _oid(conn, table)
+        if oid is None:
+            raise SourceMisconfigured(f"{who}: table {table!r} in tables does not exist")
+        if not await _published(conn, pub["oid"], oid):
+            missing.append(table)
+    if not missing:
+        return
+    add = (
+        f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {', '.join(quote_table(t) for t in missing)}"
+    )
+    if create:
+        await refuse_without_identity(
+            conn, missing, f"adding {', '.join(missing)} to publication {publication!r}", who
+        )
+        try:
+            await conn.execute(add)
+        except asyncpg.PostgresError as exc:
+            raise SourceMisconfigured(
+                f"{who}: publication {publication!r} does not include {', '.join(missing)}, and adding "
+                f"them failed ({exc}); run {add}"
+            ) from None
+        structlog.get_logger().info(
+            "publication_tables_added", actor="PostgresSource", publication=publication, tables=missing
+        )
+        return
+    raise SourceMisconfigured(
+        f"{who}: publication {publication!r} does not include {', '.join(missing)}, so their changes would "
+        f"never be delivered; run {add} (or set create: true to let deltaforge add them)"
+    )
+
+
+# PostgreSQL 15: row filters and column lists
+_FILTERS = (
+    "SELECT n.nspname || '.' || c.relname, pg_get_expr(r.prqual, r.prrelid), "
+    "(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a "
+    " WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs)) "
+    "FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE r.prpubid = $1 AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL) ORDER BY 1"
+)
+
+
+async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) -> None:
+    """Log the publication's row filters and column lists: what they leave out is never decoded.
+    A user's choice, so not refused, but said at every open (snapshots apply the same ones)."""
+    if conn.get_server_version().major < 15:
+        return
+    found = await conn.fetch(_FILTERS, pub)
+    if found:
+        structlog.get_logger().warning(
+            "publication_filters", actor="PostgresSource", publication=publication,
+            tables={str(r[0]): {"columns": r[2], "rows": r[1]} for r in found},
+            reason="changes to rows outside a row filter, and columns outside a column list, are not published, "
+            "so never delivered; snapshots read the same rows and columns",
+        )  # fmt: skip
+
+
+Memberships = dict[str, Any]
+"""Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
+{table: [row, ...]}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
+or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
+and putting it back makes a new one, so two of these with no row in common for a table mean it was
+out in between (or that ``SET TABLE`` changed its row filter or column list, which replaces the
+row); the rows replicate with the catalog, so a standby promoted has the same."""
+
+
+async def memberships(conn: asyncpg.Connection, publication: str, listed: list[str]) -> Memberships | None:
+    """The publication's and each listed table's :data:`Memberships` (None: no publication)."""
+    pub = await conn.fetchval("SELECT oid FROM pg_publication WHERE pubname = $1", publication)
+    if pub is None:
+        return None
+    tables: dict[str, list[str]] = {}
+    for table in dict.fromkeys(listed):
+        oid = await _oid(conn, table)
+        if oid is not None:
+            tables[table] = sorted(await _rows(conn, int(pub), oid))
+    return {"publication": int(pub), "tables": tables}
+
+
+def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
+    """What was out of the publication at some moment between ``before`` and ``now`` (a table,
+    or the whole publication dropped and made again), or None."""
+    if now is None:
+        return f"publication {publication!r} was dropped"
+    if now["publication"] != before.get("publication"):
+        return f"publication {publication!r} was dropped and created again"
+    was: dict[str, list[str]] = before.get("tables") or {}
+    for table, rows in now["tables"].items():
+        if was.get(table) and not set(was[table]) & set(rows):
+            if not rows:
+                return f"table {table} was taken out of publication {publication!r}"
+            # ALTER PUBLICATION ... SET TABLE replaces a table's row when its row filter or column
+            # list changes: no gap then, but rows and columns the sinks never had are now covered
+            # (and ones they have no longer are), which only a snapshot puts right.
+            return (
+                f"table {table} was taken out of publication {publication!r} and put back, or its row "
+                "filter or column list was changed"
+            )
+    return None
+
+
+async def left_out(
+    conn: asyncpg.Connection, publication: str, listed: list[str], at_open: Memberships | None
+) -> str | None:
+    """What the publication no longer publishes of what it did at open (a listed table, or a kind
+    of change), or what it left out for a moment since (taken out and put back between two asks),
+    or None: asked while streaming, since pgoutput stops sending what a publication stops covering
+    without a word, and never sends it later."""
+    pub = await conn.fetchrow(_PUBLICATION, publication)
+    if pub is None:
+        return f"publication {publication!r} was dropped"
+    ops = _unpublished_ops(pub)
+    if ops:
+        return f"publication {publication!r} stopped publishing {', '.join(ops)}"
+    for table in dict.fromkeys(listed):
+        oid = await _oid(conn, table)  # a table dropped since has nothing more to send
+        if oid is not None and not await _published(conn, pub["oid"], oid):
+            return f"table {table} was taken out of publication {publication!r}"
+    if at_open is None:
+        return None
+    return out_in_between(at_open, await memberships(conn, publication, listed), publication)
+
+
+_WITHOUT_IDENTITY = (
+    "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND {which} AND (c.relreplident = 'n' OR "
+    "(c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) "
+    "ORDER BY 1"
+)
+_USER_TABLES = "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'"
+# pg_partition_tree lists nothing for a table that is not partitioned: the tables themselves too
+_THESE_TABLES = (
+    "(c.oid IN (SELECT to_regclass(x) FROM unnest($1::text[]) x) OR "
+    "c.oid IN (SELECT t.relid FROM unnest($1::text[]) x, pg_partition_tree(to_regclass(x)) t))"
+)
+
+
+async def without_identity(conn: asyncpg.Connection, tables: list[str] | None) -> list[str]:
+    """The tables (``tables`` and their partitions; None: every user table) without a replica
+    identity: no primary key under REPLICA IDENTITY DEFAULT, or NOTHING. PostgreSQL refuses UPDATE
+    and DELETE on such a table while a publication of updates and deletes covers it."""
+    if tables is None:
+        return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_USER_TABLES))]
+    if not tables:
+        return []
+    names = [quote_table(t) for t in tables]
+    return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_THESE_TABLES), names)]
+
+
+async def refuse_without_identity(
+    conn: asyncpg.Connection, tables: list[str] | None, doing: str, who: str
+) -> None:
+    """Refuse ``doing`` (putting ``tables`` in a publication; None: all tables) when it would make
+    the user's UPDATE and DELETE fail on a table without a replica identity: the application
+    breaks the moment the pipeline starts."""
+    stuck = await without_identity(conn, tables)
+    if stuck:
+        raise SourceMisconfigured(
+            f"{who}: {doing} would make UPDATE and DELETE fail on {', '.join(stuck)}: "
+            "PostgreSQL refuses them on a published table without a replica identity (no primary key, "
+            "or REPLICA IDENTITY NOTHING). Give each a primary key or run ALTER TABLE ... REPLICA "
+            "IDENTITY FULL" + ("" if tables else ", or list the tables to capture in tables")
+        )
+
+
+_UNLOGGED = (
+    "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relpersistence = 'u' AND c.relkind IN ('r', 'p') ORDER BY 1"
+)
+_REL_ROWS = (
+    "SELECT array(SELECT 'table:' || oid::text FROM pg_publication_rel WHERE prpubid = $1 AND prrelid IN "
+    "(SELECT $2::oid UNION SELECT relid FROM pg_partition_ancestors($2::oid)))"
+)
+# PostgreSQL 15: FOR TABLES IN SCHEMA
+_SCHEMA_ROWS = (
+    "SELECT array(SELECT 'schema:' || n.oid::text FROM pg_publication_namespace n "
+    "JOIN pg_class c ON c.relnamespace = n.pnnspid WHERE n.pnpubid = $1 AND c.oid = $2::oid)"
+)
+
+
+async def _oid(conn: asyncpg.Connection, table: str) -> int | None:
+    """``table``'s oid, or None when there is no such table."""
+    oid = await conn.fetchval("SELECT to_regclass($1)::oid", quote_table(table))
+    return None if oid is None else int(oid)
+
+
+async def _rows(conn: asyncpg.Connection, pub: int, oid: int) -> list[str]:
+    """The catalog rows by which the publication ``pub`` (oid) publishes the table ``oid``: it
+    named, a partitioned table it is a partition of named, or its schema. Not
+    ``pg_publication_tables``: that lists a published partitioned table's partitions, not the table."""
+    found = list(await conn.fetchval(_REL_ROWS, pub, oid))
+    if conn.get_server_version().major >= 15:
+        found += await conn.fetchval(_SCHEMA_ROWS, pub, oid)
+    return found
+
+
+async def _published(conn: asyncpg.Connection, pub: int, oid: int) -> bool:
+    """Whether the publication ``pub`` (oid) publishes the table ``oid``."""
+    return bool(await _rows(conn, pub, oid))
+
+
+class PublicationWatch:
+    """What the publication covers for one source. pgoutput stops sending a table taken out of
+    the publication (or a kind of change it stops publishing), says nothing, and never sends
+    those changes later, even once it is put back: the position is lost for them. So each
+    opening compares the publication with what the last one noted (:meth:`memo`, kept beside the
+    checkpoints), and while streaming it is asked again every ``every_s``, on the control
+    connection, in a task of its own: a server that does not answer (a half-open network) must
+    not hold up reading, whose own checks notice it."""
+
+    every_s = 5.0
+
+    def __init__(self, publication: str, listed: list[str]) -> None:
+        self.publication = publication
+        self.listed = listed
+        """The tables the publication must have (none: it publishes all tables)."""
+        self.at_open: Memberships | None = None
+        self._task: asyncio.Task[str | None] | None = None
+        self._next = 0.0
+
+    async def opened(
+        self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
+    ) -> None:
+        """At open: a listed table taken out of the publication since ``noted`` (while no pipeline
+        ran; maybe put back, or about to be added again by :func:`check_publication`) had its
+        changes of that time never published, so ``resuming`` from a checkpoint is position lost
+        for it. Then the publication's own checks, and what it covers now is noted."""
+        if resuming and noted is not None and noted.get("publication_name") == self.publication:
+            now = await memberships(conn, self.publication, self.listed)
+            if (out := out_in_between(noted, now, self.publication)) is not None:
+                raise PositionLost(f"{out} since the last run: what it left out was never published")
+        await check_publication(conn, self.publication, self.listed, create, who)
+        self.at_open = await memberships(conn, self.publication, self.listed)
+        self._next = 0.0
+
+    def memo(self) -> dict[str, Any] | None:
+        """What the next opening compares with (None before an opening)."""
+        return None if self.at_open is None else {"publication_name": self.publication, **self.at_open}
+
+    def poll(self, conn: asyncpg.Connection | None) -> None:
+        """Raise :class:`PositionLost` when the last check found something left out; start the
+        next check when one is due."""
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            gone = None if task.cancelled() or task.exception() is not None else task.result()
+            if gone is not None:
+                raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
+        if self._task is None and time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.every_s
+            if conn is not None and not conn.is_closed():
+                self._task = asyncio.get_running_loop().create_task(
+                    left_out(conn, self.publication, self.listed, self.at_open)
+                )
+
+    async def stop(self) -> bool:
+        """Cancel a check in flight; True when it was still waiting for its answer, which leaves
+        the connection mid-query (to be dropped, not closed politely: that would wait on it too)."""
+        task, self._task = self._task, None
+        if task is None:
+            return False
+        interrupted = not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return interrupted
