@@ -19,6 +19,7 @@ MODULES = [
     "deltaforge.sources.kafka.position",
     "deltaforge.sources.mysql.connection",
     "deltaforge.sources.mysql.statements",
+    "deltaforge.sources.mysql.cascades",
     "deltaforge.snapshot.window",
     "deltaforge.api.listen",
 ]

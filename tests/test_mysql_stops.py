@@ -165,7 +165,7 @@ async def test_entries_of_tables_no_table_matches_are_named_at_every_start(maria
 def test_referential_actions_are_read_from_the_servers_create_table_whatever_the_names() -> None:
     """The actions come from SHOW CREATE TABLE (MariaDB hides REFERENTIAL_CONSTRAINTS from a user
     with SELECT only); a name that reads like an action is not one."""
-    from deltaforge.sources.mysql.checks import _actions
+    from deltaforge.sources.mysql.cascades import referential_actions
 
     text = (
         "CREATE TABLE `c` (\n  `x ON DELETE CASCADE` int(11) DEFAULT NULL,\n  `p` int(11) DEFAULT NULL,\n"
@@ -173,7 +173,7 @@ def test_referential_actions_are_read_from_the_servers_create_table_whatever_the
         "  CONSTRAINT `fk` FOREIGN KEY (`p`) REFERENCES `other`.`p` (`id`) ON UPDATE CASCADE\n"
         ") ENGINE=InnoDB"
     )
-    assert _actions(text) == {"odd`name": [], "fk": ["ON UPDATE CASCADE"]}
+    assert referential_actions(text) == {"odd`name": [], "fk": ["ON UPDATE CASCADE"]}
 
 
 def test_a_replica_that_does_not_log_what_it_applies_is_refused_at_start() -> None:
@@ -345,6 +345,7 @@ def test_partial_json_updates_are_refused_at_start_saying_what_to_set() -> None:
         "SHOW GRANTS": [("GRANT ALL PRIVILEGES ON *.* TO `cdc`@`%`",)],
         "SHOW BINARY LOG STATUS": [("binlog.000001", 157, "", "")],
         "SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME, CONSTRAINT_NAME": [],  # no foreign keys
+        "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES": [("shop", "t")],
     }
 
     class Cursor:

@@ -5,7 +5,6 @@ Everything here runs in a worker thread (pymysql is blocking).
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +15,9 @@ import pymysql
 import structlog
 
 from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
+from deltaforge.sources.mysql.cascades import cascaded
 from deltaforge.sources.mysql.connection import Connection
-from deltaforge.sources.mysql.names import matches, quote_ident
+from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 # Client and server error codes that mean "the server is down right now": can't connect
@@ -188,7 +188,7 @@ def check_preconditions(
         problems += _filtered_out(conn, captured)
     # MySQL >= 9.6 makes referential actions in the SQL layer by default, and logs them as rows.
     if not problems and values.get("innodb_native_foreign_keys", "ON").upper() in ("ON", "1"):
-        problems += _cascaded(conn, captured, fold, cascades)
+        problems += cascaded(conn, captured, fold, cascades)
     if problems:
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
     _name_unmatched(conn, captured, fold)
@@ -285,78 +285,6 @@ def _name_unmatched(conn: Any, captured: Sequence[tuple[str, ...]], fold: bool) 
             reason="no table matches these entries of tables: their changes are captured once such a table "
             "exists, but a misspelt name captures nothing",
         )  # fmt: skip
-
-
-_FOREIGN_KEYS = (
-    "SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_TABLE_SCHEMA, REFERENCED_TABLE_NAME "
-    "FROM information_schema.KEY_COLUMN_USAGE WHERE REFERENCED_TABLE_NAME IS NOT NULL "
-    "ORDER BY TABLE_SCHEMA, TABLE_NAME, CONSTRAINT_NAME"
-)
-_NO_SUCH_TABLE = 1146
-_IDENT = re.compile(r"`(?:[^`]|``)*`")
-_ACTION = re.compile(r" ON (DELETE|UPDATE) (CASCADE|SET NULL|SET DEFAULT)")
-
-
-def _actions(create_table: str) -> dict[str, list[str]]:
-    """The referential actions that change rows (``ON DELETE CASCADE``, ...) of each foreign key
-    in a ``SHOW CREATE TABLE`` text, by constraint name. Names are read with their quoting, and
-    matched for actions with every identifier blanked, so no name can look like an action."""
-    out = {}
-    for line in create_table.splitlines():
-        line = line.strip()
-        if line.startswith("CONSTRAINT `") and " FOREIGN KEY " in line:
-            name = _IDENT.match(line, len("CONSTRAINT "))
-            if name is not None:
-                bare = _IDENT.sub("``", line)
-                out[name.group()[1:-1].replace("``", "`")] = [
-                    f"ON {op} {rule}" for op, rule in _ACTION.findall(bare)
-                ]
-    return out
-
-
-def _cascaded(conn: Any, captured: Sequence[tuple[str, ...]], fold: bool, mode: str) -> list[str]:
-    """Captured tables that foreign keys change by a referential action: InnoDB makes those
-    changes itself and the binlog carries only the statement's own rows (a parent's delete, not
-    its children's), so they would never be delivered. Refused, or (``warn``) logged."""
-    # information_schema.REFERENTIAL_CONSTRAINTS would say the rules, but MariaDB shows it only
-    # to users with more than SELECT on the table: the keys are found in KEY_COLUMN_USAGE, their
-    # rules in SHOW CREATE TABLE (the server's own rendering), which SELECT is enough for.
-    with conn.cursor() as cur:
-        cur.execute(_FOREIGN_KEYS)
-        found = [r for r in cur.fetchall() if matches(captured, str(r[0]), str(r[1]), fold)]
-        shown: dict[tuple[str, str], dict[str, list[str]]] = {}
-        for db, table, *_ in found:
-            if (db, table) not in shown:
-                try:
-                    cur.execute(f"SHOW CREATE TABLE {quote_ident(db)}.{quote_ident(table)}")
-                except pymysql.err.ProgrammingError as exc:  # dropped since: nothing of it to capture
-                    if exc.args[0] != _NO_SUCH_TABLE:
-                        raise
-                    shown[db, table] = {}
-                else:
-                    shown[db, table] = _actions(str(cur.fetchone()[1]))
-    keys = []
-    for db, table, name, parent_db, parent in found:
-        actions = shown[db, table].get(str(name))
-        if actions:
-            keys.append(f"{db}.{table}: {name} ({', '.join(actions)} from {parent_db}.{parent})")
-    if not keys:
-        return []
-    if mode == "warn":
-        structlog.get_logger().warning(
-            "foreign_key_cascades_not_logged", actor="MySQLSource", keys=keys,
-            reason="InnoDB makes these foreign keys' changes without writing them to the binlog, so they are never delivered",
-        )  # fmt: skip
-        return []
-    return [
-        f"{key.replace(': ', ' is changed by foreign key ', 1)}, which InnoDB makes without writing it to the "
-        "binlog, so those changes would never be delivered"
-        for key in keys
-    ] + [
-        "drop the referential actions (ON DELETE RESTRICT, and change the child rows in the same transaction), "
-        "leave those tables out of tables, or set foreign_key_cascades: warn to capture the rest knowing "
-        "those changes are missing"
-    ]
 
 
 def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> None:
