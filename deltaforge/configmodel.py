@@ -264,6 +264,12 @@ class SnapshotSettings(PluginConfig):
     tables: TableNames | None = Field(None, description="Tables to snapshot (default: all captured).")
     chunk_size: PositiveInt = Field(10_000, description="Rows per chunk (one primary-key range).")
     max_parallel_tables: PositiveInt = Field(1, description="Tables whose chunks are read at the same time.")
+    on_column_change: Literal["warn", "snapshot"] = Field(
+        "warn",
+        description="When a captured table gains a column or a column's type changes, rows already "
+        "delivered may hold values the DDL changed without a change event (a default filling the new "
+        "column, a conversion): warn (log columns_changed), or snapshot the table again.",
+    )
     signal_table: Text | None = Field(
         None,
         description="MySQL/MariaDB: the table watermarks and signal rows are written to (created when "

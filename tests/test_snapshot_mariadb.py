@@ -151,6 +151,34 @@ def test_when_needed_resnapshots_a_purged_binlog_instead_of_halting(mariadb: Mar
     assert snapshot_rows_in(out) == initial + 1990
 
 
+def test_a_column_retyped_by_a_converting_alter_is_snapshotted_again(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """MariaDB rewrites every row of an ``ALTER TABLE ... MODIFY`` that converts a column (here
+    bigint to a string) and writes none of them to the binlog: the sinks kept the numbers. The
+    next change shows the new type; with ``on_column_change: snapshot`` the table is read again
+    and every row arrives as it is now."""
+    db = prepare(mariadb, 200)
+    doc = spec(tmp_path, mariadb, db, mode="never", on_column_change="snapshot")
+    out = tmp_path / "events.jsonl"
+
+    def ids() -> set[int]:
+        return {int(d["after"]["id"]) for d in jsonl(out)}
+
+    with serve_pipeline(tmp_path, doc) as serve:  # no checkpoint: the binlog from its start
+        wait_until_sync(lambda: len(ids()) == 200, timeout=30, what="the rows inserted before")
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("ALTER TABLE items MODIFY v varchar(20) NOT NULL")
+            cur.execute("INSERT INTO items VALUES (1000, 'new', 'after')")  # the only row event after it
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the table read again")
+        assert serve.terminate() == 0
+    said = [e for e in jsonl(tmp_path / "log.jsonl") if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.items", [], ["v"])]
+    rows = {int(d["after"]["id"]): d["after"]["v"] for d in jsonl(out)}  # the last of each row
+    assert rows.pop(1000) == "new"
+    assert rows == {i: str(i) for i in range(1, 201)}  # strings now, as the table holds them
+
+
 def test_a_signal_row_and_the_cli_ask_for_snapshots_while_streaming(mariadb: MariaDB, tmp_path: Path) -> None:
     db = prepare(mariadb, 1000)
     with mariadb.root(db) as c, c.cursor() as cur:

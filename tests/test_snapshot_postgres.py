@@ -244,6 +244,41 @@ def test_initial_snapshot_of_two_tables_in_parallel_then_streaming(
     assert lines[-1]["op"] == "c" and lines[-1]["after"]["k"] == "new"  # streaming after the snapshot
 
 
+@pytest.mark.parametrize("on_column_change", ["warn", "snapshot"])
+def test_a_column_added_with_a_default_is_said_or_snapshotted_again(
+    postgres: Postgres, tmp_path: Path, on_column_change: str
+) -> None:
+    """``ADD COLUMN ... DEFAULT 7`` gives every existing row a 7 with no change event: the sinks
+    kept those rows without it, and nothing said so. The next change of the table shows the new
+    column: ``columns_changed`` names it (and the command that fixes it), and with
+    ``on_column_change: snapshot`` the table is read again, so every row arrives with its 7."""
+    db = prepare(postgres, 300)
+    doc = spec(tmp_path, postgres, db, mode="never", on_column_change=on_column_change)
+    out = tmp_path / "events.jsonl"
+    with serve_pipeline(tmp_path, doc) as serve:
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute("INSERT INTO items VALUES (1000, 1000, 'before')")
+            wait_until_sync(lambda: len(jsonl(out)) == 1, timeout=30, what="a change before the DDL")
+            conn.execute("ALTER TABLE items ADD COLUMN extra int NOT NULL DEFAULT 7")
+            conn.execute("INSERT INTO items VALUES (1001, 1001, 'after', 8)")
+        if on_column_change == "snapshot":
+            wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the table read again")
+        else:
+            wait_until_sync(lambda: len(jsonl(out)) == 2, timeout=30, what="the change after the DDL")
+        assert serve.terminate() == 0
+    said = [e for e in jsonl(tmp_path / "log.jsonl") if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"], e["action"]) for e in said] == [
+        ("public.items", ["extra"], [], "none" if on_column_change == "warn" else "snapshot")
+    ]
+    rows = {int(d["after"]["id"]): d["after"] for d in jsonl(out)}  # inserts and snapshot rows only
+    if on_column_change == "warn":
+        assert "deltaforge snapshot <pipeline> public.items" in said[0]["reason"]
+        assert rows[1000] == {"id": 1000, "v": 1000, "payload": "before"}  # what the sinks keep
+    else:
+        assert len(rows) == 302 and {r["extra"] for i, r in rows.items() if i != 1001} == {7}
+        assert rows[1001]["extra"] == 8
+
+
 def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_path: Path) -> None:
     db = prepare(postgres, 100_000)
     doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "shop"},

@@ -154,7 +154,8 @@ class SourceReader(Actor):
         if table not in self.schemas:
             history = await store.schema_history(source_id, table)
             self.schemas[table] = history[-1]["columns"] if history else None
-        if self.schemas[table] == columns:
+        was = self.schemas[table]
+        if was == columns:
             return
         # Tried until the store takes it (a full disk: degraded meanwhile, see storewait).
         await self.patient(lambda: store.record_schema(source_id, table, columns, position.to_doc()))
@@ -162,6 +163,8 @@ class SourceReader(Actor):
         self.log.info(
             "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position.to_doc()
         )
+        if was is not None:
+            await self.snapshots.columns_changed(table, was, columns)
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, ReadNext):

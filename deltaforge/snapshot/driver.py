@@ -237,6 +237,31 @@ class SnapshotDriver:
             out.append(e)
         return out
 
+    async def columns_changed(self, table: str, was: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
+        """``table`` gained a column, or one changed type (``was`` → ``now``). The DDL may have
+        changed rows already delivered without a change event for any of them (logical decoding
+        and the binlog carry none): a default filling the new column, a conversion. Say so, and
+        with ``on_column_change: snapshot`` read the table again, so sinks take the rows as they
+        are now."""
+        types = {c["name"]: c["type"] for c in was}
+        added = [c["name"] for c in now if c["name"] not in types]
+        retyped = [c["name"] for c in now if c["name"] in types and types[c["name"]] != c["type"]]
+        if not added and not retyped:
+            return
+        again = self.settings.on_column_change == "snapshot" and self.reader is not None
+        self.log.warning(
+            "columns_changed", table=table, added=added, retyped=retyped,
+            action="snapshot" if again else "none",
+            reason="a DDL that fills or converts a column changes rows without a change event; rows "
+            "delivered before keep their old values until they change"
+            + ("" if again else f" (snapshot the table again: deltaforge snapshot <pipeline> {table})"),
+        )  # fmt: skip
+        if again:
+            try:
+                await self.request([table], "column_change")
+            except SnapshotRefused as exc:  # e.g. a table without a primary key: said, not fatal
+                self.log.error("snapshot_after_column_change_refused", table=table, error=str(exc))
+
     async def _signalled(self, names: list[str]) -> None:
         try:
             await self.request(names, "signal")
