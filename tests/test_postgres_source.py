@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from pathlib import Path
 
 import asyncpg
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
@@ -257,32 +259,25 @@ async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_w
     assert [e.after for e in rest] == [{"id": 2, "v": 2, "extra": "new"}, {"id": 3, "extra": "only"}]
 
 
-async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_reconnect(
-    postgres: Postgres, tmp_path: Path
-) -> None:
-    """Relation messages are recorded as versions of the table's schema, from the transaction they
-    came with; the Relation messages a new session sends again add nothing."""
+async def _ddl_rig(
+    postgres: Postgres, tmp_path: Path, create: str
+) -> tuple[asyncpg.Connection, MemoryCheckpointStore, Callable[[int], Awaitable[None]]]:
+    """A new database with the table ``create`` makes, its slot and publication, a store, and
+    ``run_until(n)``: a pipeline on the table to a file, run until ``n`` more events are committed."""
     db = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    doc = {
-        "apiVersion": "deltaforge/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "ddl"},
-        "spec": {
-            "source": {
-                "type": "postgres",
-                "config": {
-                    "id": "pg",
-                    "dsn": postgres.dsn(db),
-                    "tables": ["public.t"],
-                    "slot": f"s_{db}",
-                    "publication": f"p_{db}",
-                },
-            },
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "events.jsonl")}}],
-        },
+    await conn.execute(create)
+    config = {
+        "id": "pg",
+        "dsn": postgres.dsn(db),
+        "tables": ["public.t"],
+        "slot": f"s_{db}",
+        "publication": f"p_{db}",
     }
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "ddl"}, "spec": {
+        "source": {"type": "postgres", "config": config},
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "events.jsonl")}}],
+    }}  # fmt: skip
     store = MemoryCheckpointStore()
 
     async def run_until(n: int) -> None:
@@ -295,6 +290,15 @@ async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_
     slot = source(postgres, db, tables=["public.t"])
     await slot.open(None)  # the slot and publication exist from here on
     await slot.close()
+    return conn, store, run_until
+
+
+async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_reconnect(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Relation messages are recorded as versions of the table's schema, from the transaction they
+    came with; the Relation messages a new session sends again add nothing."""
+    conn, store, run_until = await _ddl_rig(postgres, tmp_path, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     await conn.execute("INSERT INTO t VALUES (1, 1)")
     await conn.execute("ALTER TABLE t ADD COLUMN extra text")
     await conn.execute("INSERT INTO t VALUES (2, 2, 'new')")
@@ -314,6 +318,31 @@ async def test_the_schema_history_gets_a_version_per_column_change_and_none_per_
     commits = [h["position"]["commit_lsn"] for h in history]
     assert commits == sorted(commits) and len(set(commits)) == 3
     assert [e["after"]["id"] for e in jsonl(tmp_path / "events.jsonl")] == [1, 2, 3, 4]
+
+
+async def test_a_type_narrowed_within_its_type_is_named_as_retyped(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """``numeric(6,2)`` to ``numeric(6,1)`` rounds every row without a change event, and keeps the
+    type's oid: its typmod, which the Relation message carries, tells the change. It is a new
+    schema version, and ``columns_changed`` names the column."""
+    conn, store, run_until = await _ddl_rig(
+        postgres, tmp_path, "CREATE TABLE t (id int PRIMARY KEY, price numeric(6,2))"
+    )
+    await conn.execute("INSERT INTO t VALUES (1, 1.25)")
+    await run_until(1)
+    await conn.execute("ALTER TABLE t ALTER COLUMN price TYPE numeric(6,1)")
+    await conn.execute("INSERT INTO t VALUES (2, 2.5)")
+    with capture_logs() as logs:
+        await run_until(1)
+    await conn.close()
+    history = await store.schema_history("pg", "public.t")
+    assert [[(c["type"], c["mod"]) for c in h["columns"] if c["name"] == "price"] for h in history] == [
+        [(1700, (6 << 16 | 2) + 4)],
+        [(1700, (6 << 16 | 1) + 4)],
+    ]
+    said = [e for e in logs if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [("public.t", [], ["price"])]
 
 
 async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(postgres: Postgres) -> None:

@@ -243,9 +243,9 @@ class SnapshotDriver:
         and the binlog carry none): a default filling the new column, a conversion. Say so, and
         with ``on_column_change: snapshot`` read the table again, so sinks take the rows as they
         are now."""
-        types = {c["name"]: c["type"] for c in was}
+        types = {c["name"]: c for c in was}
         added = [c["name"] for c in now if c["name"] not in types]
-        retyped = [c["name"] for c in now if c["name"] in types and types[c["name"]] != c["type"]]
+        retyped = [c["name"] for c in now if c["name"] in types and _retyped(types[c["name"]], c)]
         if not added and not retyped:
             return
         again = self.settings.on_column_change == "snapshot" and self.reader is not None
@@ -322,6 +322,12 @@ class SnapshotDriver:
         self.windows, self.next_key, self.exhausted, self.bounds = [], {}, set(), {}
         if self.reader is not None:
             await self.reader.close()
+
+
+def _retyped(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether a column's type changed: its type, or its length, precision or scale where the
+    source reports one (PostgreSQL's ``mod``; a schema recorded before it was reported has none)."""
+    return bool(was["type"] != now["type"] or ("mod" in was and "mod" in now and was["mod"] != now["mod"]))
 
 
 def _row(

@@ -178,7 +178,7 @@ class TxDecoder:
         # Versioned from the transaction it arrives in (pgoutput sends it before the first change).
         begin = self.begin
         at = PgPosition(self.safe, begin.final_lsn if begin is not None else self.safe, 0)
-        cols = [{"name": c.name, "type": c.type_oid, "key": c.key} for c in msg.columns]
+        cols = [{"name": c.name, "type": c.type_oid, "mod": c.type_mod, "key": c.key} for c in msg.columns]
         self.schemas.append((f"{msg.namespace}.{msg.name}", cols, at.to_doc()))
         # The catalog's primary key, in its order, is filled in by stream(); until then (and for a
         # table without one) the replica identity's key flags, unless identity is full (then every

@@ -43,6 +43,8 @@ class Column:
     name: str
     type_oid: int
     key: bool
+    type_mod: int = -1
+    """``atttypmod``: a length, or a precision and scale (``numeric(5,2)``); -1 for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +246,7 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
             flags = r.u8()
             cname = r.string()
             oid = r.u32()
-            r.i32()  # typmod
-            cols.append(Column(cname, oid, bool(flags & 1)))
+            cols.append(Column(cname, oid, bool(flags & 1), r.i32()))
         msg = Relation(relid, ns, name, ident, tuple(cols))
     elif tag == 0x49:  # I  (the most common message: decoded without the reader)
         if len(buf) < 6 or buf[5] != 0x4E:
