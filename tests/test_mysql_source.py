@@ -130,6 +130,31 @@ async def test_added_column_appears_after_alter_and_schema_is_recorded(
     assert history[1]["position"]["file"].startswith("mysql-bin.")
 
 
+async def test_a_type_narrowed_within_its_type_code_is_named_as_retyped(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """``decimal(6,2)`` to ``decimal(6,1)`` rounds every row without a row event, and both share a
+    type code: the table map's precision and scale tell them apart. A new schema version, and
+    ``columns_changed`` names the column; a wider varchar too, an unchanged table nothing."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, price DECIMAL(6,2), note VARCHAR(10))")
+        cur.execute("INSERT INTO t VALUES (1, 1.25, 'a')")
+        cur.execute("INSERT INTO t VALUES (2, 2.25, 'b')")  # the same table map: nothing new
+        cur.execute("ALTER TABLE t MODIFY price DECIMAL(6,1), MODIFY note VARCHAR(20)")
+        cur.execute("INSERT INTO t VALUES (3, 3.5, 'c')")
+    store = MemoryCheckpointStore()
+    runner = to_file(mariadb, "ddl", f"{db}.*", tmp_path / "events.jsonl", store)
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
+        await runner.drain()
+        await task
+    assert len(await store.schema_history("my", f"{db}.t")) == 2
+    said = [e for e in logs if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.t", [], ["price", "note"])]
+
+
 async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:
     """TIMESTAMP is stored as UTC and comes out aware, whatever the writer's time zone; DATETIME
     has no zone and stays naive, so the two are never confused."""

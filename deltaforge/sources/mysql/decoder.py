@@ -27,6 +27,7 @@ from deltaforge.sources.mysql.rowvalues import (
     as_utc,
     fill_not_logged,
     primary_key,
+    sized,
 )
 from deltaforge.sources.mysql.statements import Unreadable, rows_of_statement
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
@@ -197,7 +198,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     full = resume.gtid
     xa = PreparedXa()
     xa_current: str | None = None
-    schemas: dict[str, tuple[tuple[str, int], ...]] = {}
+    schemas: dict[str, tuple[tuple[str, int, str], ...]] = {}
+    described: dict[str, tuple[list[Any], tuple[tuple[str, int, str], ...]]] = {}  # by the table map's list
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
     partial: set[str] = set()  # tables a partial row image was met in (said once each)
@@ -270,16 +272,19 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 )
             table = f"{ev.schema}.{ev.table}"
             pos = int(ev.packet.log_pos)
-            columns = tuple((c.name, c.type) for c in ev.columns)
+            known = described.get(table)
+            if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
+                known = described[table] = (ev.columns, tuple((c.name, c.type, sized(c)) for c in ev.columns))
+            columns = known[1]
             if schemas.get(table) != columns:
                 schemas[table] = columns
-                instants[table] = tuple(n for n, t in columns if t in TIMESTAMP_TYPES)
+                instants[table] = tuple(n for n, t, _ in columns if t in TIMESTAMP_TYPES)
                 binaries[table] = tuple(
                     c.name for c in ev.columns
                     if c.type in STRING_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
                 keys = primary_key(ev)
-                cols = [{"name": n, "type": t, "key": n in keys} for n, t in columns]
+                cols = [{"name": n, "type": t, "mod": m, "key": n in keys} for n, t, m in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             ts = int(ev.timestamp)
             rows = ev.rows

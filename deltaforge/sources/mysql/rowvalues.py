@@ -11,6 +11,18 @@ from typing import Any
 TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
 
 
+_SIZES = ("max_length", "precision", "decimals", "fsp", "size", "length_size", "bits")
+
+
+def sized(column: Any) -> str:
+    """A table map column's length, precision and scale, fractional seconds and sign, as one
+    string: what tells ``decimal(5,2)`` from ``decimal(5,1)`` or ``varchar(20)`` from
+    ``varchar(10)``, which share a type code (a change between them converts rows without a row
+    event)."""
+    sizes = ",".join(str(getattr(column, a, "")) for a in _SIZES)
+    return f"{sizes} unsigned" if getattr(column, "unsigned", False) else sizes
+
+
 def primary_key(ev: Any) -> tuple[str, ...]:
     """A rows event's primary-key columns, from the table map's metadata (binlog_row_metadata=FULL)."""
     simple = tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
