@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import turso
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import wait_until
+from tests.helpers import jsonl, wait_until
 from tests.kit import doc
 from tests.snapshot_kit import Execute, Writer, check_handoff, snapshot_rows_in
 
@@ -203,3 +204,38 @@ async def test_snapshot_progress_met_on_a_full_disk_is_waited_for_and_the_snapsh
     assert snapshot_rows_in(out) == 1000  # each row once
     check_handoff(out, table_state(db), crashes=False)
     assert restarts(runner.snapshot()) == 0
+
+
+async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path) -> None:
+    """``ADD COLUMN ... DEFAULT 7`` gives every row a 7 (Turso reads it back so) with no change:
+    their inserts went out without the column. The change after the DDL shows it: named in
+    ``columns_changed``, and with ``on_column_change: snapshot`` the table is read again, every
+    row with its 7."""
+    db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
+    w = turso.connect(str(db))
+    w.execute("PRAGMA unstable_capture_data_changes_conn('full')")
+    w.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, payload TEXT)")
+    w.executemany("INSERT INTO items VALUES (?, ?, 'x')", [(i, i) for i in range(1, 51)])
+    w.commit()
+    d = doc(source_path=str(db), sinks=[{"type": "file", "config": {"id": "f", "path": str(out)}}],
+            batch={"max_events": 100, "max_ms": 20})  # fmt: skip
+    d["spec"]["source"]["config"].update(
+        {"tables": ["items"], "snapshot": {"mode": "never", "on_column_change": "snapshot"}}
+    )
+    runner = PipelineRunner(parse_pipeline(d, env={}), store=MemoryCheckpointStore())
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: len(jsonl(out)) == 50, timeout=30, what="the inserts")
+        w.execute("ALTER TABLE items ADD COLUMN extra INTEGER DEFAULT 7")
+        w.commit()
+        w.execute("INSERT INTO items VALUES (51, 51, 'x', 8)")
+        w.commit()
+        await wait_until(lambda: bool(runner.ctx.snapshot.finished), timeout=30, what="the table read again")
+        await runner.drain()
+        await task
+    w.close()
+    said = [e for e in logs if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [("items", ["extra"], [])]
+    rows = {int(e["after"]["id"]): e["after"] for e in jsonl(out) if e["after"]}  # the last of each row
+    assert len(rows) == 51 and rows.pop(51)["extra"] == 8
+    assert {r["extra"] for r in rows.values()} == {7}

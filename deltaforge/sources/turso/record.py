@@ -78,3 +78,19 @@ def _text(chunk: bytes) -> str | bytes:
         return chunk.decode("utf-8")
     except UnicodeDecodeError:
         return bytes(chunk)
+
+
+def table_info(create_sql: str, table: str) -> list[Any]:
+    """``PRAGMA table_info`` of a table as ``create_sql`` defines it (built in a scratch database)."""
+    import turso
+
+    scratch = turso.connect(":memory:")
+    try:
+        scratch.execute(create_sql)
+        return list(scratch.execute(f"PRAGMA table_info({quote_name(table)})").fetchall())
+    finally:
+        scratch.close()
+
+
+def quote_name(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

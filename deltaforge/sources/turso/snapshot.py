@@ -17,6 +17,7 @@ from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.turso.position import TursoPosition
+from deltaforge.sources.turso.record import quote_name as _quote
 
 if TYPE_CHECKING:
     from deltaforge.sources.turso.source import TursoSource
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 MARKS = "__deltaforge_snapshot"
 """The table name snapshot marks carry in the stream (no such table exists)."""
 OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class TursoChunks(ChunkReader):

@@ -28,6 +28,7 @@ from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
     DeclaredTable,
     PositionLost,
+    SchemaChange,
     Source,
     SourceError,
     SourceMisconfigured,
@@ -35,7 +36,7 @@ from deltaforge.sources.base import (
 )
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.position import TursoPosition
-from deltaforge.sources.turso.record import decode_record
+from deltaforge.sources.turso.record import decode_record, quote_name, table_info
 
 _OPS = {1: "c", 0: "u", -1: "d"}
 _NAMES = {1: "insert", 0: "update", -1: "delete"}
@@ -64,6 +65,7 @@ class TursoSource(Source):
         self._decode_at = 0  # the change_id of the transaction being decoded
         self._keys: dict[str, tuple[str, ...]] = {}  # a table's primary-key columns
         self._pending: list[tuple[Any, ...]] = []
+        self._schema_changes: list[SchemaChange] = []
         self._more = False  # the last read stopped at its LIMIT
         self._threads = BlockingRunner(1)
         self._has_cdc_table = False
@@ -123,12 +125,16 @@ class TursoSource(Source):
             out = []
             for name in names:
                 if self.tables is None or name in self.tables:
-                    info = conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+                    info = conn.execute(f"PRAGMA table_info({quote_name(name)})").fetchall()
                     out.append(DeclaredTable(self.db_name, name, tuple((r[1], str(r[2])) for r in info)))
             conn.commit()
             return out
         finally:
             conn.close()
+
+    def take_schema_changes(self) -> list[SchemaChange]:
+        changes, self._schema_changes = self._schema_changes, []
+        return changes
 
     def _name_unmatched(self) -> None:
         """Log the names in ``tables`` no table has now. Capture goes by name, so a table created
@@ -363,10 +369,14 @@ class TursoSource(Source):
         if cached is None:
             then = self._schema_then(table)
             if then is not None:
-                info = _table_info(then, table)
+                info = table_info(then, table)
             else:
-                info = self._conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+                info = self._conn.execute(f"PRAGMA table_info({quote_name(table)})").fetchall()
             names = [r[1] for r in info]
+            # Each table's columns as first decoded after an opening or a DDL: the reader keeps
+            # a new version of them (and says what a column added or retyped may have changed).
+            columns = [{"name": str(r[1]), "type": str(r[2]), "key": bool(r[5])} for r in info]
+            self._schema_changes.append((table, columns, TursoPosition(self._decode_at)))
             pks = [r for r in info if r[5]]
             alias = None
             if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
@@ -375,19 +385,3 @@ class TursoSource(Source):
             cached = (names, alias)
             self._columns[table] = cached
         return cached
-
-
-def _table_info(create_sql: str, table: str) -> list[Any]:
-    """``PRAGMA table_info`` of a table as ``create_sql`` defines it (built in a scratch database)."""
-    import turso
-
-    scratch = turso.connect(":memory:")
-    try:
-        scratch.execute(create_sql)
-        return list(scratch.execute(f"PRAGMA table_info({_quote(table)})").fetchall())
-    finally:
-        scratch.close()
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
