@@ -272,7 +272,7 @@ def test_a_column_added_with_a_default_is_said_or_snapshotted_again(
     ]
     rows = {int(d["after"]["id"]): d["after"] for d in jsonl(out)}  # inserts and snapshot rows only
     if on_column_change == "warn":
-        assert "deltaforge snapshot <pipeline> public.items" in said[0]["reason"]
+        assert "deltaforge snapshot shop public.items" in said[0]["reason"]  # a command to run as it is
         assert rows[1000] == {"id": 1000, "v": 1000, "payload": "before"}  # what the sinks keep
     else:
         assert len(rows) == 302 and {r["extra"] for i, r in rows.items() if i != 1001} == {7}

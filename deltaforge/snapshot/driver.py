@@ -254,7 +254,7 @@ class SnapshotDriver:
             action="snapshot" if again else "none",
             reason="a DDL that fills or converts a column changes rows without a change event; rows "
             "delivered before keep their old values until they change"
-            + ("" if again else f" (snapshot the table again: deltaforge snapshot <pipeline> {table})"),
+            + ("" if again else f" (snapshot the table again: deltaforge snapshot {self.ctx.config.name} {table})"),
         )  # fmt: skip
         if again:
             try:
