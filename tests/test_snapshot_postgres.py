@@ -250,7 +250,8 @@ def test_a_column_added_with_a_default_is_said_or_snapshotted_again(
 ) -> None:
     """``ADD COLUMN ... DEFAULT 7`` gives every existing row a 7 with no change event: the sinks
     kept those rows without it, and nothing said so. The next change of the table shows the new
-    column: ``columns_changed`` names it (and the command that fixes it), and with
+    column: ``columns_changed`` names it (and the command that fixes it; not a column added that
+    leaves the rows NULL), and with
     ``on_column_change: snapshot`` the table is read again, so every row arrives with its 7."""
     db = prepare(postgres, 300)
     doc = spec(tmp_path, postgres, db, mode="never", on_column_change=on_column_change)
@@ -259,8 +260,9 @@ def test_a_column_added_with_a_default_is_said_or_snapshotted_again(
         with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
             conn.execute("INSERT INTO items VALUES (1000, 1000, 'before')")
             wait_until_sync(lambda: len(jsonl(out)) == 1, timeout=30, what="a change before the DDL")
-            conn.execute("ALTER TABLE items ADD COLUMN extra int NOT NULL DEFAULT 7")
-            conn.execute("INSERT INTO items VALUES (1001, 1001, 'after', 8)")
+            # note leaves every row NULL, so changes none: not counted
+            conn.execute("ALTER TABLE items ADD COLUMN note text, ADD COLUMN extra int NOT NULL DEFAULT 7")
+            conn.execute("INSERT INTO items VALUES (1001, 1001, 'after', NULL, 8)")
         if on_column_change == "snapshot":
             wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the table read again")
         else:

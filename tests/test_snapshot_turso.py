@@ -226,9 +226,10 @@ async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path
     with capture_logs() as logs:
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: len(jsonl(out)) == 50, timeout=30, what="the inserts")
+        w.execute("ALTER TABLE items ADD COLUMN note TEXT")  # rows NULL in it: not counted
         w.execute("ALTER TABLE items ADD COLUMN extra INTEGER DEFAULT 7")
         w.commit()
-        w.execute("INSERT INTO items VALUES (51, 51, 'x', 8)")
+        w.execute("INSERT INTO items VALUES (51, 51, 'x', NULL, 8)")
         w.commit()
         await wait_until(lambda: bool(runner.ctx.snapshot.finished), timeout=30, what="the table read again")
         await runner.drain()

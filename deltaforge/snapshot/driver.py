@@ -240,12 +240,18 @@ class SnapshotDriver:
     async def columns_changed(self, table: str, was: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
         """``table`` gained a column, or one changed type (``was`` → ``now``). The DDL may have
         changed rows already delivered without a change event for any of them (logical decoding
-        and the binlog carry none): a default filling the new column, a conversion. Say so, and
+        and the binlog carry none): a default filling the new column (one that leaves them NULL
+        changed nothing, and is not counted), a conversion. Say so, and
         with ``on_column_change: snapshot`` read the table again, so sinks take the rows as they
         are now."""
         types = {c["name"]: c for c in was}
         added = [c["name"] for c in now if c["name"] not in types]
         retyped = [c["name"] for c in now if c["name"] in types and _retyped(types[c["name"]], c)]
+        if added:  # a column existing rows hold NULL in changed none of them
+            try:
+                added = await self.source.filled(table, added)
+            except Exception as exc:  # noqa: BLE001 - cannot tell: taken as filled, said below
+                self.log.info("column_defaults_unknown", table=table, reason=f"{type(exc).__name__}: {exc}")
         if not added and not retyped:
             return
         again = self.settings.on_column_change == "snapshot" and self.reader is not None

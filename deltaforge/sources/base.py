@@ -127,6 +127,12 @@ class Source(ABC):
     async def confirm(self, checkpoint: Position) -> None:  # noqa: B027 - optional hook
         """Every sink holds ``checkpoint`` durably; a source may release what lies before it."""
 
+    async def filled(self, table: str, columns: list[str]) -> list[str]:
+        """Of ``columns``, just added to ``table``, those its existing rows hold a value in (a
+        default, NOT NULL, generated): where the ADD COLUMN changed rows without a change event.
+        A source that cannot tell returns them all."""
+        return columns
+
     def take_schema_changes(self) -> list[SchemaChange]:
         """Schemas first seen since the last call: ``(table, columns, position)``."""
         return []

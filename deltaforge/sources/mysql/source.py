@@ -184,6 +184,23 @@ class MySQLSource(Source):
             self._with_connection, lambda conn: failover.check_reachable(conn, cp, previous)
         )
 
+    async def filled(self, table: str, columns: list[str]) -> list[str]:
+        db, name = table.split(".", 1)
+
+        def ask(conn: Any) -> set[str]:
+            with conn.cursor() as cur:
+                # MariaDB shows a NULL default as the text 'NULL'; NOT NULL without one fills 0 or ''
+                cur.execute(
+                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                    "TABLE_NAME = %s AND (IS_NULLABLE = 'NO' OR EXTRA LIKE '%%GENERATED%%' OR "
+                    "(COLUMN_DEFAULT IS NOT NULL AND UPPER(COLUMN_DEFAULT) <> 'NULL'))",
+                    (db, name),
+                )
+                return {str(r[0]) for r in cur.fetchall()}
+
+        have = await self._threads.run(self._with_connection, ask)
+        return [c for c in columns if c in have]
+
     def _with_connection(self, work: Callable[[Any], T]) -> T:
         """``work`` on a short connection (blocking: in a worker thread); a server that is down is
         unavailable, not an error."""

@@ -45,7 +45,7 @@ from deltaforge.sources.postgres import failover
 from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.errors import describe, is_unavailable
-from deltaforge.sources.postgres.names import split
+from deltaforge.sources.postgres.names import quote_table, split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 from deltaforge.sources.postgres.publication import PublicationWatch
@@ -224,6 +224,16 @@ class PostgresSource(Source):
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
+
+    async def filled(self, table: str, columns: list[str]) -> list[str]:
+        async with self._connection() as conn:  # not the control connection: a check may be on it
+            found = await conn.fetch(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) "
+                "AND attname = ANY($2::text[]) AND (atthasdef OR attnotnull OR attgenerated <> '')",
+                quote_table(table), columns,
+            )  # fmt: skip
+        have = {str(r[0]) for r in found}
+        return [c for c in columns if c in have]
 
     def memo(self) -> dict[str, Any] | None:
         return self.watch.memo()

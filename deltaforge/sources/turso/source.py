@@ -132,6 +132,15 @@ class TursoSource(Source):
         finally:
             conn.close()
 
+    async def filled(self, table: str, columns: list[str]) -> list[str]:
+        def ask() -> list[str]:
+            info = self._conn.execute(f"PRAGMA table_info({quote_name(table)})").fetchall()
+            self._conn.commit()
+            have = {r[1] for r in info if r[3] or r[4] is not None}  # NOT NULL, or a default
+            return [c for c in columns if c in have]
+
+        return await self._threads.run(ask)
+
     def take_schema_changes(self) -> list[SchemaChange]:
         changes, self._schema_changes = self._schema_changes, []
         return changes
