@@ -384,3 +384,29 @@ async def test_values_a_partial_row_image_leaves_out_are_marked_never_false_null
     assert events[0].after == {"id": 1, "a": 1, "b": "one"}  # full images as they were
     [said] = [e for e in logs if e["event"] == "partial_row_image"]
     assert said["table"] == f"{db}.t" and said["columns"] == ["a", "b"]
+
+
+async def test_a_captured_table_renamed_or_dropped_out_of_tables_is_named(mariadb: MariaDB) -> None:
+    """Capture goes by name: after ``RENAME TABLE orders TO orders_old`` the table's changes went
+    on under a name outside ``tables``, and stopped arriving without a word; a dropped table's
+    rows stay in every sink. Each is named when the reader passes the DDL; a rename that stays
+    inside ``tables`` (a glob) is not."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for table in ("orders", "items", "log_1", "t"):
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.orders", f"{db}.items", f"{db}.log_*", f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("RENAME TABLE orders TO orders_old, log_1 TO log_2")
+        cur.execute("DROP TABLE items")
+        cur.execute("INSERT INTO t VALUES (1)")
+    with capture_logs() as logs:
+        [ev] = await read_n(src, 1)
+    await src.close()
+    said = [(e["event"], e["table"], e["to"]) for e in logs if e["event"].startswith("captured_table_")]
+    assert said == [
+        ("captured_table_renamed", f"{db}.orders", f"{db}.orders_old"),
+        ("captured_table_dropped", f"{db}.items", None),
+    ]
+    assert ev.after == {"id": 1}

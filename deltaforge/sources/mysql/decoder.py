@@ -29,7 +29,7 @@ from deltaforge.sources.mysql.rowvalues import (
     primary_key,
     sized,
 )
-from deltaforge.sources.mysql.statements import Unreadable, rows_of_statement
+from deltaforge.sources.mysql.statements import Unreadable, moved, rows_of_statement, session_db
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 
@@ -341,6 +341,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             elif ev.query == "BEGIN":
                 piecewise = own_gtid and not tx and not standalone
             else:
+                for taken, into in moved(ev.query, session_db(ev)):  # DDL: said, not delivered
+                    if (gone := named(*taken)) is not None and (into is None or named(*into) is None):
+                        where = f"{file}:{ev.packet.log_pos}"
+                        write_frame(out, ("moved", ".".join(gone), into and ".".join(into), where))
                 try:
                     standalone = rows_of_statement(ev, tx, named, patterns) or standalone
                 except Unreadable as exc:

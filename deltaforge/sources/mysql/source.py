@@ -269,6 +269,14 @@ class MySQLSource(Source):
         if kind == "txs":
             events, self._committed = self._events(frame[1], self._committed)
             return events
+        if kind == "moved":
+            log.warning(
+                "captured_table_renamed" if frame[2] else "captured_table_dropped", source=self.id,
+                table=frame[1], to=frame[2], at=frame[3],
+                reason="its changes are no longer captured under a name in tables; the rows already "
+                "delivered stay in the sinks" + (f" (add {frame[2]} to tables to go on capturing it)" if frame[2] else ""),
+            )  # fmt: skip
+            return None
         if kind == "partial":
             log.warning(
                 "partial_row_image", source=self.id, table=frame[1], at=frame[2], columns=frame[3],
