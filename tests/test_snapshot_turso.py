@@ -11,6 +11,10 @@ from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.turso.snapshot import TursoChunks
+from deltaforge.sources.turso.source import TursoSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until
 from tests.kit import doc
@@ -114,9 +118,6 @@ async def test_a_table_growing_at_its_end_faster_than_it_is_read_still_finishes(
     """As for MariaDB (tests/test_snapshot_mariadb.py): 15 captured rows added at the end for
     every 10 a chunk reads; the snapshot ends at the largest key it began with, the stream
     delivers the rest, and the sink ends equal to the table."""
-    from deltaforge.sources.turso.snapshot import TursoChunks
-    from deltaforge.sources.turso.source import TursoSource
-    from tests.helpers import jsonl
     from tests.snapshot_kit import replay
 
     db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
@@ -206,11 +207,12 @@ async def test_snapshot_progress_met_on_a_full_disk_is_waited_for_and_the_snapsh
     assert restarts(runner.snapshot()) == 0
 
 
-async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path) -> None:
-    """``ADD COLUMN ... DEFAULT 7`` gives every row a 7 (Turso reads it back so) with no change:
-    their inserts went out without the column. The change after the DDL shows it: named in
-    ``columns_changed``, and with ``on_column_change: snapshot`` the table is read again, every
-    row with its 7."""
+async def _add_a_column_with_a_default(
+    tmp_path: Path, source: type[TursoSource] = TursoSource
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], PipelineRunner]:
+    """50 rows delivered, then ``ADD COLUMN note`` (NULL), ``ADD COLUMN extra DEFAULT 7`` and a
+    row 51, under ``on_column_change: snapshot``, until the table has been read again: the logs,
+    the last image of each row in the sink, and the (drained) runner."""
     db, out = tmp_path / "app.db", tmp_path / "events.jsonl"
     w = turso.connect(str(db))
     w.execute("PRAGMA unstable_capture_data_changes_conn('full')")
@@ -222,7 +224,8 @@ async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path
     d["spec"]["source"]["config"].update(
         {"tables": ["items"], "snapshot": {"mode": "never", "on_column_change": "snapshot"}}
     )
-    runner = PipelineRunner(parse_pipeline(d, env={}), store=MemoryCheckpointStore())
+    cfg = parse_pipeline(d, env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=source(cfg.source.config, cfg.tenant))
     with capture_logs() as logs:
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: len(jsonl(out)) == 50, timeout=30, what="the inserts")
@@ -235,8 +238,41 @@ async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path
         await runner.drain()
         await task
     w.close()
+    return logs, {int(e["after"]["id"]): e["after"] for e in jsonl(out) if e["after"]}, runner
+
+
+async def test_a_column_added_with_a_default_is_snapshotted_again(tmp_path: Path) -> None:
+    """``ADD COLUMN ... DEFAULT 7`` gives every row a 7 (Turso reads it back so) with no change:
+    their inserts went out without the column. The change after the DDL shows it: named in
+    ``columns_changed``, and with ``on_column_change: snapshot`` the table is read again, every
+    row with its 7."""
+    logs, rows, _ = await _add_a_column_with_a_default(tmp_path)
     said = [e for e in logs if e["event"] == "columns_changed"]
     assert [(e["table"], e["added"], e["retyped"]) for e in said] == [("items", ["extra"], [])]
-    rows = {int(e["after"]["id"]): e["after"] for e in jsonl(out) if e["after"]}  # the last of each row
+    assert len(rows) == 51 and rows.pop(51)["extra"] == 8
+    assert {r["extra"] for r in rows.values()} == {7}
+
+
+async def test_a_source_down_while_a_column_change_asks_for_a_snapshot_is_waited_for(tmp_path: Path) -> None:
+    """The snapshot a column change asks for needs the source's server; down at that moment, it
+    is unavailable like any read: the reader reconnects and the change is acted on then. Before,
+    the schema was recorded first and the error crashed the reader outside its unavailability
+    handling, so after the restart the change was known already and no snapshot ever came."""
+    asked = 0
+
+    class Down(TursoChunks):
+        async def tables(self, names: list[str] | None) -> list[TableRef]:
+            nonlocal asked
+            asked += 1
+            if asked == 1:
+                raise SourceUnavailable("turso source 'src': down for the test")
+            return await super().tables(names)
+
+    class Source(TursoSource):
+        def chunk_reader(self, settings: Any) -> Any:
+            return Down(self)
+
+    _, rows, runner = await _add_a_column_with_a_default(tmp_path, Source)
+    assert asked > 1 and runner.failure is None and runner.ctx.stats.source_errors >= 1  # asked again
     assert len(rows) == 51 and rows.pop(51)["extra"] == 8
     assert {r["extra"] for r in rows.values()} == {7}

@@ -149,7 +149,9 @@ class SourceReader(Actor):
 
     async def _record_schema(self, table: str, columns: list[dict[str, Any]], position: Position) -> None:
         """A new version of ``table``'s schema, unless its columns are those of the latest one: a
-        source announces every table again after each reconnect."""
+        source announces every table again after each reconnect. What a column change calls for
+        (``columns_changed``) comes first: should it fail (a server that went down), the version
+        is not recorded, and the next announcement after the reconnect calls for it again."""
         store, source_id = self.ctx.store, self.ctx.source.id
         if table not in self.schemas:
             history = await store.schema_history(source_id, table)
@@ -157,14 +159,14 @@ class SourceReader(Actor):
         was = self.schemas[table]
         if was == columns:
             return
+        if was is not None:
+            await self.snapshots.columns_changed(table, was, columns)
         # Tried until the store takes it (a full disk: degraded meanwhile, see storewait).
         await self.patient(lambda: store.record_schema(source_id, table, columns, position.to_doc()))
         self.schemas[table] = columns
         self.log.info(
             "schema_recorded", table=table, columns=[c["name"] for c in columns], position=position.to_doc()
         )
-        if was is not None:
-            await self.snapshots.columns_changed(table, was, columns)
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, ReadNext):
@@ -183,6 +185,9 @@ class SourceReader(Actor):
                 except PositionLost as lost:
                     await self._resnapshot_or_halt(lost)
                     events = []
+                # A column change may ask the server for a snapshot: down, it is unavailable too.
+                for table, columns, position in source.take_schema_changes():
+                    await self._record_schema(table, columns, position)
             except Unavailable as exc:
                 self.ctx.stats.source_errors += 1
                 self.ctx.availability.down("source", exc)
@@ -192,8 +197,6 @@ class SourceReader(Actor):
                 await self._deliver_what_was_read()
                 raise
             self.ctx.availability.up("source")
-            for table, columns, position in source.take_schema_changes():
-                await self._record_schema(table, columns, position)
             if events:
                 stats = self.ctx.stats
                 stats.events_read += len(events)

@@ -24,6 +24,7 @@ from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
 from deltaforge.snapshot.window import Chunk, TableRef, Window, watch
 from deltaforge.sources.base import PositionLost
+from supervision import Unavailable
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.context import PipelineContext
@@ -250,6 +251,8 @@ class SnapshotDriver:
         if added:  # a column existing rows hold NULL in changed none of them
             try:
                 added = await self.source.filled(table, added)
+            except Unavailable:
+                raise  # down: asked again after the reconnect (see SourceReader._record_schema)
             except Exception as exc:  # noqa: BLE001 - cannot tell: taken as filled, said below
                 self.log.info("column_defaults_unknown", table=table, reason=f"{type(exc).__name__}: {exc}")
         if not added and not retyped:
