@@ -139,14 +139,16 @@ row); the rows replicate with the catalog, so a standby promoted has the same.""
 async def memberships(conn: asyncpg.Connection, publication: str, listed: list[str]) -> Memberships | None:
     """The publication's and each listed table's :data:`Memberships` (None: no publication)."""
     pub = await conn.fetchval("SELECT oid FROM pg_publication WHERE pubname = $1", publication)
-    if pub is None:
-        return None
+    return None if pub is None else await _memberships_of(conn, int(pub), listed)
+
+
+async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str]) -> Memberships:
     tables: dict[str, list[str]] = {}
     for table in dict.fromkeys(listed):
-        oid = await _oid(conn, table)
+        oid = await _oid(conn, table)  # a table dropped since has nothing more to send
         if oid is not None:
-            tables[table] = sorted(await _rows(conn, int(pub), oid))
-    return {"publication": int(pub), "tables": tables}
+            tables[table] = sorted(await _rows(conn, pub, oid))
+    return {"publication": pub, "tables": tables}
 
 
 def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
@@ -184,13 +186,11 @@ async def left_out(
     ops = _unpublished_ops(pub)
     if ops:
         return f"publication {publication!r} stopped publishing {', '.join(ops)}"
-    for table in dict.fromkeys(listed):
-        oid = await _oid(conn, table)  # a table dropped since has nothing more to send
-        if oid is not None and not await _published(conn, pub["oid"], oid):
+    now = await _memberships_of(conn, int(pub["oid"]), listed)  # one look at each table per ask
+    for table, rows in now["tables"].items():
+        if not rows:
             return f"table {table} was taken out of publication {publication!r}"
-    if at_open is None:
-        return None
-    return out_in_between(at_open, await memberships(conn, publication, listed), publication)
+    return None if at_open is None else out_in_between(at_open, now, publication)
 
 
 _WITHOUT_IDENTITY = (
