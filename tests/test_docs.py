@@ -21,6 +21,7 @@ MODULES = [
     "deltaforge.sources.mysql.statements",
     "deltaforge.sources.mysql.cascades",
     "deltaforge.snapshot.window",
+    "deltaforge.sinks.durability",
     "deltaforge.api.listen",
 ]
 

@@ -11,6 +11,7 @@ from typing import Any
 import nats
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
@@ -74,6 +75,38 @@ async def test_replay_within_window_is_deduplicated_by_the_server(nats_server: N
     await sink.close()
     assert sink.duplicates == 50
     assert [int(d["event_id"]) for d in await consume(nats_server.url(), "cdc.t")] == list(range(1, 51))
+
+
+async def test_a_stream_that_can_lose_or_store_twice_is_named_once_per_stream(nats_server: Nats) -> None:
+    """An operator's stream held in memory loses checkpointed messages in a restart, and one that
+    forgets message ids sooner than the sink assumes stores a late replay twice: each is a warning,
+    once, whether the sink is given the stream or finds it by subject."""
+    nc = await nats.connect(nats_server.url())
+    await nc.jetstream().add_stream(
+        name="MEM", subjects=["mem.>"], storage=nats.js.api.StorageType.MEMORY, duplicate_window=5
+    )
+    await nc.close()
+
+    async def risks_of(**settings: Any) -> list[str]:
+        sink = NatsSink(parse_pipeline(nats_doc(nats_server.url(), **settings), env={}).sinks[0])
+        with capture_logs() as logs:
+            await sink.open()
+            await sink.deliver([make_event(1)])
+            await sink.deliver([make_event(2)])
+        await sink.close()
+        said = [e for e in logs if e["event"] == "sink_durability"]
+        assert all(e["sink"] == "n" and e["log_level"] == "warning" for e in said)
+        return [e["risk"] for e in said]
+
+    assert await risks_of() == []  # the stream the sink made: file storage, its own window
+    for settings in ({"stream": "MEM", "subject": "mem.${source.table}"},
+                     {"stream": None, "subject": "mem.${source.table}"}):  # fmt: skip
+        risks = await risks_of(**settings)
+        assert len(risks) == 2, settings
+        assert risks[0].startswith("stream 'MEM' keeps its messages in memory: a restart of its server loses")
+        assert risks[1].startswith("stream 'MEM' drops a repeated Nats-Msg-Id only within 5 s")
+        assert "less than the sink's duplicate_window_s (120 s)" in risks[1]
+    assert await risks_of(stream=None, subject="mem.${source.table}", duplicate_window_s=5) == risks[:1]
 
 
 async def test_no_stream_on_subject_is_non_retryable_with_sink_id(nats_server: Nats) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
@@ -173,3 +174,43 @@ async def test_a_user_who_may_not_run_scripts_gets_one_xadd_per_event_and_exactl
         await sink.deliver([make_event(1_601)])
     await sink.close()
     assert "evalsha" in str(info.value).lower()  # the refused command is named
+
+
+async def test_settings_that_can_lose_acknowledged_entries_are_named_once_per_sink(
+    redis_server: Redis,
+) -> None:
+    """A Redis that acknowledges before disk, or evicts keys, can lose checkpointed entries: each
+    risk is a warning naming the setting, once, before the first batch; CONFIG refused is said."""
+    admin = redis_server.client()
+
+    async def risks_of(uri: str, first: int) -> tuple[list[str], list[dict[str, Any]]]:
+        sink = RedisSink(parse_pipeline(redis_doc(uri), env={}).sinks[0])
+        with capture_logs() as logs:
+            await sink.deliver([make_event(first)])
+            await sink.deliver([make_event(first + 1)])
+        await sink.close()
+        said = [e for e in logs if e["event"] == "sink_durability"]
+        assert all(e["sink"] == "r" and e["log_level"] == "warning" for e in said)
+        return [e["risk"] for e in said], [e for e in logs if e["event"] == "sink_durability_unknown"]
+
+    assert await risks_of(redis_server.uri(), 1) == ([], [])  # appendonly yes, appendfsync always
+
+    admin.config_set("appendfsync", "everysec")
+    admin.config_set("maxmemory", "64mb")
+    admin.config_set("maxmemory-policy", "volatile-lru")  # streams have no TTL: never evicted
+    risks, _ = await risks_of(redis_server.uri(), 3)
+    assert len(risks) == 1 and risks[0].startswith("appendfsync is everysec:") and "last second" in risks[0]
+
+    admin.config_set("appendonly", "no")
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    risks, _ = await risks_of(redis_server.uri(), 5)
+    assert len(risks) == 2
+    assert (
+        risks[0].startswith("appendonly is no:") and "set appendonly yes and appendfsync always" in risks[0]
+    )
+    assert risks[1].startswith("maxmemory-policy is allkeys-lru with maxmemory 67108864:")
+
+    admin.acl_setuser("noconfig", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"])
+    risks, unknown = await risks_of(redis_server.uri().replace("redis://", "redis://noconfig:pw@"), 7)
+    assert risks == [] and len(unknown) == 1 and "CONFIG GET refused" in unknown[0]["reason"]
+    assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 9))  # nothing held up

@@ -20,6 +20,7 @@ from deltaforge.configmodel import Bool, PositiveInt, PositiveNumber, SinkConfig
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
+from deltaforge.sinks import durability
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -30,6 +31,10 @@ NatsUrl = Annotated[
         "expected nats://host:port, or several comma-separated (the servers of a cluster)",
     ),
 ]
+
+
+LOOKED_UP = 8
+"""Subjects whose streams are looked up when the sink is not given its stream."""
 
 
 class NatsSinkConfig(SinkSettings):
@@ -70,6 +75,8 @@ class NatsSink(Sink[NatsSinkConfig]):
         self._js: Any = None
         self.duplicates = 0
         self.last_error: str | None = None
+        self._streams_read: set[str] = set()
+        self._looked_up = False
 
     async def open(self) -> None:
         try:
@@ -108,6 +115,39 @@ class NatsSink(Sink[NatsSinkConfig]):
             except jserr.APIError as exc:  # e.g. more replicas than servers: retrying cannot help
                 await self.close()
                 raise NonRetryableSinkError(f"nats sink {self.id!r}: cannot create stream: {exc}") from None
+        if self.stream and self.stream not in self._streams_read:
+            await self._read_stream(str(self.stream))
+
+    async def _read_stream(self, name: str) -> None:
+        """Once per stream: what its settings risk (``deltaforge/sinks/durability.py``): an operator's
+        stream may hold its messages in memory, or forget message ids sooner than the sink assumes."""
+        try:
+            info = await self._js.stream_info(name)
+        except jserr.NotFoundError:  # not made yet: a publish to it says so
+            return
+        except (TimeoutError, nerr.Error, OSError) as exc:
+            durability.unknown(self.id, "NatsSink", f"stream {name!r}: {type(exc).__name__}: {exc}")
+        else:
+            cfg = info.config
+            storage = getattr(cfg.storage, "value", cfg.storage) or "file"
+            risks = durability.nats_risks(
+                name, str(storage), cfg.num_replicas or 1, cfg.duplicate_window or 0.0, self.duplicate_window
+            )
+            durability.report(self.id, "NatsSink", risks)
+        self._streams_read.add(name)
+
+    async def _read_streams_of(self, subjects: set[str]) -> None:
+        """Without a ``stream`` setting, after the first batch delivered: the streams holding its
+        subjects (a few: a subject per row would cost a round trip each), each read once."""
+        self._looked_up = True
+        for subject in sorted(subjects)[:LOOKED_UP]:
+            try:
+                name = await self._js.find_stream_name_by_subject(subject)
+            except (TimeoutError, nerr.Error, OSError) as exc:
+                durability.unknown(self.id, "NatsSink", f"subject {subject!r}: {type(exc).__name__}: {exc}")
+                return
+            if name not in self._streams_read:
+                await self._read_stream(name)
 
     async def _quiet(self, exc: Exception) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -126,16 +166,15 @@ class NatsSink(Sink[NatsSinkConfig]):
             await self.close()
             await self.open()
         js = self._js
+        subjects = [self.subject_of(e) for e in events]
         try:
             futures = [
-                await js.publish_async(
-                    self.subject_of(e), self.encode(e), headers={"Nats-Msg-Id": e.idempotency_key}
-                )
-                for e in events
+                await js.publish_async(subject, self.encode(e), headers={"Nats-Msg-Id": e.idempotency_key})
+                for subject, e in zip(subjects, events, strict=True)
             ]
             acks = await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout)
         except (nerr.NoRespondersError, jserr.NoStreamResponseError):
-            raise await self._unanswered({self.subject_of(e) for e in events}) from None
+            raise await self._unanswered(set(subjects)) from None
         except (
             TimeoutError,
             nerr.TimeoutError,
@@ -148,6 +187,8 @@ class NatsSink(Sink[NatsSinkConfig]):
         except jserr.APIError as exc:
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
         self.duplicates += sum(1 for a in acks if getattr(a, "duplicate", False))
+        if not self.stream and not self._looked_up:
+            await self._read_streams_of(set(subjects))
 
     async def _unanswered(self, subjects: set[str]) -> SinkError:
         """Why no stream answered a publish, asked of JetStream's API: a subject no stream binds,

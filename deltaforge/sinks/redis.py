@@ -33,6 +33,7 @@ from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSetting
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
+from deltaforge.sinks import durability
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -111,6 +112,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         self._client: aioredis.Redis | None = None
         self._script: Any = None
         self._scripted = True  # False once the server refused the default mode's script
+        self._settings_read = False
 
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
@@ -124,6 +126,8 @@ class RedisSink(Sink[RedisSinkConfig]):
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._client is None:
             await self.open()
+        if not self._settings_read:
+            await self._read_settings()
         by_stream: dict[str, list[Any]] = defaultdict(list)
         eo = self.exactly_once
         for e in events:
@@ -149,6 +153,25 @@ class RedisSink(Sink[RedisSinkConfig]):
                         fallback="one pipelined XADD per event",
                     )  # fmt: skip
             await self._xadd(by_stream)
+
+    async def _read_settings(self) -> None:
+        """Once, before the first batch: what the server's settings risk of acknowledged entries
+        (``deltaforge/sinks/durability.py``). A server that does not answer is left to the batch to
+        find, and asked again before the next one."""
+        assert self._client is not None
+        pipe = self._client.pipeline(transaction=False)
+        for name in durability.REDIS_SETTINGS:
+            pipe.config_get(name)
+        try:
+            found = await pipe.execute()
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            return
+        except rex.RedisError as exc:  # CONFIG refused by an ACL, or renamed away (managed Redis)
+            durability.unknown(self.id, "RedisSink", f"CONFIG GET refused: {exc}")
+        else:
+            config = {str(k): str(v) for part in found for k, v in part.items()}
+            durability.report(self.id, "RedisSink", durability.redis_risks(config))
+        self._settings_read = True
 
     async def reachable(self) -> None:
         if self._client is None:
