@@ -318,6 +318,47 @@ async def test_a_table_taken_out_of_the_publication_while_streaming_is_position_
     )
 
 
+async def test_a_listed_table_dropped_while_streaming_is_named_once(postgres: Postgres) -> None:
+    """pgoutput sends nothing for a DROP TABLE, so the rows the sinks hold of a dropped table
+    stayed there without a word. The publication check names it (``captured_table_dropped``),
+    once; a renamed table is not named (the publication follows it: its changes arrive under the
+    new name). A table dropped and created again outside the publication is position lost, and
+    the reason says it was dropped."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    for table in ("a", "b", "c"):
+        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    src = source(postgres, db, tables=["public.a", "public.b", "public.c"])
+    await src.open(None)
+    await conn.execute("ALTER TABLE c RENAME TO c2")
+    await conn.execute("DROP TABLE b")
+    src.watch.every_s = 0.0  # every read from now asks
+    with capture_logs() as logs:
+        for i in range(1, 1_000):
+            await conn.execute(f"INSERT INTO a VALUES ({i})")
+            await read_n(src, 1)
+            if any(e["event"] == "captured_table_dropped" for e in logs):
+                break
+        await src.watch.stop()
+        for _ in range(3):  # asked again: said once
+            assert await src.watch._ask(src._conn) is None
+    said = [e for e in logs if e["event"] == "captured_table_dropped"]
+    assert [(e["table"], e["log_level"]) for e in said] == [("public.b", "warning")]
+
+    await conn.execute("INSERT INTO c2 VALUES (1)")  # renamed: still captured, under its new name
+    assert [(e.source.table, e.after) for e in await read_n(src, 1)] == [("c2", {"id": 1})]
+    await conn.execute("DROP TABLE a")
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    with pytest.raises(PositionLost) as lost:
+        await read_n(src, 1, timeout=20)
+    await src.close()
+    await conn.close()
+    assert str(lost.value).startswith(
+        f"position lost: table public.a was dropped and created again, and the new table is not in "
+        f"publication 'p_{db}' while streaming"
+    )
+
+
 async def test_a_table_taken_out_of_the_publication_while_stopped_is_position_lost(
     postgres: Postgres,
 ) -> None:

@@ -129,7 +129,7 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
 
 Memberships = dict[str, Any]
 """Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
-{table: [row, ...]}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
+{table: [row, ...]}, "oids": {table: oid}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
 or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
 and putting it back makes a new one, so two of these with no row in common for a table mean it was
 out in between (or that ``SET TABLE`` changed its row filter or column list, which replaces the
@@ -144,11 +144,12 @@ async def memberships(conn: asyncpg.Connection, publication: str, listed: list[s
 
 async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str]) -> Memberships:
     tables: dict[str, list[str]] = {}
+    oids: dict[str, int] = {}
     for table in dict.fromkeys(listed):
         oid = await _oid(conn, table)  # a table dropped since has nothing more to send
         if oid is not None:
-            tables[table] = sorted(await _rows(conn, pub, oid))
-    return {"publication": pub, "tables": tables}
+            tables[table], oids[table] = sorted(await _rows(conn, pub, oid)), oid
+    return {"publication": pub, "tables": tables, "oids": oids}
 
 
 def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
@@ -159,8 +160,11 @@ def out_in_between(before: Memberships, now: Memberships | None, publication: st
     if now["publication"] != before.get("publication"):
         return f"publication {publication!r} was dropped and created again"
     was: dict[str, list[str]] = before.get("tables") or {}
+    oids: dict[str, int] = before.get("oids") or {}
     for table, rows in now["tables"].items():
         if was.get(table) and not set(was[table]) & set(rows):
+            if table in oids and oids[table] != now["oids"].get(table):
+                return f"table {table} was dropped and created again"
             if not rows:
                 return f"table {table} was taken out of publication {publication!r}"
             # ALTER PUBLICATION ... SET TABLE replaces a table's row when its row filter or column
@@ -175,22 +179,44 @@ def out_in_between(before: Memberships, now: Memberships | None, publication: st
 
 async def left_out(
     conn: asyncpg.Connection, publication: str, listed: list[str], at_open: Memberships | None
-) -> str | None:
+) -> tuple[str | None, Memberships | None]:
     """What the publication no longer publishes of what it did at open (a listed table, or a kind
     of change), or what it left out for a moment since (taken out and put back between two asks),
     or None: asked while streaming, since pgoutput stops sending what a publication stops covering
-    without a word, and never sends it later."""
+    without a word, and never sends it later. With it, the :data:`Memberships` now."""
     pub = await conn.fetchrow(_PUBLICATION, publication)
     if pub is None:
-        return f"publication {publication!r} was dropped"
+        return f"publication {publication!r} was dropped", None
     ops = _unpublished_ops(pub)
     if ops:
-        return f"publication {publication!r} stopped publishing {', '.join(ops)}"
+        return f"publication {publication!r} stopped publishing {', '.join(ops)}", None
     now = await _memberships_of(conn, int(pub["oid"]), listed)  # one look at each table per ask
+    was: dict[str, int] = (at_open or {}).get("oids") or {}
     for table, rows in now["tables"].items():
         if not rows:
-            return f"table {table} was taken out of publication {publication!r}"
-    return None if at_open is None else out_in_between(at_open, now, publication)
+            if table in was and was[table] != now["oids"][table]:
+                return (
+                    f"table {table} was dropped and created again, and the new table is not in "
+                    f"publication {publication!r}"
+                ), now
+            return f"table {table} was taken out of publication {publication!r}", now
+    return (None if at_open is None else out_in_between(at_open, now, publication)), now
+
+
+_GONE = "SELECT array(SELECT x FROM unnest($1::oid[]) x WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x))"
+
+
+async def dropped(
+    conn: asyncpg.Connection, at_open: Memberships, now: Memberships, known: set[str]
+) -> list[str]:
+    """The listed tables that existed at open and exist no more (but those ``known``). A table found under no name it
+    had may have been renamed (the publication follows it, and its changes arrive under the new
+    name) or dropped: pgoutput sends nothing for a DROP TABLE."""
+    was: dict[str, int] = at_open.get("oids") or {}
+    unnamed = {oid: t for t, oid in was.items() if t not in now["oids"] and t not in known}
+    if not unnamed:
+        return []
+    return [unnamed[int(oid)] for oid in await conn.fetchval(_GONE, list(unnamed))]
 
 
 _WITHOUT_IDENTITY = (
@@ -289,6 +315,8 @@ class PublicationWatch:
         self.at_open: Memberships | None = None
         self._task: asyncio.Task[str | None] | None = None
         self._next = 0.0
+        self.named: set[str] = set()
+        """Tables whose drop was logged (once each)."""
 
     async def opened(
         self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
@@ -321,9 +349,20 @@ class PublicationWatch:
         if self._task is None and time.monotonic() >= self._next:
             self._next = time.monotonic() + self.every_s
             if conn is not None and not conn.is_closed():
-                self._task = asyncio.get_running_loop().create_task(
-                    left_out(conn, self.publication, self.listed, self.at_open)
-                )
+                self._task = asyncio.get_running_loop().create_task(self._ask(conn))
+
+    async def _ask(self, conn: asyncpg.Connection) -> str | None:
+        """What the publication left out since open (None: nothing); a listed table dropped since
+        is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE)."""
+        gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
+        if gone is None and now is not None and self.at_open is not None:
+            for table in await dropped(conn, self.at_open, now, self.named):
+                self.named.add(table)
+                structlog.get_logger().warning(
+                    "captured_table_dropped", actor="PostgresSource", table=table,
+                    reason="DROP TABLE sends no change: the rows the sinks hold of it stay there",
+                )  # fmt: skip
+        return gone
 
     async def stop(self) -> bool:
         """Cancel a check in flight; True when it was still waiting for its answer, which leaves
