@@ -20,6 +20,7 @@ MODULES = [
     "deltaforge.sources.mysql.connection",
     "deltaforge.sources.mysql.statements",
     "deltaforge.sources.mysql.cascades",
+    "deltaforge.sources.mysql.binlog",
     "deltaforge.snapshot.window",
     "deltaforge.sinks.durability",
     "deltaforge.api.listen",

@@ -14,7 +14,7 @@ from pymysqlreplication.event import XidEvent
 from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.mysql.decoder import _each_once
+from deltaforge.sources.mysql.binlog import each_once
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
@@ -73,7 +73,7 @@ def test_the_binlog_decoder_frees_each_event_by_reference_counting(mariadb: Mari
     try:
         # The premise: pymysqlreplication's events and their packets refer to each other.
         assert cyclic_garbage(lambda: read(iter(plain))) > 10 * TRANSACTIONS
-        assert cyclic_garbage(lambda: read(_each_once(cut))) < TRANSACTIONS // 10
+        assert cyclic_garbage(lambda: read(each_once(cut))) < TRANSACTIONS // 10
     finally:
         plain.close()
         cut.close()

@@ -11,14 +11,11 @@
 
 from __future__ import annotations
 
-import fnmatch
-import ssl
 import time
-from collections.abc import Iterator
-from typing import IO, Any, TypedDict
+from typing import IO, Any
 
-from deltaforge.position import PositionDoc
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
+from deltaforge.sources.mysql.binlog import Captured, DecoderSettings, drained, each_once, open_reader
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import (
     STRING_TYPES,
@@ -32,22 +29,6 @@ from deltaforge.sources.mysql.rowvalues import (
 from deltaforge.sources.mysql.statements import Unreadable, moved, rows_of_statement, session_db
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
-
-class DecoderSettings(TypedDict):
-    """What the reader hands this process (pickled on its stdin)."""
-
-    connection: dict[str, str | int | float]
-    server_id: int
-    is_mariadb: bool
-    by_file: bool
-    resume: PositionDoc
-    patterns: list[tuple[str, ...]]
-    schemas: list[str]
-    chunk: int
-    fold_case: bool
-
-
-HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
@@ -100,7 +81,6 @@ class CorruptEvent(Exception):
 
 
 def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
-    from pymysqlreplication import BinLogStreamReader, binlogstream
     from pymysqlreplication.event import (
         GtidEvent,
         HeartbeatLogEvent,
@@ -113,82 +93,17 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     )
     from pymysqlreplication.row_event import (
         DeleteRowsEvent,
-        PartialUpdateRowsEvent,
         TableMapEvent,
         UpdateRowsEvent,
         WriteRowsEvent,
     )
 
-    # The library reconnects by itself after a lost connection (2013, 2006), from where *it*
-    # thinks the stream is: on MariaDB the GTID it was started at, replaying every transaction
-    # since; by file, the last event's offset, inside a transaction; and after a failover, on
-    # another server, past the reconciler. The loss must reach the source instead, which
-    # reopens from the checkpoint after reconciling.
-    binlogstream.MYSQL_EXPECTED_ERROR_CODES.clear()
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)  # a PartialUpdateRowsEvent is one
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
-    fold_case = bool(cfg.get("fold_case"))
-    # lower_case_table_names: names are stored, and row events carry them, in lower case
-    patterns = [
-        tuple(p.lower() for p in pattern) if fold_case else tuple(pattern) for pattern in cfg["patterns"]
-    ]
-    wanted_cache: dict[tuple[str, str], bool] = {}
-
-    def wanted(schema: str, table: str) -> bool:
-        hit = wanted_cache.get((schema, table))
-        if hit is None:
-            hit = not patterns or any(
-                fnmatch.fnmatchcase(schema, p[0]) and fnmatch.fnmatchcase(table, p[-1]) for p in patterns
-            )
-            wanted_cache[(schema, table)] = hit
-        return hit
-
-    def named(schema: str, table: str) -> tuple[str, str] | None:
-        """A table as a statement names it, as row events name it, if captured: a server with
-        lower_case_table_names stores (and row events carry) names in lower case, whatever case
-        the statement used."""
-        if fold_case:
-            schema, table = schema.lower(), table.lower()
-        return (schema, table) if wanted(schema, table) else None
-
+    captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
+    wanted, named, patterns = captured.wanted, captured.named, captured.patterns
     resume = BinlogPosition.from_doc(cfg["resume"])
-    kw: dict[str, Any] = {}
-    if cfg["is_mariadb"] and not cfg["by_file"]:
-        kw["auto_position"] = resume.gtid  # the GTID state before the transaction: all of it again
-    else:
-        # Inside a transaction: from its beginning (the rest of its rows event included).
-        kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.resume_pos)
-    from deltaforge.sources.mysql.connection import Connection
-
-    reader = BinLogStreamReader(
-        connection_settings=cfg["connection"],
-        pymysql_wrapper=Connection,  # one TLS context for its two connections (see connection.py)
-        server_id=cfg["server_id"],
-        blocking=True,
-        # The library's MariaDB dump ignores file and position: by file, use the MySQL-style dump
-        # (MariaDB serves it too, and still marks its own GTID events).
-        is_mariadb=cfg["is_mariadb"] and not cfg["by_file"],
-        only_events=[
-            *rows_types,
-            PartialUpdateRowsEvent,  # never decoded: halts below (left out, it was skipped)
-            XidEvent,
-            QueryEvent,
-            RotateEvent,
-            MariadbGtidEvent,
-            GtidEvent,
-            HeartbeatLogEvent,
-            NotImplementedEvent,
-            XAPrepareEvent,
-            TableMapEvent,  # its column types decode the rows after it: its checksum counts too
-        ],
-        only_schemas=[d.lower() if fold_case else d for d in cfg["schemas"]] or None,
-        filter_non_implemented_events=False,  # they are checked for undecodable rows below
-        slave_heartbeat=HEARTBEAT_S,
-        # Each event's CRC32 (binlog_checksum=CRC32, the default) is checked below; the library
-        # only logs a mismatch and goes on decoding the damaged bytes.
-        verify_checksum=True,
-        **kw,
-    )
+    reader = open_reader(cfg, resume)
     file = resume.file
     tx_start = resume.resume_pos  # where the transaction being read began in ``file``
     tx_gtid = resume.gtid
@@ -222,7 +137,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             write_frame(out, ("txs", pending))
         return exc
 
-    for ev in _each_once(reader):
+    for ev in each_once(reader):
         if ev._is_event_valid is False:
             raise halting(
                 CorruptEvent(
@@ -374,40 +289,6 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
-
-
-def _each_once(reader: Any) -> Iterator[Any]:
-    """The reader's events, each cut from its packet once the loop is done with it.
-
-    pymysqlreplication's event and its packet wrapper refer to each other: a cycle per binlog
-    event, which only the cyclic collector frees. At 5k rows/s that was 30k objects and a pause
-    of 10-17 ms every 1.5 s in this process, and the pause is on the latency path. Cut, the two
-    are freed at once by reference counting."""
-    for ev in reader:
-        yield ev
-        ev.packet = None
-
-
-def drained(reader: Any) -> bool:
-    """Whether everything the server has sent so far is read: then the transactions waiting here
-    go on at once (low latency when caught up), while a backlog still fills frames of ``chunk``.
-
-    A non-blocking peek at the replication connection's buffered socket (pymysql's ``_sock`` and
-    ``_rfile``); anything unexpected there means "not known", and FLUSH_S decides."""
-    conn = getattr(reader, "_stream_connection", None)
-    sock, rfile = getattr(conn, "_sock", None), getattr(conn, "_rfile", None)
-    if sock is None or rfile is None:
-        return False
-    timeout = sock.gettimeout()
-    try:
-        sock.settimeout(0.0)
-        return not rfile.peek(1)
-    except (BlockingIOError, ssl.SSLWantReadError):
-        return True
-    except (OSError, ValueError):
-        return False
-    finally:
-        sock.settimeout(timeout)
 
 
 def main() -> None:

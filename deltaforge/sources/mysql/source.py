@@ -36,6 +36,7 @@ from deltaforge.sources.base import (
 )
 from deltaforge.sources.childproc import ChildDecoder
 from deltaforge.sources.mysql import failover
+from deltaforge.sources.mysql.binlog import DecoderSettings
 from deltaforge.sources.mysql.checks import (
     MySQLSettings,
     ServerInfo,
@@ -47,7 +48,6 @@ from deltaforge.sources.mysql.checks import (
     is_unavailable,
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
-from deltaforge.sources.mysql.decoder import DecoderSettings
 from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
