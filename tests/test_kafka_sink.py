@@ -351,6 +351,34 @@ async def test_message_too_large_is_non_retryable(tansu: Tansu) -> None:
     await sink.close()
 
 
+async def test_a_topic_with_one_replica_is_named_once_per_topic(tansu: Tansu) -> None:
+    """A broker acknowledges a record once it holds it in memory, so a topic on one broker loses
+    checkpointed records with that broker's machine: each topic the sink produces to is read
+    once, after its first batch, and one with a single replica is a warning naming it."""
+    from dataclasses import replace
+
+    from structlog.testing import capture_logs
+
+    from deltaforge.sinks.durability import kafka_risks
+
+    sink = KafkaSink(parse_pipeline(kafka_doc(tansu.bootstrap), env={}).sinks[0])
+    await sink.open()
+    other = make_event(3)
+    other = replace(other, source=replace(other.source, table="u"))
+    with capture_logs() as logs:
+        await sink.deliver([make_event(1)])
+        await sink.deliver([make_event(2), other])
+        await sink.deliver([make_event(4), other])
+    await sink.close()
+    said = [e for e in logs if e["event"].startswith("sink_durability")]
+    assert [(e["event"], e["sink"], e["risk"].split(":")[0]) for e in said] == [
+        ("sink_durability", "k", "topic 'cdc.t' has 1 replica"),
+        ("sink_durability", "k", "topic 'cdc.u' has 1 replica"),
+    ]
+    assert "replication factor of 3 and min.insync.replicas=2" in said[0]["risk"]
+    assert kafka_risks("cdc.t", 3) == []  # Tansu is one broker: more replicas only in a cluster
+
+
 @pytest.mark.slow
 def test_sigkill_loses_nothing_at_least_once(tansu: Tansu, tmp_path: Path) -> None:
     tansu.create_topic("cdc.orders")

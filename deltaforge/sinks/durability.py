@@ -17,6 +17,7 @@ warning), or that it could not read them (``sink_durability_unknown``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
@@ -74,6 +75,46 @@ def nats_risks(stream: str, storage: str, replicas: int, window_s: float, wanted
             "stream's duplicate_window"
         )
     return risks
+
+
+def kafka_risks(topic: str, replicas: int) -> list[str]:
+    """What a topic with ``replicas`` replicas (its fewest over its partitions) can lose."""
+    if replicas >= 2:
+        return []
+    return [
+        f"topic {topic!r} has {replicas} replica: a broker acknowledges a record once it holds it in memory "
+        "(Kafka does not fsync by default), so a crash of that broker's machine, or the loss of its disk, "
+        "loses records deltaforge has checkpointed; create the topic with a replication factor of 3 and "
+        "min.insync.replicas=2"
+    ]
+
+
+TOPICS_READ = 64
+"""Topics a Kafka sink reads the replicas of, at most (a topic per row would cost a round trip each)."""
+
+
+class KafkaTopics:
+    """The topics a Kafka sink has produced to, each read once after its first batch is acknowledged
+    (it exists by then): its replicas, from a metadata round trip on the sink's own producer.
+    ``min.insync.replicas`` is a broker or topic config (DescribeConfigs), not read here."""
+
+    def __init__(self, sink: str, timeout_s: float) -> None:
+        self.sink, self.timeout_s = sink, timeout_s
+        self.read: set[str] = set()
+
+    def after_batch(self, producer: Any, topics: set[str]) -> None:
+        """Read the topics of a delivered batch not read before (blocking: the sink's thread)."""
+        for topic in sorted(topics - self.read):
+            if len(self.read) >= TOPICS_READ:
+                return
+            self.read.add(topic)
+            try:
+                found = producer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+                replicas = min(len(p.replicas) for p in found.partitions.values())
+            except Exception as exc:  # noqa: BLE001 - what the broker does not say is said as unknown
+                unknown(self.sink, "KafkaSink", f"topic {topic!r}: {type(exc).__name__}: {exc}")
+                continue
+            report(self.sink, "KafkaSink", kafka_risks(topic, replicas))
 
 
 def report(sink: str, actor: str, risks: list[str]) -> None:

@@ -40,6 +40,7 @@ from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, moves_key, row_key, wire_size
@@ -112,6 +113,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.commits = 0
         self.aborts = 0
         self._reopened = False
+        self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
 
     @property
     def transactional_id(self) -> str:
@@ -241,6 +243,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         )
                 if errors:
                     raise self._classify(errors[0])
+                self._topics.after_batch(producer, {rec[0] for rec in records})
             except SystemError as exc:
                 # confluent-kafka runs a delivery report while a failing producer call has its
                 # exception set, and the report's append fails on it: that call's failure (the
