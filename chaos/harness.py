@@ -188,6 +188,7 @@ def mariadb_workload(root: Callable[[], Any], seed: int) -> Workload:
         cur.execute("CREATE TABLE IF NOT EXISTS items (id INT PRIMARY KEY, ver INT NOT NULL, payload TEXT)")
 
     def execute(statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        conn.ping(reconnect=True)  # a connection lost to a restart of the server is made again
         conn.begin()
         with conn.cursor() as cur:
             for sql, args in statements:

@@ -4,6 +4,8 @@ rights, compressed or damaged binlog events (never skipped)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import orjson
@@ -45,6 +47,73 @@ async def test_gtid_ahead_of_server_is_position_lost(mariadb: MariaDB) -> None:
         file = cur.fetchone()[0]
     with pytest.raises(PositionLost, match=r"GTID 0-1-999999 is ahead of the server's binlog state"):
         await src.open(src.load_position({"file": file, "pos": 4, "row": 0, "gtid": "0-1-999999"}))
+
+
+async def test_a_binlog_that_lost_its_end_in_a_crash_is_position_lost() -> None:
+    """With sync_binlog other than 1 (MariaDB's default) a crash of the server's machine loses
+    the end of the binlog that was not on disk yet, which deltaforge may have read and delivered.
+    The server then starts a new binlog file and writes new transactions under the lost ones'
+    GTIDs: a reader resuming from its GTID position took them as read and skipped them, without
+    a word. The checkpoint's file now ends before the checkpoint: position lost. SIGKILL and the
+    file cut at a transaction's start stand in for the machine's crash and its lost page cache."""
+    with MariaDB() as server:
+        db = fresh_db(server)
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(40))")
+            for i in range(1, 21):
+                cur.execute(f"INSERT INTO t VALUES ({i}, 'before the crash')")
+        src = source(server, [f"{db}.t"])
+        await src.open(None)
+        last = (await read_n(src, 20))[-1].checkpoint
+        await src.close()
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SHOW BINLOG EVENTS IN %s", (last.file,))
+            cut = [int(e[1]) for e in cur.fetchall() if e[2] == "Gtid"][-10]  # ten never reached the disk
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+        os.truncate(server.data / last.file, cut)
+        server.resume()
+        with server.root(db) as c, c.cursor() as cur:
+            for i in range(11, 26):
+                cur.execute(f"REPLACE INTO t VALUES ({i}, 'after the crash')")
+        seq = int(last.gtid.split("-")[2])
+        assert int(server.gtid_binlog_pos().split("-")[2]) > seq  # the GTIDs alone look fine
+        with pytest.raises(PositionLost) as info:
+            await source(server, [f"{db}.t"]).open(last)
+    assert str(info.value).startswith(
+        f"position lost: binlog file {last.file} ends at {cut}, before the checkpoint's position {last.pos}: "
+        "the server lost the end of it"
+    )
+
+
+async def test_settings_that_can_lose_what_was_delivered_are_named_at_every_start(mariadb: MariaDB) -> None:
+    """A server that acknowledges a commit before its binlog (or InnoDB's log) is on disk can
+    lose, in a crash of its machine, transactions deltaforge has delivered: the sinks then hold
+    changes the database no longer has. Each start names such a setting (MariaDB's default
+    sync_binlog=0 is one); with both at 1 nothing is said."""
+    db = fresh_db(mariadb)
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SELECT @@sync_binlog, @@innodb_flush_log_at_trx_commit")
+        was = cur.fetchone()
+    said: list[list[str]] = []
+    try:
+        for values in ((0, 2), (1, 1)):
+            with mariadb.root() as c, c.cursor() as cur:
+                cur.execute(f"SET GLOBAL sync_binlog = {values[0]}")
+                cur.execute(f"SET GLOBAL innodb_flush_log_at_trx_commit = {values[1]}")
+            src = source(mariadb, [f"{db}.t"])
+            with capture_logs() as logs:
+                await src.open(None)
+            await src.close()
+            said.append([e["risk"] for e in logs if e["event"] == "source_durability"])
+    finally:
+        with mariadb.root() as c, c.cursor() as cur:
+            cur.execute(f"SET GLOBAL sync_binlog = {was[0]}")
+            cur.execute(f"SET GLOBAL innodb_flush_log_at_trx_commit = {was[1]}")
+    assert [r.split(":")[0] for r in said[0]] == ["sync_binlog is 0", "innodb_flush_log_at_trx_commit is 2"]
+    assert "set sync_binlog=1" in said[0][0] and "set innodb_flush_log_at_trx_commit=1" in said[0][1]
+    assert said[1] == []
 
 
 async def test_missing_privileges_are_named(mariadb: MariaDB) -> None:

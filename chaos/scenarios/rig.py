@@ -288,6 +288,8 @@ class MariaDBToFile:
     workload: Workload
     args: tuple[str, ...]
     events: Path
+    proxy: Proxy
+    """The proxy ``serve`` reaches the server through (the workload does not use it)."""
 
 
 def mariadb_to_file(ctx: RunContext, stack: contextlib.ExitStack) -> MariaDBToFile:
@@ -303,4 +305,4 @@ def mariadb_to_file(ctx: RunContext, stack: contextlib.ExitStack) -> MariaDBToFi
         "storage": {"type": "sqlite", "path": str(ctx.workdir / "checkpoints.db")},
     })  # fmt: skip
     args = ("--config", str(cfg), "--log-file", str(ctx.workdir / "log.jsonl"))
-    return MariaDBToFile(db, mariadb_workload(lambda: db.root("shop"), ctx.seed), args, events)
+    return MariaDBToFile(db, mariadb_workload(lambda: db.root("shop"), ctx.seed), args, events, proxy)

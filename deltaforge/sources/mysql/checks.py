@@ -140,6 +140,8 @@ def check_preconditions(
             *compression,
             *relay,
             "innodb_native_foreign_keys",
+            "sync_binlog",
+            "innodb_flush_log_at_trx_commit",
         ]
         values = _variables(cur, [name for name, _, _ in _REQUIRED] + extra)
         problems = []
@@ -192,7 +194,31 @@ def check_preconditions(
     if problems:
         raise SourceMisconfigured(f"mysql {where} is not ready for CDC: " + "; ".join(problems))
     _name_unmatched(conn, captured, fold)
+    _name_risks(values, where)
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""), fold)
+
+
+def _name_risks(values: dict[str, str], where: str) -> None:
+    """Log the settings under which a crash of the server's machine loses transactions deltaforge
+    may have delivered: the sinks then hold changes the database no longer has. A setting the
+    server does not show is not named."""
+    risks = []
+    sync = values.get("sync_binlog")
+    if sync is not None and sync != "1":
+        risks.append(
+            f"sync_binlog is {sync}: the server acknowledges a commit before its binlog is on disk, so a crash "
+            "of its machine can lose transactions deltaforge has already delivered (a checkpoint past the "
+            "binlog's end then stops the pipeline as position lost); set sync_binlog=1"
+        )
+    flush = values.get("innodb_flush_log_at_trx_commit")
+    if flush is not None and flush != "1":
+        risks.append(
+            f"innodb_flush_log_at_trx_commit is {flush}: InnoDB acknowledges a commit before its log is on "
+            "disk, so a crash of the server's machine can lose committed transactions its binlog, and so "
+            "deltaforge, already has; set innodb_flush_log_at_trx_commit=1"
+        )
+    for risk in risks:
+        structlog.get_logger().warning("source_durability", actor="MySQLSource", server=where, risk=risk)
 
 
 def _replicating(cur: Any, mariadb: bool) -> bool:
@@ -298,8 +324,19 @@ def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> N
         raise PositionLost(
             f"binlog file {file} is no longer on the server (purged; oldest available is {oldest})"
         )
-    if file and pos > logs[file] and binlog_index(file) == max(map(binlog_index, logs)):
-        raise PositionLost(f"binlog position {file}:{pos} is beyond the end of the binlog (RESET MASTER?)")
+    if file and pos > logs[file]:
+        if binlog_index(file) == max(map(binlog_index, logs)):
+            raise PositionLost(
+                f"binlog position {file}:{pos} is beyond the end of the binlog (RESET MASTER?)"
+            )
+        # A closed binlog file shorter than a position read from it lost its end: a crash of the
+        # server's machine with sync_binlog other than 1. The server went on in a new file, under
+        # the lost transactions' GTIDs, so a resume by GTID would take those as read.
+        raise PositionLost(
+            f"binlog file {file} ends at {logs[file]}, before the checkpoint's position {pos}: the server "
+            "lost the end of it (a crash of its machine with sync_binlog other than 1), and transactions "
+            "written since may carry the lost ones' GTIDs"
+        )
     if info.is_mariadb and checkpoint.gtid:
         current = {
             p.split("-")[0]: int(p.split("-")[2])
