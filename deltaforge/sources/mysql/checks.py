@@ -198,27 +198,34 @@ def check_preconditions(
     return ServerInfo(mariadb, str(version), int(server_id), values.get("gtid_binlog_pos", ""), fold)
 
 
+_RISKS = (
+    (
+        "sync_binlog",
+        "the server acknowledges a commit before its binlog is on disk, so a crash of its machine can lose "
+        "transactions deltaforge has already delivered (a checkpoint past the binlog's end then stops the "
+        "pipeline as position lost)",
+    ),
+    (
+        "innodb_flush_log_at_trx_commit",
+        "InnoDB acknowledges a commit before its log is on disk, so a crash of the server's machine can lose "
+        "committed transactions its binlog, and so deltaforge, already has",
+    ),
+)
+"""Settings other than 1 under which a crash of the server's machine loses what deltaforge delivered."""
+
+
 def _name_risks(values: dict[str, str], where: str) -> None:
-    """Log the settings under which a crash of the server's machine loses transactions deltaforge
-    may have delivered: the sinks then hold changes the database no longer has. A setting the
-    server does not show is not named."""
-    risks = []
-    sync = values.get("sync_binlog")
-    if sync is not None and sync != "1":
-        risks.append(
-            f"sync_binlog is {sync}: the server acknowledges a commit before its binlog is on disk, so a crash "
-            "of its machine can lose transactions deltaforge has already delivered (a checkpoint past the "
-            "binlog's end then stops the pipeline as position lost); set sync_binlog=1"
-        )
-    flush = values.get("innodb_flush_log_at_trx_commit")
-    if flush is not None and flush != "1":
-        risks.append(
-            f"innodb_flush_log_at_trx_commit is {flush}: InnoDB acknowledges a commit before its log is on "
-            "disk, so a crash of the server's machine can lose committed transactions its binlog, and so "
-            "deltaforge, already has; set innodb_flush_log_at_trx_commit=1"
-        )
-    for risk in risks:
-        structlog.get_logger().warning("source_durability", actor="MySQLSource", server=where, risk=risk)
+    """Log the :data:`_RISKS` settings that are not 1: the sinks may then hold changes the database
+    no longer has after a crash. A setting the server does not show is not named."""
+    for name, why in _RISKS:
+        got = values.get(name)
+        if got is not None and got != "1":
+            structlog.get_logger().warning(
+                "source_durability",
+                actor="MySQLSource",
+                server=where,
+                risk=f"{name} is {got}: {why}; set {name}=1",
+            )
 
 
 def _replicating(cur: Any, mariadb: bool) -> bool:
