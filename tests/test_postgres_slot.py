@@ -359,6 +359,44 @@ async def test_a_listed_table_dropped_while_streaming_is_named_once(postgres: Po
     )
 
 
+async def test_a_table_set_unlogged_while_streaming_is_position_lost(postgres: Postgres) -> None:
+    """A publication naming a table keeps it from being set UNLOGGED; one FOR TABLES IN SCHEMA or
+    FOR ALL TABLES does not, and the table's changes then leave the WAL: pgoutput went silent on
+    them, without a word, and SET LOGGED later writes the rows back without a change for any of
+    them (the bulk-load trick). It halts as position lost. A listed table that is unlogged
+    already at open is named (``unlogged_tables_not_captured``), as FOR ALL TABLES ones were."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE SCHEMA s")
+    for table in ("s.a", "s.b", "s.c"):
+        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    await conn.execute("ALTER TABLE s.c SET UNLOGGED")
+    lost: list[str] = []
+    for publication, tables in (("FOR TABLES IN SCHEMA s", ["s.a", "s.b", "s.c"]), ("FOR ALL TABLES", [])):
+        await conn.execute(f"CREATE PUBLICATION p_{db} {publication}")
+        src = source(postgres, db, tables=tables)
+        with capture_logs() as logs:
+            await src.open(None)
+        said = [e["tables"] for e in logs if e["event"] == "unlogged_tables_not_captured"]
+        assert said == [["s.c"]], publication
+        await conn.execute(f"INSERT INTO s.a VALUES ({len(lost)})")
+        assert [e.after for e in await read_n(src, 1)] == [{"id": len(lost)}]
+        await conn.execute("ALTER TABLE s.b SET UNLOGGED")
+        src.watch.every_s = 0.0  # every read from now asks
+        with pytest.raises(PositionLost) as info:
+            await read_n(src, 1, timeout=20)
+        await src.close()
+        lost.append(str(info.value))
+        await conn.execute("ALTER TABLE s.b SET LOGGED")
+        await conn.execute(f"DROP PUBLICATION p_{db}")
+        await conn.execute(f"SELECT pg_drop_replication_slot('s_{db}')")
+    await conn.close()
+    assert lost == [
+        "position lost: table s.b was set UNLOGGED: its changes are no longer written to the WAL, so never "
+        "decoded while streaming: what it left out was never decoded. Re-snapshot required."
+    ] * 2
+
+
 async def test_a_table_taken_out_of_the_publication_while_stopped_is_position_lost(
     postgres: Postgres,
 ) -> None:

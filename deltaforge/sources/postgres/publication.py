@@ -16,6 +16,7 @@ import asyncpg
 import structlog
 
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.postgres.identity import refuse_without_identity, without_identity
 from deltaforge.sources.postgres.names import quote_ident, quote_table
 
 _PUBLICATION = "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1"
@@ -129,7 +130,7 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
 
 Memberships = dict[str, Any]
 """Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
-{table: [row, ...]}, "oids": {table: oid}}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
+{table: [row, ...]}, "oids": {table: oid}, "unlogged": [table, ...]}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
 or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
 and putting it back makes a new one, so two of these with no row in common for a table mean it was
 out in between (or that ``SET TABLE`` changed its row filter or column list, which replaces the
@@ -149,7 +150,11 @@ async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str])
         oid = await _oid(conn, table)  # a table dropped since has nothing more to send
         if oid is not None:
             tables[table], oids[table] = sorted(await _rows(conn, pub, oid)), oid
-    return {"publication": pub, "tables": tables, "oids": oids}
+    if listed:
+        unlogged = list(await conn.fetchval(_UNLOGGED_OF, list(oids.values()))) if oids else []
+    else:  # all tables
+        unlogged = [str(r[0]) for r in await conn.fetch(_UNLOGGED)]
+    return {"publication": pub, "tables": tables, "oids": oids, "unlogged": unlogged}
 
 
 def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
@@ -200,7 +205,17 @@ async def left_out(
                     f"publication {publication!r}"
                 ), now
             return f"table {table} was taken out of publication {publication!r}", now
-    return (None if at_open is None else out_in_between(at_open, now, publication)), now
+    if at_open is None:
+        return None, now
+    # A publication FOR TABLES IN SCHEMA or FOR ALL TABLES does not stop ALTER TABLE ... SET
+    # UNLOGGED (one naming the table does): the table's changes leave the WAL, and SET LOGGED
+    # later writes its rows back without a change for any of them.
+    newly = sorted(set(now["unlogged"]) - set(at_open.get("unlogged") or ()))
+    if newly:
+        return (
+            f"table {newly[0]} was set UNLOGGED: its changes are no longer written to the WAL, so never decoded"
+        ), now
+    return out_in_between(at_open, now, publication), now
 
 
 _GONE = "SELECT array(SELECT x FROM unnest($1::oid[]) x WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x))"
@@ -219,51 +234,13 @@ async def dropped(
     return [unnamed[int(oid)] for oid in await conn.fetchval(_GONE, list(unnamed))]
 
 
-_WITHOUT_IDENTITY = (
-    "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND {which} AND (c.relreplident = 'n' OR "
-    "(c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) "
-    "ORDER BY 1"
-)
-_USER_TABLES = "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'"
-# pg_partition_tree lists nothing for a table that is not partitioned: the tables themselves too
-_THESE_TABLES = (
-    "(c.oid IN (SELECT to_regclass(x) FROM unnest($1::text[]) x) OR "
-    "c.oid IN (SELECT t.relid FROM unnest($1::text[]) x, pg_partition_tree(to_regclass(x)) t))"
-)
-
-
-async def without_identity(conn: asyncpg.Connection, tables: list[str] | None) -> list[str]:
-    """The tables (``tables`` and their partitions; None: every user table) without a replica
-    identity: no primary key under REPLICA IDENTITY DEFAULT, or NOTHING. PostgreSQL refuses UPDATE
-    and DELETE on such a table while a publication of updates and deletes covers it."""
-    if tables is None:
-        return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_USER_TABLES))]
-    if not tables:
-        return []
-    names = [quote_table(t) for t in tables]
-    return [str(r[0]) for r in await conn.fetch(_WITHOUT_IDENTITY.format(which=_THESE_TABLES), names)]
-
-
-async def refuse_without_identity(
-    conn: asyncpg.Connection, tables: list[str] | None, doing: str, who: str
-) -> None:
-    """Refuse ``doing`` (putting ``tables`` in a publication; None: all tables) when it would make
-    the user's UPDATE and DELETE fail on a table without a replica identity: the application
-    breaks the moment the pipeline starts."""
-    stuck = await without_identity(conn, tables)
-    if stuck:
-        raise SourceMisconfigured(
-            f"{who}: {doing} would make UPDATE and DELETE fail on {', '.join(stuck)}: "
-            "PostgreSQL refuses them on a published table without a replica identity (no primary key, "
-            "or REPLICA IDENTITY NOTHING). Give each a primary key or run ALTER TABLE ... REPLICA "
-            "IDENTITY FULL" + ("" if tables else ", or list the tables to capture in tables")
-        )
-
-
 _UNLOGGED = (
     "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE c.relpersistence = 'u' AND c.relkind IN ('r', 'p') ORDER BY 1"
+)
+_UNLOGGED_OF = (
+    "SELECT array(SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relpersistence = 'u' AND c.oid = ANY($1::oid[]) ORDER BY 1)"
 )
 _REL_ROWS = (
     "SELECT array(SELECT 'table:' || oid::text FROM pg_publication_rel WHERE prpubid = $1 AND prrelid IN "
@@ -331,6 +308,14 @@ class PublicationWatch:
                 raise PositionLost(f"{out} since the last run: what it left out was never published")
         await check_publication(conn, self.publication, self.listed, create, who)
         self.at_open = await memberships(conn, self.publication, self.listed)
+        if self.listed and self.at_open is not None and self.at_open["unlogged"]:
+            # (all tables: check_publication named them) published by their schema, which does not
+            # keep a table from being unlogged: nothing of it reaches the WAL
+            structlog.get_logger().warning(
+                "unlogged_tables_not_captured", actor="PostgresSource", publication=self.publication,
+                tables=self.at_open["unlogged"],
+                reason="unlogged tables are not written to the WAL, so logical decoding never sees their changes",
+            )  # fmt: skip
         self._next = 0.0
 
     def memo(self) -> dict[str, Any] | None:

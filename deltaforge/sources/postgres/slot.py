@@ -13,8 +13,8 @@ import contextlib
 import asyncpg
 
 from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.postgres.identity import refuse_without_identity
 from deltaforge.sources.postgres.names import quote_table
-from deltaforge.sources.postgres.publication import refuse_without_identity
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
