@@ -359,17 +359,17 @@ async def test_values_a_partial_row_image_leaves_out_are_marked_never_false_null
     unchanged column now takes its value from the before image when that has it; anything else
     is marked ``{"__not_logged__": true}``, and the source says so, once per table."""
     db, src = await opened_on(mariadb, "id INT PRIMARY KEY, a INT, b TEXT")
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"INSERT INTO {db}.t VALUES (1, 1, 'one'), (2, 2, 'two')")
-        c.commit()
-        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
-        cur.execute(f"UPDATE {db}.t SET a = 10 WHERE id = 1")
-        cur.execute(f"DELETE FROM {db}.t WHERE id = 2")
-        c.commit()
-        cur.execute("SET SESSION binlog_row_image = 'NOBLOB'")
-        cur.execute(f"UPDATE {db}.t SET a = 11 WHERE id = 1")
-        c.commit()
-    with capture_logs() as logs:
+    with capture_logs() as logs:  # said by the decoder's pump thread as soon as it meets it
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute(f"INSERT INTO {db}.t VALUES (1, 1, 'one'), (2, 2, 'two')")
+            c.commit()
+            cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+            cur.execute(f"UPDATE {db}.t SET a = 10 WHERE id = 1")
+            cur.execute(f"DELETE FROM {db}.t WHERE id = 2")
+            c.commit()
+            cur.execute("SET SESSION binlog_row_image = 'NOBLOB'")
+            cur.execute(f"UPDATE {db}.t SET a = 11 WHERE id = 1")
+            c.commit()
         events = await read_n(src, 5)
     await src.close()
     gone = {"__not_logged__": True}
@@ -397,11 +397,12 @@ async def test_a_captured_table_renamed_or_dropped_out_of_tables_is_named(mariad
             cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
     src = source(mariadb, [f"{db}.orders", f"{db}.items", f"{db}.log_*", f"{db}.t"])
     await src.open(None)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("RENAME TABLE orders TO orders_old, log_1 TO log_2")
-        cur.execute("DROP TABLE items")
-        cur.execute("INSERT INTO t VALUES (1)")
+    # The decoder's pump thread says what it meets as soon as it meets it: capture from before.
     with capture_logs() as logs:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("RENAME TABLE orders TO orders_old, log_1 TO log_2")
+            cur.execute("DROP TABLE items")
+            cur.execute("INSERT INTO t VALUES (1)")
         [ev] = await read_n(src, 1)
     await src.close()
     said = [(e["event"], e["table"], e["to"]) for e in logs if e["event"].startswith("captured_table_")]
@@ -410,3 +411,44 @@ async def test_a_captured_table_renamed_or_dropped_out_of_tables_is_named(mariad
         ("captured_table_dropped", f"{db}.items", None),
     ]
     assert ev.after == {"id": 1}
+
+
+async def test_rows_changed_by_partition_maintenance_are_named(mariadb: MariaDB) -> None:
+    """``ALTER TABLE … DROP PARTITION`` (how old rows are retired), ``TRUNCATE PARTITION``,
+    ``EXCHANGE PARTITION … WITH TABLE`` and MariaDB's ``CONVERT PARTITION … TO TABLE`` change rows
+    without a row event for any of them: the sinks kept the old rows without a word. Each is named
+    for every captured table it changes (both sides of an exchange) as the reader passes it;
+    maintenance that keeps the rows (``REORGANIZE``) is not."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE t (id INT PRIMARY KEY) PARTITION BY RANGE (id) (PARTITION p0 VALUES LESS THAN (10), "
+            "PARTITION p1 VALUES LESS THAN (20), PARTITION p2 VALUES LESS THAN (30), PARTITION p3 VALUES LESS THAN (40))"
+        )
+        cur.execute("CREATE TABLE x (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (1), (11), (21), (31)")
+    src = source(mariadb, [f"{db}.t", f"{db}.x"])
+    await src.open(None)
+    assert len(await read_n(src, 4)) == 4
+    with capture_logs() as logs:  # said by the decoder's pump thread as soon as it meets them
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("ALTER TABLE t REORGANIZE PARTITION p3 INTO (PARTITION p3a VALUES LESS THAN (35), "
+                        "PARTITION p3b VALUES LESS THAN (40))")  # fmt: skip
+            cur.execute("ALTER TABLE t TRUNCATE PARTITION p1")
+            cur.execute("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE x")
+            cur.execute("ALTER TABLE t DROP PARTITION p2")
+            cur.execute("ALTER TABLE t CONVERT PARTITION p3a TO TABLE u")
+            cur.execute("INSERT INTO u VALUES (2)")  # the new table: not captured
+            cur.execute("INSERT INTO x VALUES (5)")
+        [ev] = await read_n(src, 1)
+    await src.close()
+    said = [(e["table"], e["statement"]) for e in logs if e["event"] == "captured_rows_changed_by_ddl"]
+    assert said == [
+        (f"{db}.t", "TRUNCATE PARTITION"),
+        (f"{db}.t", "EXCHANGE PARTITION"),
+        (f"{db}.x", "EXCHANGE PARTITION"),
+        (f"{db}.t", "DROP PARTITION"),
+        (f"{db}.t", "CONVERT PARTITION"),
+    ]
+    assert all(e["at"].startswith("mysql-bin.") for e in logs if e["event"] == "captured_rows_changed_by_ddl")
+    assert (ev.table, ev.after) == ("x", {"id": 5})

@@ -391,10 +391,14 @@ async def test_a_table_set_unlogged_while_streaming_is_position_lost(postgres: P
         await conn.execute(f"DROP PUBLICATION p_{db}")
         await conn.execute(f"SELECT pg_drop_replication_slot('s_{db}')")
     await conn.close()
-    assert lost == [
-        "position lost: table s.b was set UNLOGGED: its changes are no longer written to the WAL, so never "
-        "decoded while streaming: what it left out was never decoded. Re-snapshot required."
-    ] * 2
+    assert (
+        lost
+        == [
+            "position lost: table s.b was set UNLOGGED: its changes are no longer written to the WAL, so never "
+            "decoded while streaming: what it left out was never decoded. Re-snapshot required."
+        ]
+        * 2
+    )
 
 
 async def test_a_table_taken_out_of_the_publication_while_stopped_is_position_lost(

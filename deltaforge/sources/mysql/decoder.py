@@ -6,12 +6,17 @@
 * ``("schema", table, columns, position)``
 * ``("partial", table, "file:pos", columns)``: the first rows event of ``table`` with a partial
   row image this run (its left-out values are marked, see ``rowvalues.fill_not_logged``)
+* ``("moved", table, new_name_or_None, "file:pos")``: a captured table renamed out of ``tables``,
+  or dropped
+* ``("repartitioned", table, what, "file:pos")``: a captured table's rows changed by partition
+  maintenance (``DROP PARTITION``, ...), which writes no row events
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
@@ -26,7 +31,13 @@ from deltaforge.sources.mysql.rowvalues import (
     primary_key,
     sized,
 )
-from deltaforge.sources.mysql.statements import Unreadable, moved, rows_of_statement, session_db
+from deltaforge.sources.mysql.statements import (
+    Unreadable,
+    moved,
+    repartitioned,
+    rows_of_statement,
+    session_db,
+)
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
@@ -256,10 +267,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             elif ev.query == "BEGIN":
                 piecewise = own_gtid and not tx and not standalone
             else:
-                for taken, into in moved(ev.query, session_db(ev)):  # DDL: said, not delivered
-                    if (gone := named(*taken)) is not None and (into is None or named(*into) is None):
-                        where = f"{file}:{ev.packet.log_pos}"
-                        write_frame(out, ("moved", ".".join(gone), into and ".".join(into), where))
+                for frame in _ddl_frames(ev.query, session_db(ev), named, f"{file}:{ev.packet.log_pos}"):
+                    write_frame(out, frame)  # DDL: said, not delivered
                 try:
                     standalone = rows_of_statement(ev, tx, named, patterns) or standalone
                 except Unreadable as exc:
@@ -289,6 +298,21 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
             write_frame(out, ("txs", pending))
             pending, pending_rows = [], 0
+
+
+def _ddl_frames(
+    query: str, db: str, named: Callable[[str, str], tuple[str, str] | None], where: str
+) -> list[tuple[Any, ...]]:
+    """What a DDL statement does to captured tables that no change event says: a table moved out
+    of ``tables`` (renamed or dropped), rows changed by partition maintenance."""
+    frames: list[tuple[Any, ...]] = []
+    for taken, into in moved(query, db):
+        if (gone := named(*taken)) is not None and (into is None or named(*into) is None):
+            frames.append(("moved", ".".join(gone), into and ".".join(into), where))
+    for table, what in repartitioned(query, db):
+        if (hit := named(*table)) is not None:
+            frames.append(("repartitioned", ".".join(hit), what, where))
+    return frames
 
 
 def main() -> None:

@@ -277,6 +277,13 @@ class MySQLSource(Source):
                 "delivered stay in the sinks" + (f" (add {frame[2]} to tables to go on capturing it)" if frame[2] else ""),
             )  # fmt: skip
             return None
+        if kind == "repartitioned":
+            log.warning(
+                "captured_rows_changed_by_ddl", source=self.id, table=frame[1], statement=frame[2], at=frame[3],
+                reason=f"ALTER TABLE ... {frame[2]} changes rows without a row event for any of them: the sinks "
+                f"keep those rows as they were (snapshot the table again: deltaforge snapshot <pipeline> {frame[1]})",
+            )  # fmt: skip
+            return None
         if kind == "partial":
             log.warning(
                 "partial_row_image", source=self.id, table=frame[1], at=frame[2], columns=frame[3],

@@ -28,6 +28,20 @@ reader halts rather than skip them.
     [(('shop', 'orders'), ('shop', 'orders_old')), (('x', 'n'), ('x', 'm'))]
     >>> moved("ALTER TABLE `orders` RENAME TO archive.orders", "shop")
     [(('shop', 'orders'), ('archive', 'orders'))]
+
+Partition maintenance changes rows without row events too: ``DROP`` and ``TRUNCATE PARTITION``
+take a partition's rows away, ``EXCHANGE PARTITION … WITH TABLE`` swaps them with another
+table's, MariaDB's ``CONVERT PARTITION … TO TABLE`` moves them out and ``CONVERT TABLE … TO
+PARTITION`` moves a table's rows in. Those are named, not delivered (no change says which rows).
+
+    >>> repartitioned("ALTER TABLE t DROP PARTITION IF EXISTS p0, p1", "shop")
+    [(('shop', 't'), 'DROP PARTITION')]
+    >>> repartitioned("ALTER TABLE shop.t EXCHANGE PARTITION p0 WITH TABLE `x`", "other")
+    [(('shop', 't'), 'EXCHANGE PARTITION'), (('other', 'x'), 'EXCHANGE PARTITION')]
+    >>> repartitioned("ALTER TABLE t CONVERT TABLE y TO PARTITION p3 VALUES LESS THAN (40)", "shop")
+    [(('shop', 't'), 'CONVERT TABLE'), (('shop', 'y'), 'CONVERT TABLE')]
+    >>> repartitioned("ALTER TABLE t REORGANIZE PARTITION p0 INTO (PARTITION a VALUES LESS THAN (5))", "shop")
+    []
 """
 
 from __future__ import annotations
@@ -49,6 +63,12 @@ _RENAME = re.compile(
     rf"RENAME\s+TABLES?\s+|ALTER\s+(?:ONLINE\s+)?(?:IGNORE\s+)?TABLE\s+(?={_NAME}\s+RENAME\s)", re.I
 )
 _RENAMED = re.compile(rf"{_NAME}\s+(?:RENAME(?:\s+(?:TO|AS))?|TO)\s+{_NAME}", re.I | re.S)
+_ALTER = re.compile(rf"ALTER\s+(?:ONLINE\s+)?(?:IGNORE\s+)?TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s", re.I | re.S)
+_PARTITION_OP = re.compile(
+    rf"\b(?:(DROP|TRUNCATE)\s+PARTITION\b|(EXCHANGE)\s+PARTITION\s+{_IDENT}\s+WITH\s+TABLE\s+{_NAME}"
+    rf"|(CONVERT)\s+PARTITION\s+{_IDENT}\s+TO\s+TABLE\s+{_NAME}|(CONVERT)\s+TABLE\s+{_NAME}\s+TO\s+PARTITION\b)",
+    re.I | re.S,
+)
 _VERB = re.compile(r"(TRUNCATE|INSERT|UPDATE|DELETE|REPLACE|LOAD)\b", re.I)
 
 
@@ -109,6 +129,34 @@ def moved(query: str, default_db: str) -> list[tuple[tuple[str, str], tuple[str,
             for m in _RENAMED.finditer(body, rename.end())
         ]
     return []
+
+
+def repartitioned(query: str, default_db: str) -> list[tuple[tuple[str, str], str]]:
+    """The tables whose rows an ``ALTER TABLE`` of partitions changes without row events, each with
+    what it does (see the module), or [] for any other statement. Names alone are in ``default_db``."""
+
+    def name(first: str, second: str | None) -> tuple[str, str]:
+        return (default_db, _unquote(first)) if second is None else (_unquote(first), _unquote(second))
+
+    body = _body(query)
+    alter = _ALTER.match(body)
+    if alter is None:
+        return []
+    op = _PARTITION_OP.search(body, alter.end())
+    if op is None:
+        return []
+    g = op.groups()
+    table = name(alter.group(1), alter.group(2))
+    if g[0] is not None:
+        return [(table, f"{g[0].upper()} PARTITION")]
+    verb, other = (
+        ("EXCHANGE PARTITION", g[2:4])
+        if g[1]
+        else ("CONVERT PARTITION", g[5:7])
+        if g[4]
+        else ("CONVERT TABLE", g[8:10])
+    )
+    return [(table, verb), (name(other[0], other[1]), verb)]
 
 
 def statement_dml(query: str) -> str | None:
