@@ -359,6 +359,46 @@ async def test_a_listed_table_dropped_while_streaming_is_named_once(postgres: Po
     )
 
 
+async def test_partitions_attached_with_rows_or_detached_while_streaming_are_named(
+    postgres: Postgres,
+) -> None:
+    """A table attached as a partition of a captured table (the fast bulk load) brings rows no
+    change ever carried; a partition detached takes rows away without a change. Both went by
+    without a word. Each is named at the next publication check; a partition made with CREATE
+    TABLE ... PARTITION OF (new, its rows arrive as changes) is not."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(
+        "CREATE TABLE orders (id int, day int, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)"
+    )
+    await conn.execute("CREATE TABLE orders_1 PARTITION OF orders FOR VALUES FROM (1) TO (2)")
+    await conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    src = source(postgres, db, tables=["public.orders", "public.other"])
+    await src.open(None)
+    await src.watch.stop()  # asked by hand below, between the statements
+    await conn.execute("CREATE TABLE staging (id int, day int, PRIMARY KEY (id, day))")
+    await conn.execute("INSERT INTO staging SELECT g, 2 FROM generate_series(1, 100) g")
+    with capture_logs() as logs:
+        assert await src.watch._ask(src._conn) is None  # staging exists, not a partition yet
+        await conn.execute("ALTER TABLE orders ATTACH PARTITION staging FOR VALUES FROM (2) TO (3)")
+        await conn.execute("CREATE TABLE orders_3 PARTITION OF orders FOR VALUES FROM (3) TO (4)")
+        await conn.execute("INSERT INTO orders VALUES (1, 3)")  # into the new partition: a change
+        await conn.execute("ALTER TABLE orders DETACH PARTITION orders_1")
+        assert await src.watch._ask(src._conn) is None
+        assert await src.watch._ask(src._conn) is None  # said once
+    await src.close()
+    await conn.close()
+    said = [
+        (e["event"], e["table"], e["partitions"])
+        for e in logs
+        if e["event"].startswith("captured_partition_")
+    ]
+    assert said == [
+        ("captured_partition_attached", "public.orders", ["staging"]),
+        ("captured_partition_detached", "public.orders", ["orders_1"]),
+    ]
+
+
 async def test_a_table_set_unlogged_while_streaming_is_position_lost(postgres: Postgres) -> None:
     """A publication naming a table keeps it from being set UNLOGGED; one FOR TABLES IN SCHEMA or
     FOR ALL TABLES does not, and the table's changes then leave the WAL: pgoutput went silent on

@@ -18,6 +18,7 @@ import structlog
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
 from deltaforge.sources.postgres.identity import refuse_without_identity, without_identity
 from deltaforge.sources.postgres.names import quote_ident, quote_table
+from deltaforge.sources.postgres.partitions import PartitionWatch
 
 _PUBLICATION = "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1"
 
@@ -294,6 +295,7 @@ class PublicationWatch:
         self._next = 0.0
         self.named: set[str] = set()
         """Tables whose drop was logged (once each)."""
+        self.partitions = PartitionWatch()
 
     async def opened(
         self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
@@ -308,6 +310,8 @@ class PublicationWatch:
                 raise PositionLost(f"{out} since the last run: what it left out was never published")
         await check_publication(conn, self.publication, self.listed, create, who)
         self.at_open = await memberships(conn, self.publication, self.listed)
+        if self.at_open is not None:
+            await self.partitions.opened(conn, self.at_open["oids"])
         if self.listed and self.at_open is not None and self.at_open["unlogged"]:
             # (all tables: check_publication named them) published by their schema, which does not
             # keep a table from being unlogged: nothing of it reaches the WAL
@@ -338,8 +342,11 @@ class PublicationWatch:
 
     async def _ask(self, conn: asyncpg.Connection) -> str | None:
         """What the publication left out since open (None: nothing); a listed table dropped since
-        is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE)."""
+        is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE), and partitions
+        attached or detached since the last ask (see ``partitions.py``)."""
         gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
+        if gone is None and now is not None:
+            await self.partitions.check(conn, now["oids"])
         if gone is None and now is not None and self.at_open is not None:
             for table in await dropped(conn, self.at_open, now, self.named):
                 self.named.add(table)
