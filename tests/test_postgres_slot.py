@@ -386,8 +386,9 @@ async def test_partitions_attached_with_rows_or_detached_while_streaming_are_nam
         await conn.execute("ALTER TABLE orders DETACH PARTITION orders_1")
         assert await src.watch._ask(src._conn) is None
         assert await src.watch._ask(src._conn) is None  # said once
+    [ev] = await read_n(src, 1)
+    memo = src.memo()
     await src.close()
-    await conn.close()
     said = [
         (e["event"], e["table"], e["partitions"])
         for e in logs
@@ -397,6 +398,16 @@ async def test_partitions_attached_with_rows_or_detached_while_streaming_are_nam
         ("captured_partition_attached", "public.orders", ["staging"]),
         ("captured_partition_detached", "public.orders", ["orders_1"]),
     ]
+    # While stopped: the next opening compares with what the last one noted.
+    await conn.execute("ALTER TABLE orders DETACH PARTITION orders_3")
+    again = source(postgres, db, tables=["public.orders", "public.other"])
+    again.remembered = memo
+    with capture_logs() as logs:
+        await again.open(ev.checkpoint)
+    await again.close()
+    await conn.close()
+    said = [(e["event"], e["partitions"]) for e in logs if e["event"].startswith("captured_partition_")]
+    assert ("captured_partition_detached", ["orders_3"]) in said
 
 
 async def test_a_table_set_unlogged_while_streaming_is_position_lost(postgres: Postgres) -> None:

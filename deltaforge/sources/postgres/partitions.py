@@ -15,6 +15,8 @@ between two checks (5 s apart) is taken for a new partition.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import structlog
 
@@ -30,11 +32,22 @@ class PartitionWatch:
         self.trees: dict[str, set[int]] = {}
         self.newest = 0
 
-    async def opened(self, conn: asyncpg.Connection, oids: dict[str, int]) -> None:
-        """Note each listed table's partitions as they are now."""
-        self.trees = {table: set(await conn.fetchval(_TREE, oid)) for table, oid in oids.items()}
-        self.trees = {table: tree for table, tree in self.trees.items() if tree}
+    async def opened(
+        self, conn: asyncpg.Connection, oids: dict[str, int], noted: dict[str, Any] | None
+    ) -> None:
+        """Note each listed table's partitions as they are now; with what the last run noted
+        (:meth:`memo`, resuming on the same server), name what was attached or detached since."""
+        if noted:
+            self.trees = {str(t): {int(p) for p in parts} for t, parts in (noted.get("trees") or {}).items()}
+            self.newest = int(noted.get("newest") or 0)
+            await self.check(conn, oids)
+        trees = {table: set(await conn.fetchval(_TREE, oid)) for table, oid in oids.items()}
+        self.trees = {table: tree for table, tree in trees.items() if tree}
         self.newest = int(await conn.fetchval(_NEWEST)) if self.trees else 0
+
+    def memo(self) -> dict[str, Any]:
+        """What the next opening compares with."""
+        return {"trees": {t: sorted(parts) for t, parts in self.trees.items()}, "newest": self.newest}
 
     async def check(self, conn: asyncpg.Connection, oids: dict[str, int]) -> None:
         """Name the partitions attached to (holding rows) or detached from a listed table since the

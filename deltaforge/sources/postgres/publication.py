@@ -304,14 +304,17 @@ class PublicationWatch:
         ran; maybe put back, or about to be added again by :func:`check_publication`) had its
         changes of that time never published, so ``resuming`` from a checkpoint is position lost
         for it. Then the publication's own checks, and what it covers now is noted."""
-        if resuming and noted is not None and noted.get("publication_name") == self.publication:
+        same = resuming and noted is not None and noted.get("publication_name") == self.publication
+        if same:
             now = await memberships(conn, self.publication, self.listed)
-            if (out := out_in_between(noted, now, self.publication)) is not None:
+            if (out := out_in_between(noted or {}, now, self.publication)) is not None:
                 raise PositionLost(f"{out} since the last run: what it left out was never published")
         await check_publication(conn, self.publication, self.listed, create, who)
         self.at_open = await memberships(conn, self.publication, self.listed)
         if self.at_open is not None:
-            await self.partitions.opened(conn, self.at_open["oids"])
+            await self.partitions.opened(
+                conn, self.at_open["oids"], (noted or {}).get("partitions") if same else None
+            )
         if self.listed and self.at_open is not None and self.at_open["unlogged"]:
             # (all tables: check_publication named them) published by their schema, which does not
             # keep a table from being unlogged: nothing of it reaches the WAL
@@ -324,7 +327,9 @@ class PublicationWatch:
 
     def memo(self) -> dict[str, Any] | None:
         """What the next opening compares with (None before an opening)."""
-        return None if self.at_open is None else {"publication_name": self.publication, **self.at_open}
+        if self.at_open is None:
+            return None
+        return {"publication_name": self.publication, **self.at_open, "partitions": self.partitions.memo()}
 
     def poll(self, conn: asyncpg.Connection | None) -> None:
         """Raise :class:`PositionLost` when the last check found something left out; start the
