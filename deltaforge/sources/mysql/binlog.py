@@ -29,26 +29,10 @@ class DecoderSettings(TypedDict):
 HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)
 
 
-def open_reader(cfg: DecoderSettings, resume: BinlogPosition) -> Any:
-    """A blocking ``BinLogStreamReader`` from ``resume``, for the events the decoder reads."""
+def open_reader(cfg: DecoderSettings, resume: BinlogPosition, only_events: list[type]) -> Any:
+    """A blocking ``BinLogStreamReader`` from ``resume``, for the event classes the decoder reads
+    (``only_events``: it imports them for its own loop)."""
     from pymysqlreplication import BinLogStreamReader, binlogstream
-    from pymysqlreplication.event import (
-        GtidEvent,
-        HeartbeatLogEvent,
-        MariadbGtidEvent,
-        NotImplementedEvent,
-        QueryEvent,
-        RotateEvent,
-        XAPrepareEvent,
-        XidEvent,
-    )
-    from pymysqlreplication.row_event import (
-        DeleteRowsEvent,
-        PartialUpdateRowsEvent,
-        TableMapEvent,
-        UpdateRowsEvent,
-        WriteRowsEvent,
-    )
 
     from deltaforge.sources.mysql.connection import Connection
 
@@ -73,25 +57,11 @@ def open_reader(cfg: DecoderSettings, resume: BinlogPosition) -> Any:
         # The library's MariaDB dump ignores file and position: by file, use the MySQL-style dump
         # (MariaDB serves it too, and still marks its own GTID events).
         is_mariadb=cfg["is_mariadb"] and not cfg["by_file"],
-        only_events=[
-            WriteRowsEvent,
-            UpdateRowsEvent,
-            DeleteRowsEvent,
-            PartialUpdateRowsEvent,  # never decoded: halts below (left out, it was skipped)
-            XidEvent,
-            QueryEvent,
-            RotateEvent,
-            MariadbGtidEvent,
-            GtidEvent,
-            HeartbeatLogEvent,
-            NotImplementedEvent,
-            XAPrepareEvent,
-            TableMapEvent,  # its column types decode the rows after it: its checksum counts too
-        ],
+        only_events=only_events,
         only_schemas=[d.lower() if fold_case else d for d in cfg["schemas"]] or None,
-        filter_non_implemented_events=False,  # they are checked for undecodable rows below
+        filter_non_implemented_events=False,  # the decoder checks them for undecodable rows
         slave_heartbeat=HEARTBEAT_S,
-        # Each event's CRC32 (binlog_checksum=CRC32, the default) is checked below; the library
+        # Each event's CRC32 (binlog_checksum=CRC32, the default) is checked by the decoder; the library
         # only logs a mismatch and goes on decoding the damaged bytes.
         verify_checksum=True,
         **kw,

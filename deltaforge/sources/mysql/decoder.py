@@ -104,6 +104,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     )
     from pymysqlreplication.row_event import (
         DeleteRowsEvent,
+        PartialUpdateRowsEvent,
         TableMapEvent,
         UpdateRowsEvent,
         WriteRowsEvent,
@@ -114,7 +115,23 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
     wanted, named, patterns = captured.wanted, captured.named, captured.patterns
     resume = BinlogPosition.from_doc(cfg["resume"])
-    reader = open_reader(cfg, resume)
+    reader = open_reader(
+        cfg,
+        resume,
+        [
+            *rows_types,
+            PartialUpdateRowsEvent,  # never decoded: halts below (left out, it was skipped)
+            XidEvent,
+            QueryEvent,
+            RotateEvent,
+            MariadbGtidEvent,
+            GtidEvent,
+            HeartbeatLogEvent,
+            NotImplementedEvent,
+            XAPrepareEvent,
+            TableMapEvent,  # its column types decode the rows after it: its checksum counts too
+        ],
+    )
     file = resume.file
     tx_start = resume.resume_pos  # where the transaction being read began in ``file``
     tx_gtid = resume.gtid

@@ -131,8 +131,9 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
 
 Memberships = dict[str, Any]
 """Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
-{table: [row, ...]}, "oids": {table: oid}, "unlogged": [table, ...]}``, each row ``table:<pg_publication_rel oid>`` (the table's or an ancestor's)
-or ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
+{table: [row, ...]}, "oids": {table: oid}, "unlogged": [table, ...]}``, each row
+``table:<pg_publication_rel oid>`` (the table's or an ancestor's) or
+``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
 and putting it back makes a new one, so two of these with no row in common for a table mean it was
 out in between (or that ``SET TABLE`` changed its row filter or column list, which replaces the
 row); the rows replicate with the catalog, so a standby promoted has the same."""
@@ -225,8 +226,8 @@ _GONE = "SELECT array(SELECT x FROM unnest($1::oid[]) x WHERE NOT EXISTS (SELECT
 async def dropped(
     conn: asyncpg.Connection, at_open: Memberships, now: Memberships, known: set[str]
 ) -> list[str]:
-    """The listed tables that existed at open and exist no more (but those ``known``). A table found under no name it
-    had may have been renamed (the publication follows it, and its changes arrive under the new
+    """The listed tables that existed at open and exist no more (but those ``known``). A table
+    found under no name it had may have been renamed (the publication follows it, and its changes arrive under the new
     name) or dropped: pgoutput sends nothing for a DROP TABLE."""
     was: dict[str, int] = at_open.get("oids") or {}
     unnamed = {oid: t for t, oid in was.items() if t not in now["oids"] and t not in known}
