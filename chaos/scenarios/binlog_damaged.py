@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 
 from chaos.harness import file_changes
-from chaos.runner import Failed, RunContext
-from chaos.scenarios.rig import mariadb_to_file, wait_for
+from chaos.runner import RunContext
+from chaos.scenarios.rig import halts_saying, mariadb_to_file, wait_for
 from tests.helpers import damage_on_disk
 from tests.serve_proc import Serve
 
@@ -42,11 +42,7 @@ def run(ctx: RunContext) -> None:
         damage_on_disk(binlog, MARK)  # in the rows event (the statement's annotation holds it first)
         serve = stack.enter_context(Serve(ctx.workdir, *args))
         serve.wait_api()
-        took = wait_for(lambda: serve.get("/health").status_code == 503, 120, "/health 503")
-        ctx.figures["halted_after_s"] = round(took, 1)
-        reasons = " ".join(serve.get("/health").json().get("reasons", []))
-        if "CRC32 checksum" not in reasons or f"{binlog.name}:" not in reasons:
-            raise Failed(f"/health does not say what and where: {reasons!r}")
+        reasons = halts_saying(ctx, serve, "CRC32 checksum", f"{binlog.name}:")
         ctx.figures["reason"] = reasons[reasons.find("the binlog event") :][:100]
         got = file_changes(events)
         ctx.figures["delivered"], ctx.figures["before the damage"] = len(got), len(before)

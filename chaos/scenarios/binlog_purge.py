@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-from chaos.runner import Failed, RunContext
-from chaos.scenarios.rig import mariadb_to_file, wait_for
+from chaos.runner import RunContext
+from chaos.scenarios.rig import halts_saying, mariadb_to_file, wait_for
 from tests.serve_proc import Serve
 
 
@@ -26,9 +26,5 @@ def run(ctx: RunContext) -> None:
         db.purge_all_but_newest("mysql-bin.000001")
         serve = stack.enter_context(Serve(ctx.workdir, *args))
         serve.wait_api()
-        took = wait_for(lambda: serve.get("/health").status_code == 503, 60, "/health 503")
-        ctx.figures["halted_after_s"] = round(took, 1)
-        reasons = " ".join(serve.get("/health").json().get("reasons", []))
-        if "position lost" not in reasons or "Re-snapshot required." not in reasons:
-            raise Failed(f"/health does not say why: {reasons!r}")
+        reasons = halts_saying(ctx, serve, "position lost", "Re-snapshot required.", timeout=60)
         ctx.figures["reason"] = reasons[:120]

@@ -15,8 +15,8 @@ import os
 import signal
 
 from chaos.harness import file_changes
-from chaos.runner import Failed, RunContext
-from chaos.scenarios.rig import mariadb_to_file, wait_for
+from chaos.runner import RunContext
+from chaos.scenarios.rig import halts_saying, mariadb_to_file, wait_for
 from tests.serve_proc import Serve
 
 
@@ -47,9 +47,5 @@ def run(ctx: RunContext) -> None:
             workload.transaction()
         ctx.figures["gtid before the crash"], ctx.figures["gtid now"] = before, db.gtid_binlog_pos()
         rig.proxy.enable()
-        took = wait_for(lambda: serve.get("/health").status_code == 503, 120, "/health 503")
-        ctx.figures["halted_after_s"] = round(took, 1)
-        reasons = " ".join(serve.get("/health").json().get("reasons", []))
-        if "lost the end of it" not in reasons or "Re-snapshot required." not in reasons:
-            raise Failed(f"/health does not say why: {reasons!r}")
+        reasons = halts_saying(ctx, serve, "lost the end of it", "Re-snapshot required.")
         ctx.figures["reason"] = reasons[reasons.find("binlog file") :][:140]

@@ -47,6 +47,17 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
+def halts_saying(ctx: RunContext, serve: Serve, *says: str, timeout: float = 120) -> str:
+    """Until serve's /health answers 503; fails the scenario unless its reasons hold each of ``says``.
+    Notes how long it took (``halted_after_s``); returns the reasons."""
+    took = wait_for(lambda: serve.get("/health").status_code == 503, timeout, "/health 503")
+    ctx.figures["halted_after_s"] = round(took, 1)
+    reasons = " ".join(serve.get("/health").json().get("reasons", []))
+    if not all(s in reasons for s in says):
+        raise Failed(f"/health does not say why ({' / '.join(says)}): {reasons!r}")
+    return reasons
+
+
 def settle(
     read: Callable[[], list[Change]], want: set[Change], timeout: float, quiet: float = 15
 ) -> float | None:

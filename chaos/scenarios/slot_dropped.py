@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import psycopg
 
-from chaos.runner import Failed, RunContext
-from chaos.scenarios.rig import postgres_rig, wait_for
+from chaos.runner import RunContext
+from chaos.scenarios.rig import halts_saying, postgres_rig
 
 
 def run(ctx: RunContext) -> None:
@@ -20,10 +20,6 @@ def run(ctx: RunContext) -> None:
         with psycopg.connect(rig.pg.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot('chaos')")
         serve = rig.launch()
-        took = wait_for(lambda: serve.get("/health").status_code == 503, 60, "/health 503")
-        ctx.figures["halted_after_s"] = round(took, 1)
-        reasons = " ".join(serve.get("/health").json().get("reasons", []))
         want = "position lost: replication slot 'chaos' does not exist"
-        if want not in reasons or "Re-snapshot required." not in reasons:
-            raise Failed(f"/health does not say why: {reasons!r}")
+        reasons = halts_saying(ctx, serve, want, "Re-snapshot required.", timeout=60)
         ctx.figures["reason"] = reasons[:120]

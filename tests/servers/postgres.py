@@ -6,6 +6,7 @@ import glob
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from tests.serve_proc import free_port
 from tests.servers.base import ServerProcess
@@ -73,6 +74,17 @@ class Postgres(ServerProcess):
     def resume(self) -> None:
         """Start it again after :meth:`halt`, on the same port."""
         self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+
+    def copy_files(self) -> Path:
+        """A copy of the files of the server, stopped by :meth:`halt` (what a disk snapshot holds)."""
+        copy = self.dir / "copy"
+        subprocess.run(["cp", "-a", str(self.data), str(copy)], check=True, timeout=120)  # keeps the owner
+        return copy
+
+    def restore_files(self, copy: Path) -> None:
+        """Put the server's files back as :meth:`copy_files` took them (stopped by :meth:`halt`)."""
+        shutil.rmtree(self.data)
+        copy.rename(self.data)
 
     def dsn(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"

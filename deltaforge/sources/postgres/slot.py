@@ -1,4 +1,4 @@
-"""The replication slot, on the source's control connection.
+"""The replication slot and the WAL it reads, on the source's control connection.
 
 A slot is held by at most one walsender. The one of a stream that just stopped exits when the
 server notices its connection closed, in its own time: until then the slot is active, and
@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 
 import asyncpg
+import structlog
 
-from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.base import PositionLost, SourceUnavailable
 from deltaforge.sources.postgres.identity import refuse_without_identity
 from deltaforge.sources.postgres.names import quote_table
+from deltaforge.sources.postgres.pgoutput import format_lsn, parse_lsn
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
@@ -29,6 +31,46 @@ async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: 
         )
         await conn.execute(f'CREATE PUBLICATION "{publication}" {target}')
     await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+
+
+WAL_END = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text"
+"""How far the server's WAL reaches on disk, as far as it knows: its flush position (a standby: what
+it has replayed). Decoding reads no further, so no position deltaforge was handed lies past it."""
+
+FSYNC_OFF = (
+    "fsync is off: the WAL deltaforge reads may not be on disk, so a crash of the server's machine can "
+    "lose transactions deltaforge has already delivered (a checkpoint past the WAL's end then stops the "
+    "pipeline as position lost); set fsync=on"
+)
+
+
+async def check_within_wal(conn: asyncpg.Connection, checkpoint: int) -> None:
+    """Raise :class:`PositionLost` for a checkpoint past the end of the server's WAL (:data:`WAL_END`).
+
+    It was read from WAL the server no longer has: restored from a copy of its files (a disk
+    snapshot), or a crash of its machine with ``fsync`` off. The server writes new transactions at
+    positions deltaforge has passed; the slot, moved to the checkpoint, would stop at the WAL's end
+    (``pg_replication_slot_advance`` clamps without a word) and the decoder would skip them as
+    delivered. Once new WAL reaches past the checkpoint this no longer shows: that is why it is
+    checked at every opening, and deltaforge reconnects as soon as the server is back.
+    """
+    found = await conn.fetchval(WAL_END)
+    end = None if found is None else parse_lsn(str(found))
+    if end is not None and checkpoint > end:
+        raise PositionLost(
+            f"the server's WAL ends at {format_lsn(end)}, before the checkpoint {format_lsn(checkpoint)}: it "
+            "lost WAL deltaforge had read and delivered (restored from a copy of its files, or a crash of its "
+            "machine with fsync off), and writes new transactions at positions already passed"
+        )
+
+
+async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:
+    """Log a warning (``source_durability``) for settings under which a crash of the server's machine
+    loses what deltaforge delivered: ``fsync`` off."""
+    if await conn.fetchval("SHOW fsync") == "off":
+        structlog.get_logger().warning(
+            "source_durability", actor="PostgresSource", source=who, risk=FSYNC_OFF
+        )
 
 
 async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:

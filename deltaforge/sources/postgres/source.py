@@ -177,6 +177,7 @@ class PostgresSource(Source):
             raise SourceMisconfigured(
                 f"postgres source {self.id!r}: wal_level is {level}; set wal_level=logical"
             )
+        await slot_ops.name_durability_risks(conn, self.id)
         slot = await conn.fetchrow(
             "SELECT confirmed_flush_lsn, plugin, database FROM pg_replication_slots WHERE slot_name = $1",
             self.slot,
@@ -220,6 +221,7 @@ class PostgresSource(Source):
                     f"{format_lsn(safe)}; the changes in between were consumed elsewhere"
                 )
             else:
+                await slot_ops.check_within_wal(conn, safe)
                 await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
