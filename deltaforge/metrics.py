@@ -115,6 +115,11 @@ _SINK_COUNTERS = (  # deltaforge_sink_<name>_total: (name, help, SinkStats attri
     ("transaction_commits", "Sink transactions committed.", "txn_commits"),
     ("transaction_aborts", "Sink transactions aborted.", "txn_aborts"),
     ("dead_letters", "Poison events a sink sent to the DLQ.", "dead_letters"),
+    (
+        "lost_acknowledged",
+        "Times the sink's server was found without entries it had acknowledged.",
+        "lost_acknowledged",
+    ),
 )
 
 

@@ -10,11 +10,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from structlog.testing import capture_logs
+
 from deltaforge.config import PipelineConfig, parse_pipeline
 from deltaforge.configmodel import SinkConfig
 from deltaforge.events import Event, SourceInfo
 from deltaforge.position import Position, PositionDoc, as_int
-from deltaforge.sinks.base import Sink
+from deltaforge.sinks.base import RetryableSinkError, Sink
 from deltaforge.sinks.stdout import StdoutSinkConfig
 from deltaforge.sources.base import Source, own_position
 from deltaforge.state.checkpoints import MemoryCheckpointStore
@@ -223,3 +225,17 @@ class NeverDurable(MemoryCheckpointStore):
         if self.key in values:
             await asyncio.Event().wait()
         await super().put_many(values)
+
+
+async def losses_named(sink: Sink[Any], first: int, n: int = 5) -> list[dict[str, Any]]:
+    """Deliver events ``first``.. (``n``) as a delivery worker does, once more on a new connection
+    when the first attempt finds the old one closed (the server restarted); the
+    ``sink_lost_acknowledged`` entries logged meanwhile."""
+    batch = [make_event(i) for i in range(first, first + n)]
+    with capture_logs() as logs:
+        try:
+            await sink.deliver(batch)
+        except RetryableSinkError:
+            await sink.close()
+            await sink.deliver(batch)
+    return [e for e in logs if e["event"] == "sink_lost_acknowledged"]

@@ -23,6 +23,7 @@ MODULES = [
     "deltaforge.sources.mysql.binlog",
     "deltaforge.snapshot.window",
     "deltaforge.sinks.durability",
+    "deltaforge.sinks.acknowledged",
     "deltaforge.api.listen",
 ]
 

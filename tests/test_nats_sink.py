@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.kit import PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
 from tests.servers.nats import Nats, NatsCluster, PlainNats, stream_leader
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
@@ -244,3 +245,37 @@ def test_server_stopped_for_a_minute_is_waited_for_and_nothing_is_lost(
     ]
     assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
     assert got == [int(r[0]) for r in rows]  # every change, in order, none lost
+
+
+async def test_a_stream_that_lost_acknowledged_messages_is_named_once_per_loss() -> None:
+    """An operator's stream held in memory loses every message in a restart of its server, and
+    deltaforge will not send them again: the next batch's first sequence shows the stream ending
+    before what it acknowledged, and the sink says so, once. Another publisher and repeated
+    message ids (acknowledged as duplicates, with their first copy's sequence) are not a loss."""
+    with Nats() as server:
+        nc = await nats.connect(server.url())
+        await nc.jetstream().add_stream(
+            name="MEM", subjects=["mem.>"], storage=nats.js.api.StorageType.MEMORY
+        )
+        cfg = parse_pipeline(nats_doc(server.url(), stream="MEM", subject="mem.${source.table}"), env={})
+        sink = NatsSink(cfg.sinks[0])
+
+        assert await losses_named(sink, 1) == []
+        await nc.jetstream().publish("mem.other", b"{}")
+        assert await losses_named(sink, 6) == []
+        assert await losses_named(sink, 1) == [] and sink.duplicates == 5  # a replay: duplicates
+        await nc.close()
+        server.kill(signal.SIGKILL)
+        server.start()  # same port and store
+        nc = await nats.connect(server.url())
+        assert await nc.jetstream().streams_info() == []  # a memory stream goes with its server
+        await nc.jetstream().add_stream(
+            name="MEM", subjects=["mem.>"], storage=nats.js.api.StorageType.MEMORY
+        )
+        await nc.close()
+        [said] = await losses_named(sink, 11)
+        assert (said["log_level"], said["sink"], said["where"]) == ("error", "n", "MEM")
+        assert (said["acknowledged"], said["now_ends_at"]) == ("11", "0")
+        assert await losses_named(sink, 16) == []  # said once: the stream goes on from its new end
+        assert sink.lost_acknowledged == 1
+        await sink.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.kit import PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
 from tests.servers.redis import Redis, restart
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
@@ -214,3 +216,33 @@ async def test_settings_that_can_lose_acknowledged_entries_are_named_once_per_si
     risks, unknown = await risks_of(redis_server.uri().replace("redis://", "redis://noconfig:pw@"), 7)
     assert risks == [] and len(unknown) == 1 and "CONFIG GET refused" in unknown[0]["reason"]
     assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 9))  # nothing held up
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(exactly_once: bool) -> None:
+    """Redis restarted without its data (what its defaults do to everything since the last RDB
+    save) no longer has entries it acknowledged, and deltaforge will not send them again: the
+    next batch finds the stream ending before them, and says so, once. Other writers, XDEL and
+    trimming never move a stream's last ID back, and are not taken for a loss."""
+    with Redis() as server:
+        sink = RedisSink(parse_pipeline(redis_doc(server.uri(), exactly_once), env={}).sinks[0])
+        admin = server.client()
+
+        assert await losses_named(sink, 1) == []
+        admin.xadd("cdc.t", {"event": "{}", "idempotency_key": "another writer"})
+        last = admin.xrevrange("cdc.t", count=1)[0][0]
+        admin.xdel("cdc.t", last)  # a consumer deleting what it has read
+        admin.xtrim("cdc.t", maxlen=1)
+        assert await losses_named(sink, 6) == []
+        acknowledged = admin.xinfo_stream("cdc.t")["last-generated-id"].decode()
+        server.kill(signal.SIGKILL)
+        shutil.rmtree(server.dir / "appendonlydir")  # the restart finds nothing on disk
+        restart(server)
+        [said] = await losses_named(sink, 11)
+        assert (said["log_level"], said["sink"], said["where"]) == ("error", "r", "cdc.t")
+        assert (said["acknowledged"], said["now_ends_at"]) == (acknowledged, "0-0")
+        assert "snapshot the tables they came from again" in said["reason"]
+        assert await losses_named(sink, 16) == []  # said once: the stream goes on from its new end
+        assert sink.lost_acknowledged == 1
+        assert [int(d["event_id"]) for d in entries(server)] == list(range(11, 21))
+        await sink.close()

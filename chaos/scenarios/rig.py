@@ -86,6 +86,8 @@ class Sink:
     read: Callable[[], list[Change]]
     exactly_once: bool = False
     proxy: Proxy | None = None
+    server: Any = None
+    """The sink's own server, for a scenario that stops it (its proxy is what serve reaches)."""
 
 
 @dataclass
@@ -107,7 +109,7 @@ class Rig:
         proxy = self.ctx.proxies.proxy("redis", f"127.0.0.1:{server.port}")
         entry = {"type": "redis", "config": {"id": "redis", "uri": f"redis://127.0.0.1:{port_of(proxy)}/0",
                                               "stream": "cdc", "exactly_once": exactly_once}}  # fmt: skip
-        sink = Sink(entry, lambda: redis_changes(server.client(), "cdc"), exactly_once, proxy)
+        sink = Sink(entry, lambda: redis_changes(server.client(), "cdc"), exactly_once, proxy, server)
         self.sinks["redis"] = sink
         return sink
 

@@ -38,6 +38,8 @@ class SinkStats:
     retries: int = 0
     dead_letters: int = 0
     """Poison events this sink sent to the DLQ."""
+    lost_acknowledged: int = 0
+    """Times the sink's server was found without entries it had acknowledged (``acknowledged.py``)."""
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     """``retryable`` / ``non_retryable`` failed attempts (the metrics' ``kind`` label)."""
     checkpoint_at: float | None = None

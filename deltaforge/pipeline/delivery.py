@@ -229,6 +229,7 @@ class DeliveryWorker(Actor):
         # transactional sinks count their own commits and aborts
         self.stats.txn_commits = int(getattr(self.sink, "commits", 0))
         self.stats.txn_aborts = int(getattr(self.sink, "aborts", 0))
+        self.stats.lost_acknowledged = self.sink.lost_acknowledged
         assert self.position is not None
         return BatchDelivered(self.sink_id, batch.id, self.position, len(events))
 

@@ -58,6 +58,10 @@ class Sink(ABC, Generic[K]):
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
 
+    lost_acknowledged = 0
+    """How many times this run found the sink's server without entries it had acknowledged
+    (``acknowledged.py``; sinks that can tell count them)."""
+
     records_position = False
     """True for a sink that stores where the source stands together with each batch, atomically
     (:meth:`stored_position` reads it back): after a crash it is what the sink truly holds."""

@@ -21,6 +21,7 @@ from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks import durability
+from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -74,6 +75,7 @@ class NatsSink(Sink[NatsSinkConfig]):
         self._nc: Any = None
         self._js: Any = None
         self.duplicates = 0
+        self.acked = AckedEnds[int](self.id, "NatsSink", "stream sequence")
         self.last_error: str | None = None
         self._streams_read: set[str] = set()
         self._looked_up = False
@@ -186,9 +188,29 @@ class NatsSink(Sink[NatsSinkConfig]):
             raise RetryableSinkError(f"nats sink {self.id!r}: {type(exc).__name__}: {exc}") from None
         except jserr.APIError as exc:
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
-        self.duplicates += sum(1 for a in acks if getattr(a, "duplicate", False))
+        self._check_acks(acks)
         if not self.stream and not self._looked_up:
             await self._read_streams_of(set(subjects))
+
+    def _check_acks(self, acks: list[Any]) -> None:
+        """Count duplicates, and compare where each stream stood before this batch (its first new
+        message's sequence, less one) with what it acknowledged before (``acknowledged.py``).
+        Messages of one connection are stored in the order published; a duplicate's ack carries
+        the first copy's sequence, and is left out."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for a in acks:
+            if a.duplicate:
+                self.duplicates += 1
+            else:
+                first.setdefault(a.stream, a.seq)
+                last[a.stream] = a.seq
+        for stream, seq in first.items():
+            self.acked.check(stream, seq - 1, last[stream])
+
+    @property
+    def lost_acknowledged(self) -> int:  # type: ignore[override]
+        return self.acked.losses
 
     async def _unanswered(self, subjects: set[str]) -> SinkError:
         """Why no stream answered a publish, asked of JetStream's API: a subject no stream binds,

@@ -34,10 +34,29 @@ from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks import durability
+from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 from deltaforge.sinks.templates import Template, compile_template
 
-_EXACTLY_ONCE = """
+_LAST_ID = """
+local function last_id(key)
+  if redis.call('EXISTS', key) == 0 then return '0-0' end
+  local info = redis.call('XINFO', 'STREAM', key)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return info[i + 1] end
+  end
+  return '0-0'
+end
+local before = last_id(KEYS[1])
+local id = before
+"""
+"""Both scripts start by reading the stream's last ID (which trimming and XDEL leave alone) and
+return ``{added, that ID, the stream's last ID after}``: a stream that ends before what this sink
+was acknowledged lost entries (``acknowledged.py``)."""
+
+_EXACTLY_ONCE = (
+    _LAST_ID
+    + """
 local wm = redis.call('GET', KEYS[2]) or ''
 local maxlen = tonumber(ARGV[1])
 local added = 0
@@ -46,30 +65,34 @@ for i = 2, #ARGV, 3 do
   local pos = ARGV[i]
   if pos > last then
     if maxlen > 0 then
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event', ARGV[i + 1], 'idempotency_key', ARGV[i + 2])
+      id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event', ARGV[i + 1], 'idempotency_key', ARGV[i + 2])
     else
-      redis.call('XADD', KEYS[1], '*', 'event', ARGV[i + 1], 'idempotency_key', ARGV[i + 2])
+      id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[i + 1], 'idempotency_key', ARGV[i + 2])
     end
     last = pos
     added = added + 1
   end
 end
 if last ~= wm then redis.call('SET', KEYS[2], last) end
-return added
+return {added, before, id}
 """
+)
 
 
-_APPEND = """
+_APPEND = (
+    _LAST_ID
+    + """
 local maxlen = tonumber(ARGV[1])
 for i = 2, #ARGV, 2 do
   if maxlen > 0 then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
+    id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
   else
-    redis.call('XADD', KEYS[1], '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
+    id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[i], 'idempotency_key', ARGV[i + 1])
   end
 end
-return (#ARGV - 1) / 2
+return {(#ARGV - 1) / 2, before, id}
 """
+)
 
 PER_CALL = 1000
 """Events per script call: the server runs nothing else while a script runs, so a large batch
@@ -113,6 +136,11 @@ class RedisSink(Sink[RedisSinkConfig]):
         self._script: Any = None
         self._scripted = True  # False once the server refused the default mode's script
         self._settings_read = False
+        self.acked = AckedEnds[tuple[int, int]](self.id, "RedisSink", "stream ID")
+
+    @property
+    def lost_acknowledged(self) -> int:  # type: ignore[override]
+        return self.acked.losses
 
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
@@ -232,4 +260,12 @@ class RedisSink(Sink[RedisSinkConfig]):
             for r in results:
                 if isinstance(r, Exception):
                     raise r
+            for (keys, _), (_, before, after) in zip(calls, results, strict=True):
+                self.acked.check(keys[0], _stream_id(before), _stream_id(after))
             return
+
+
+def _stream_id(raw: bytes | str) -> tuple[int, int]:
+    """A stream ID (``ms-seq``) as a pair that sorts as Redis does."""
+    ms, _, seq = (raw.decode() if isinstance(raw, bytes) else raw).partition("-")
+    return int(ms), int(seq or 0)
