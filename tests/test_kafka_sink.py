@@ -11,6 +11,7 @@ import asyncpg
 import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, with_images
@@ -571,3 +572,46 @@ def test_the_stored_position_is_read_to_the_end_of_the_offsets_topic_over_a_slow
     finally:
         proxies.close()
     assert held == {"lsn": 30}
+
+
+async def test_exactly_once_names_a_broker_that_lost_batches_it_committed() -> None:
+    """Each committed batch records where it left the source; the delivery worker reads that
+    record back whenever it reconnects. Cut off from a broker that kept everything, the record is
+    where it left it, and nothing is said. After a broker that came back with nothing (this Tansu
+    keeps records in memory; a topic made again does the same) the record is behind what was
+    committed: the lost batches cannot be sent again, and the worker says so, once."""
+    n = 8000
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        cfg = parse_pipeline(kafka_doc(f"127.0.0.1:{proxy_port}", exactly_once=True, timeout_s=2), env={})
+        runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=PacedSource(n, chunk=200))
+        stats = runner.ctx.stats
+        with capture_logs() as logs:
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
+            failures = stats.commit_failures
+            proxy.down()
+            await wait_until(lambda: stats.commit_failures > failures, timeout=60, what="backing off")
+            proxy.up()
+            await progress(stats, 600)
+            assert [e for e in logs if e["event"] == "sink_lost_acknowledged"] == []
+            broker.kill()
+            broker.start()  # same port, nothing kept, back at once
+            broker.create_topic("cdc.t")
+            broker.create_topic("deltaforge.offsets", partitions=1)
+            await progress(stats, 600)
+            await wait_until(lambda: stats.events_committed >= n, timeout=90, what="all delivered")
+            await runner.drain()
+            await task
+    (lost,) = [e for e in logs if e["event"] == "sink_lost_acknowledged"]
+    assert (lost["log_level"], lost["sink"], lost["now_ends_at"]) == ("error", "k", None)
+    assert int(lost["acknowledged"]["seq"]) > 1000
+    assert stats.sinks["k"].lost_acknowledged == 1
+
+
+async def progress(stats: Any, more: int) -> None:
+    """Until ``more`` events past those committed now are committed."""
+    committed = stats.events_committed
+    await wait_until(lambda: stats.events_committed > committed + more, timeout=90, what="progress")

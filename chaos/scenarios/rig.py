@@ -143,7 +143,7 @@ class Rig:
         server.create_topic("cdc", partitions=1)
         entry = {"type": "kafka", "config": {"id": "kafka", "brokers": f"127.0.0.1:{port_of(proxy)}",
                                               "topic": "cdc", "timeout_s": 10, "exactly_once": exactly_once}}  # fmt: skip
-        sink = Sink(entry, lambda: kafka_changes(f"127.0.0.1:{port_of(proxy)}", "cdc"), False, proxy)
+        sink = Sink(entry, lambda: kafka_changes(f"127.0.0.1:{port_of(proxy)}", "cdc"), False, proxy, server)
         self.sinks["kafka"] = sink
         return sink
 

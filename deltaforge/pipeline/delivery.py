@@ -60,6 +60,9 @@ class DeliveryWorker(Actor):
         doc = await self.ctx.store.get(self.ctx.key(self.sink_id))
         self.position = self.ctx.source.load_position(doc) if doc is not None else None
         self.opened = False
+        self.recheck = False
+        """A sink that records its position failed a batch: read the record again before the retry
+        (the sink may have started over on a new connection, to a server that lost it)."""
         # The sink connects on the first batch, not here: a worker is "up" once it can take
         # batches, so a sink that is down does not hold back the start of the pipeline (its
         # first batch fails instead, and the coordinator retries it).
@@ -75,15 +78,35 @@ class DeliveryWorker(Actor):
         """What the sink itself recorded wins when it is further than the local checkpoint: a crash
         between the sink's commit and the checkpoint write left the checkpoint behind."""
         doc = await self.sink.stored_position()
-        if doc is None:
+        stored = self.ctx.source.load_position(doc) if doc is not None else None
+        self._check_record(stored)
+        if stored is None:
             return
-        ahead = advance(self.position, self.ctx.source.load_position(doc))
+        ahead = advance(self.position, stored)
         if ahead is not self.position:
             self.log.info(
                 "sink_position_ahead", sink=self.sink_id, sink_holds=doc,
                 checkpoint=self.position.to_doc() if self.position else None,
             )  # fmt: skip
             self.position = ahead
+
+    def _check_record(self, stored: Position | None) -> None:
+        """A record behind what the sink acknowledged earlier in this run: its server lost
+        committed data (a Kafka topic made again, a broker that kept nothing), with the records
+        of those batches. Said, as Redis and NATS sinks say it (``sinks/acknowledged.py``); what
+        was lost is not sent again (the checkpoint is past it)."""
+        given = self.sink.acknowledged
+        if given is None or (stored is not None and advance(stored, given) == stored):
+            return
+        self.sink.lost_acknowledged += 1
+        self.log.error(
+            "sink_lost_acknowledged", sink=self.sink_id, where="the sink's position record",
+            acknowledged=given.to_doc(), now_ends_at=stored.to_doc() if stored is not None else None,
+            reason="the server no longer has the position record (and so the batches) it acknowledged: "
+            "it lost them, or they were deleted. deltaforge does not send them again (its checkpoint is "
+            "past them): snapshot the tables they came from again",
+        )  # fmt: skip
+        self.sink.acknowledged = stored
 
     async def _reconnect(self) -> None:
         """Drop the connection after a failed batch: the next attempt opens a fresh one."""
@@ -106,7 +129,7 @@ class DeliveryWorker(Actor):
         error skips it. A part records its own last position (a sink that keeps positions with
         the data must never hold one past what it holds); ``end`` is the batch's."""
         try:
-            await self.sink.deliver(events, end)
+            await self._deliver(events, end)
         except PoisonEvent as exc:
             if len(events) == 1:
                 await self._poisoned(events[0], exc)
@@ -128,11 +151,16 @@ class DeliveryWorker(Actor):
         timer = asyncio.get_running_loop().call_later(UNANSWERED_S, self._unanswered)
         try:
             try:
-                await self.sink.deliver(events, end)
+                await self._deliver(events, end)
             except PoisonEvent:
                 await self._isolate(events, end)
         finally:
             timer.cancel()
+
+    async def _deliver(self, events: list[Event], end: Position) -> None:
+        await self.sink.deliver(events, end)
+        if self.sink.records_position:
+            self.sink.acknowledged = advance(self.sink.acknowledged, end)
 
     def _unanswered(self) -> None:
         self.ctx.availability.down(
@@ -192,6 +220,9 @@ class DeliveryWorker(Actor):
             for attempt in range(1, ATTEMPTS + 1):
                 try:
                     await self._open()
+                    if self.recheck:
+                        await self._adopt_sink_position()
+                        self.recheck = False
                     events = self._pending(batch)
                     if events:
                         await self._watched(events, batch.checkpoint)
@@ -199,6 +230,7 @@ class DeliveryWorker(Actor):
                 except Fatal:
                     raise
                 except SinkError as exc:
+                    self.recheck = self.sink.records_position
                     self.stats.errors += 1
                     kind = "retryable" if exc.retryable else "non_retryable"
                     self.stats.errors_by_kind[kind] = self.stats.errors_by_kind.get(kind, 0) + 1

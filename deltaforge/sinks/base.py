@@ -57,10 +57,13 @@ class Sink(ABC, Generic[K]):
         self.settings: K = config.config
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
-
-    lost_acknowledged = 0
-    """How many times this run found the sink's server without entries it had acknowledged
-    (``acknowledged.py``; sinks that can tell count them)."""
+        self.lost_acknowledged = 0
+        self.acknowledged: Position | None = None
+        """A sink that records its position: where the last batch it acknowledged in this run left
+        the source (its delivery worker keeps it here, across the worker's restarts). The record
+        read back may be further, never behind it."""
+        """How many times this run found the sink's server without what it had acknowledged
+        (``acknowledged.py``, and the delivery worker for a sink that records its position)."""
 
     records_position = False
     """True for a sink that stores where the source stands together with each batch, atomically

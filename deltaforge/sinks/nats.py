@@ -206,11 +206,7 @@ class NatsSink(Sink[NatsSinkConfig]):
                 first.setdefault(a.stream, a.seq)
                 last[a.stream] = a.seq
         for stream, seq in first.items():
-            self.acked.check(stream, seq - 1, last[stream])
-
-    @property
-    def lost_acknowledged(self) -> int:  # type: ignore[override]
-        return self.acked.losses
+            self.lost_acknowledged += self.acked.check(stream, seq - 1, last[stream])
 
     async def _unanswered(self, subjects: set[str]) -> SinkError:
         """Why no stream answered a publish, asked of JetStream's API: a subject no stream binds,

@@ -138,10 +138,6 @@ class RedisSink(Sink[RedisSinkConfig]):
         self._settings_read = False
         self.acked = AckedEnds[tuple[int, int]](self.id, "RedisSink", "stream ID")
 
-    @property
-    def lost_acknowledged(self) -> int:  # type: ignore[override]
-        return self.acked.losses
-
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
         self._script = self._client.register_script(_EXACTLY_ONCE if self.exactly_once else _APPEND)
@@ -261,7 +257,7 @@ class RedisSink(Sink[RedisSinkConfig]):
                 if isinstance(r, Exception):
                     raise r
             for (keys, _), (_, before, after) in zip(calls, results, strict=True):
-                self.acked.check(keys[0], _stream_id(before), _stream_id(after))
+                self.lost_acknowledged += self.acked.check(keys[0], _stream_id(before), _stream_id(after))
             return
 
 
