@@ -178,6 +178,25 @@ async def test_a_user_who_may_not_run_scripts_gets_one_xadd_per_event_and_exactl
     assert "evalsha" in str(info.value).lower()  # the refused command is named
 
 
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_user_who_may_not_read_a_streams_end_still_delivers(
+    redis_server: Redis, exactly_once: bool
+) -> None:
+    """The check for lost entries reads each stream's last ID (``EXISTS``, ``XINFO``) in the same
+    script; an ACL that refuses those leaves that check out, never the delivery."""
+    redis_server.client().acl_setuser(
+        "noinfo", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-xinfo", "-exists"]
+    )
+    uri = redis_server.uri().replace("redis://", "redis://noinfo:pw@")
+    sink = RedisSink(parse_pipeline(redis_doc(uri, exactly_once), env={}).sinks[0])
+    with capture_logs() as logs:
+        await sink.deliver([make_event(i) for i in range(1, 6)])
+        await sink.deliver([make_event(i) for i in range(6, 11)])
+    await sink.close()
+    assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 11))
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+
+
 async def test_settings_that_can_lose_acknowledged_entries_are_named_once_per_sink(
     redis_server: Redis,
 ) -> None:

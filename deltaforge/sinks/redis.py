@@ -40,19 +40,23 @@ from deltaforge.sinks.templates import Template, compile_template
 
 _LAST_ID = """
 local function last_id(key)
-  if redis.call('EXISTS', key) == 0 then return '0-0' end
-  local info = redis.call('XINFO', 'STREAM', key)
+  local exists = redis.pcall('EXISTS', key)
+  if type(exists) ~= 'number' then return '' end
+  if exists == 0 then return '0-0' end
+  local info = redis.pcall('XINFO', 'STREAM', key)
+  if type(info) ~= 'table' or info.err then return '' end
   for i = 1, #info, 2 do
     if info[i] == 'last-generated-id' then return info[i + 1] end
   end
-  return '0-0'
+  return ''
 end
 local before = last_id(KEYS[1])
 local id = before
 """
 """Both scripts start by reading the stream's last ID (which trimming and XDEL leave alone) and
 return ``{added, that ID, the stream's last ID after}``: a stream that ends before what this sink
-was acknowledged lost entries (``acknowledged.py``)."""
+was acknowledged lost entries (``acknowledged.py``). A user the ACL does not allow ``EXISTS`` or
+``XINFO`` gets ``''`` (not known), and no check."""
 
 _EXACTLY_ONCE = (
     _LAST_ID
@@ -257,7 +261,8 @@ class RedisSink(Sink[RedisSinkConfig]):
                 if isinstance(r, Exception):
                     raise r
             for (keys, _), (_, before, after) in zip(calls, results, strict=True):
-                self.lost_acknowledged += self.acked.check(keys[0], _stream_id(before), _stream_id(after))
+                if before:  # '' when the ACL hides the stream's last ID
+                    self.lost_acknowledged += self.acked.check(keys[0], _stream_id(before), _stream_id(after))
             return
 
 
