@@ -20,12 +20,13 @@ def run(ctx: RunContext) -> None:
     with postgres_rig(ctx) as rig:
         redis = rig.add_redis(exactly_once=True)
         kafka = rig.add_kafka(exactly_once=True)
-        rig.start()
+        serve = rig.start()
         rig.workload.start()
-        wait_for(lambda: len(redis.read()) > 200, 60, "Redis holds 200 changes")
-        wait_for(
-            lambda: len(kafka.read()) > 200, 60, "Kafka holds 200 changes"
-        )  # behind Redis: read once or so
+
+        def delivered(sink: str) -> int:
+            return int(serve.get("/pipelines/chaos").json()["counters"]["sinks"][sink]["events"])
+
+        wait_for(lambda: delivered("redis") > 200 and delivered("kafka") > 200, 60, "200 changes in each")
         redis.server.kill(signal.SIGKILL)
         shutil.rmtree(redis.server.dir / "appendonlydir")
         redis.server.start()  # same port, nothing kept
