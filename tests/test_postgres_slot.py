@@ -548,3 +548,49 @@ async def test_a_publication_that_would_break_updates_on_tables_without_identity
     await conn.close()
     said = [e for e in logs if e["event"] == "tables_without_replica_identity"]
     assert said and said[0]["tables"] == ["public.later"]
+
+
+async def test_publish_via_partition_root_turned_on_or_off_is_named(postgres: Postgres) -> None:
+    """``publish_via_partition_root`` decides the table name a partitioned table's changes arrive
+    under: a partition's, or the partitioned table's. Switched while streaming, or while stopped,
+    the same rows go to another topic or target table from then on without a word; now each
+    switch is named (nothing is lost, so it does not halt)."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE m (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    await conn.execute("CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)")
+    src = source(postgres, db, tables=["public.m"])
+    await src.open(None)
+    await src.watch.stop()  # asked by hand below
+    await conn.execute("INSERT INTO m VALUES (1)")
+    [first] = await read_n(src, 1)
+    with capture_logs() as logs:
+        assert await src.watch._ask(src._conn) is None  # unchanged: nothing said
+        await conn.execute(f"ALTER PUBLICATION p_{db} SET (publish_via_partition_root = true)")
+        await conn.execute("INSERT INTO m VALUES (2)")
+        assert await src.watch._ask(src._conn) is None
+        assert await src.watch._ask(src._conn) is None  # said once
+    [second] = await read_n(src, 1)
+    memo = src.memo()
+    await src.close()
+    assert (first.source.table, second.source.table) == ("m1", "m")
+    said = [
+        (e["event"], e["publish_via_partition_root"])
+        for e in logs
+        if e["event"].startswith("publication_via")
+    ]
+    assert said == [("publication_via_root_changed", True)]
+    # While stopped: the next opening compares with what the last one noted.
+    await conn.execute(f"ALTER PUBLICATION p_{db} SET (publish_via_partition_root = false)")
+    again = source(postgres, db, tables=["public.m"])
+    again.remembered = memo
+    with capture_logs() as logs:
+        await again.open(second.checkpoint)
+    await again.close()
+    await conn.close()
+    said = [
+        (e["event"], e["publish_via_partition_root"])
+        for e in logs
+        if e["event"].startswith("publication_via")
+    ]
+    assert said == [("publication_via_root_changed", False)]

@@ -131,7 +131,7 @@ async def _name_filters(conn: asyncpg.Connection, pub: int, publication: str) ->
 
 Memberships = dict[str, Any]
 """Which catalog rows make a publication cover what a source reads: ``{"publication": oid, "tables":
-{table: [row, ...]}, "oids": {table: oid}, "unlogged": [table, ...]}``, each row
+{table: [row, ...]}, "oids": {table: oid}, "unlogged": [table, ...], "via_root": bool}``, each row
 ``table:<pg_publication_rel oid>`` (the table's or an ancestor's) or
 ``schema:<pg_publication_namespace oid>``. Taking a table out of a publication deletes its row
 and putting it back makes a new one, so two of these with no row in common for a table mean it was
@@ -156,7 +156,8 @@ async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str])
         unlogged = list(await conn.fetchval(_UNLOGGED_OF, list(oids.values()))) if oids else []
     else:  # all tables
         unlogged = [str(r[0]) for r in await conn.fetch(_UNLOGGED)]
-    return {"publication": pub, "tables": tables, "oids": oids, "unlogged": unlogged}
+    via_root = bool(await conn.fetchval("SELECT pubviaroot FROM pg_publication WHERE oid = $1", pub))
+    return {"publication": pub, "tables": tables, "oids": oids, "unlogged": unlogged, "via_root": via_root}
 
 
 def out_in_between(before: Memberships, now: Memberships | None, publication: str) -> str | None:
@@ -312,6 +313,8 @@ class PublicationWatch:
                 raise PositionLost(f"{out} since the last run: what it left out was never published")
         await check_publication(conn, self.publication, self.listed, create, who)
         self.at_open = await memberships(conn, self.publication, self.listed)
+        if same and self.at_open is not None:
+            self._via_root_changed((noted or {}).get("via_root"), self.at_open["via_root"])
         if self.at_open is not None:
             await self.partitions.opened(
                 conn, self.at_open["oids"], (noted or {}).get("partitions") if same else None
@@ -353,6 +356,10 @@ class PublicationWatch:
         gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
         if gone is None and now is not None:
             await self.partitions.check(conn, now["oids"])
+            if self.at_open is not None and self._via_root_changed(
+                self.at_open.get("via_root"), now["via_root"]
+            ):
+                self.at_open["via_root"] = now["via_root"]
         if gone is None and now is not None and self.at_open is not None:
             for table in await dropped(conn, self.at_open, now, self.named):
                 self.named.add(table)
@@ -361,6 +368,22 @@ class PublicationWatch:
                     reason="DROP TABLE sends no change: the rows the sinks hold of it stay there",
                 )  # fmt: skip
         return gone
+
+    def _via_root_changed(self, was: bool | None, now: bool) -> bool:
+        """``publish_via_partition_root`` turned on or off (``was`` None: not noted): the changes of
+        partitioned tables arrive under another table name from now on, and sinks that route by
+        table (a topic, stream or target table named after it) take them elsewhere. Nothing is
+        lost, so it is said, not halted on."""
+        if was is None or was == now:
+            return False
+        structlog.get_logger().warning(
+            "publication_via_root_changed", actor="PostgresSource", publication=self.publication,
+            publish_via_partition_root=now,
+            reason="changes of partitioned tables now arrive under "
+            + ("the partitioned table's name" if now else "each partition's name")
+            + "; sinks that route by table name now put them elsewhere",
+        )  # fmt: skip
+        return True
 
     async def stop(self) -> bool:
         """Cancel a check in flight; True when it was still waiting for its answer, which leaves
