@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import shutil
 from decimal import Decimal
 from pathlib import Path
 
@@ -452,3 +453,37 @@ async def test_rows_changed_by_partition_maintenance_are_named(mariadb: MariaDB)
     ]
     assert all(e["at"].startswith("mysql-bin.") for e in logs if e["event"] == "captured_rows_changed_by_ddl")
     assert (ev.table, ev.after) == ("x", {"id": 5})
+
+
+async def test_a_tablespace_discarded_and_imported_under_a_captured_table_is_named(mariadb: MariaDB) -> None:
+    """A transportable tablespace (``DISCARD TABLESPACE``, the files copied in, ``IMPORT
+    TABLESPACE``) replaces a table's rows without a row event: the sinks kept the old ones without
+    a word. Both statements are named as the reader passes them."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("CREATE TABLE other (id INT PRIMARY KEY)")  # not captured: where the new rows come from
+        cur.execute("INSERT INTO t VALUES (1)")
+        cur.execute("INSERT INTO other VALUES (7), (8)")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    assert len(await read_n(src, 1)) == 1
+    files = mariadb.data / db
+    with capture_logs() as logs:  # said by the decoder's pump thread as soon as it meets them
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("FLUSH TABLES other FOR EXPORT")
+            for ext in ("ibd", "cfg"):
+                shutil.copyfile(files / f"other.{ext}", files / f"exported.{ext}")
+            cur.execute("UNLOCK TABLES")
+            cur.execute("ALTER TABLE t DISCARD TABLESPACE")
+            for ext in ("ibd", "cfg"):
+                (files / f"exported.{ext}").rename(files / f"t.{ext}")
+            cur.execute("ALTER TABLE t IMPORT TABLESPACE")
+            cur.execute("SELECT id FROM t ORDER BY id")
+            assert [r[0] for r in cur.fetchall()] == [7, 8]  # the rows changed, no change was logged
+            cur.execute("INSERT INTO t VALUES (9)")
+        [ev] = await read_n(src, 1)
+    await src.close()
+    said = [(e["table"], e["statement"]) for e in logs if e["event"] == "captured_rows_changed_by_ddl"]
+    assert said == [(f"{db}.t", "DISCARD TABLESPACE"), (f"{db}.t", "IMPORT TABLESPACE")]
+    assert ev.after == {"id": 9}

@@ -32,7 +32,9 @@ reader halts rather than skip them.
 Partition maintenance changes rows without row events too: ``DROP`` and ``TRUNCATE PARTITION``
 take a partition's rows away, ``EXCHANGE PARTITION … WITH TABLE`` swaps them with another
 table's, MariaDB's ``CONVERT PARTITION … TO TABLE`` moves them out and ``CONVERT TABLE … TO
-PARTITION`` moves a table's rows in. Those are named, not delivered (no change says which rows).
+PARTITION`` moves a table's rows in. So do transportable tablespaces: ``DISCARD TABLESPACE``
+drops a table's (or its partitions') data file, ``IMPORT TABLESPACE`` puts another in its place.
+Those are named, not delivered (no change says which rows).
 
     >>> repartitioned("ALTER TABLE t DROP PARTITION IF EXISTS p0, p1", "shop")
     [(('shop', 't'), 'DROP PARTITION')]
@@ -40,6 +42,8 @@ PARTITION`` moves a table's rows in. Those are named, not delivered (no change s
     [(('shop', 't'), 'EXCHANGE PARTITION'), (('other', 'x'), 'EXCHANGE PARTITION')]
     >>> repartitioned("ALTER TABLE t CONVERT TABLE y TO PARTITION p3 VALUES LESS THAN (40)", "shop")
     [(('shop', 't'), 'CONVERT TABLE'), (('shop', 'y'), 'CONVERT TABLE')]
+    >>> repartitioned("ALTER TABLE t IMPORT PARTITION p0, p1 TABLESPACE", "shop")
+    [(('shop', 't'), 'IMPORT TABLESPACE')]
     >>> repartitioned("ALTER TABLE t REORGANIZE PARTITION p0 INTO (PARTITION a VALUES LESS THAN (5))", "shop")
     []
 """
@@ -66,7 +70,8 @@ _RENAMED = re.compile(rf"{_NAME}\s+(?:RENAME(?:\s+(?:TO|AS))?|TO)\s+{_NAME}", re
 _ALTER = re.compile(rf"ALTER\s+(?:ONLINE\s+)?(?:IGNORE\s+)?TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s", re.I | re.S)
 _PARTITION_OP = re.compile(
     rf"\b(?:(DROP|TRUNCATE)\s+PARTITION\b|(EXCHANGE)\s+PARTITION\s+{_IDENT}\s+WITH\s+TABLE\s+{_NAME}"
-    rf"|(CONVERT)\s+PARTITION\s+{_IDENT}\s+TO\s+TABLE\s+{_NAME}|(CONVERT)\s+TABLE\s+{_NAME}\s+TO\s+PARTITION\b)",
+    rf"|(CONVERT)\s+PARTITION\s+{_IDENT}\s+TO\s+TABLE\s+{_NAME}|(CONVERT)\s+TABLE\s+{_NAME}\s+TO\s+PARTITION\b"
+    r"|(DISCARD|IMPORT)\s+(?:PARTITION\s+.*?)?TABLESPACE\b)",
     re.I | re.S,
 )
 _VERB = re.compile(r"(TRUNCATE|INSERT|UPDATE|DELETE|REPLACE|LOAD)\b", re.I)
@@ -149,6 +154,8 @@ def repartitioned(query: str, default_db: str) -> list[tuple[tuple[str, str], st
     table = name(alter.group(1), alter.group(2))
     if g[0] is not None:
         return [(table, f"{g[0].upper()} PARTITION")]
+    if g[10] is not None:
+        return [(table, f"{g[10].upper()} TABLESPACE")]
     verb, other = (
         ("EXCHANGE PARTITION", g[2:4])
         if g[1]
