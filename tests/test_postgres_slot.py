@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -400,11 +401,7 @@ async def test_partitions_attached_with_rows_or_detached_while_streaming_are_nam
     ]
     # While stopped: the next opening compares with what the last one noted.
     await conn.execute("ALTER TABLE orders DETACH PARTITION orders_3")
-    again = source(postgres, db, tables=["public.orders", "public.other"])
-    again.remembered = memo
-    with capture_logs() as logs:
-        await again.open(ev.checkpoint)
-    await again.close()
+    logs = await logs_of_reopening(postgres, db, ["public.orders", "public.other"], memo, ev)
     await conn.close()
     said = [(e["event"], e["partitions"]) for e in logs if e["event"].startswith("captured_partition_")]
     assert ("captured_partition_detached", ["orders_3"]) in said
@@ -582,11 +579,7 @@ async def test_publish_via_partition_root_turned_on_or_off_is_named(postgres: Po
     assert said == [("publication_via_root_changed", True)]
     # While stopped: the next opening compares with what the last one noted.
     await conn.execute(f"ALTER PUBLICATION p_{db} SET (publish_via_partition_root = false)")
-    again = source(postgres, db, tables=["public.m"])
-    again.remembered = memo
-    with capture_logs() as logs:
-        await again.open(second.checkpoint)
-    await again.close()
+    logs = await logs_of_reopening(postgres, db, ["public.m"], memo, second)
     await conn.close()
     said = [
         (e["event"], e["publish_via_partition_root"])
@@ -594,3 +587,16 @@ async def test_publish_via_partition_root_turned_on_or_off_is_named(postgres: Po
         if e["event"].startswith("publication_via")
     ]
     assert said == [("publication_via_root_changed", False)]
+
+
+async def logs_of_reopening(
+    postgres: Postgres, db: str, tables: list[str], memo: dict[str, Any] | None, after: Event
+) -> list[dict[str, Any]]:
+    """What a new source on ``db`` logs opening after ``after`` with the last opening's ``memo``
+    (which the next opening compares with: what changed while no pipeline ran)."""
+    again = source(postgres, db, tables=tables)
+    again.remembered = memo
+    with capture_logs() as logs:
+        await again.open(after.checkpoint)
+    await again.close()
+    return logs
