@@ -20,7 +20,10 @@ from deltaforge.sources.postgres.identity import refuse_without_identity, withou
 from deltaforge.sources.postgres.names import quote_ident, quote_table
 from deltaforge.sources.postgres.partitions import PartitionWatch
 
-_PUBLICATION = "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1"
+_PUBLICATION = (
+    "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot "
+    "FROM pg_publication WHERE pubname = $1"
+)
 
 
 def _unpublished_ops(pub: asyncpg.Record) -> list[str]:
@@ -141,11 +144,13 @@ row); the rows replicate with the catalog, so a standby promoted has the same.""
 
 async def memberships(conn: asyncpg.Connection, publication: str, listed: list[str]) -> Memberships | None:
     """The publication's and each listed table's :data:`Memberships` (None: no publication)."""
-    pub = await conn.fetchval("SELECT oid FROM pg_publication WHERE pubname = $1", publication)
-    return None if pub is None else await _memberships_of(conn, int(pub), listed)
+    pub = await conn.fetchrow(_PUBLICATION, publication)
+    return None if pub is None else await _memberships_of(conn, pub, listed)
 
 
-async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str]) -> Memberships:
+async def _memberships_of(conn: asyncpg.Connection, row: asyncpg.Record, listed: list[str]) -> Memberships:
+    """The :data:`Memberships` of the publication whose :data:`_PUBLICATION` row is ``row``."""
+    pub = int(row["oid"])
     tables: dict[str, list[str]] = {}
     oids: dict[str, int] = {}
     for table in dict.fromkeys(listed):
@@ -156,7 +161,7 @@ async def _memberships_of(conn: asyncpg.Connection, pub: int, listed: list[str])
         unlogged = list(await conn.fetchval(_UNLOGGED_OF, list(oids.values()))) if oids else []
     else:  # all tables
         unlogged = [str(r[0]) for r in await conn.fetch(_UNLOGGED)]
-    via_root = bool(await conn.fetchval("SELECT pubviaroot FROM pg_publication WHERE oid = $1", pub))
+    via_root = bool(row["pubviaroot"])
     return {"publication": pub, "tables": tables, "oids": oids, "unlogged": unlogged, "via_root": via_root}
 
 
@@ -198,7 +203,7 @@ async def left_out(
     ops = _unpublished_ops(pub)
     if ops:
         return f"publication {publication!r} stopped publishing {', '.join(ops)}", None
-    now = await _memberships_of(conn, int(pub["oid"]), listed)  # one look at each table per ask
+    now = await _memberships_of(conn, pub, listed)  # one look at each table per ask
     was: dict[str, int] = (at_open or {}).get("oids") or {}
     for table, rows in now["tables"].items():
         if not rows:
@@ -370,10 +375,9 @@ class PublicationWatch:
         return gone
 
     def _via_root_changed(self, was: bool | None, now: bool) -> bool:
-        """``publish_via_partition_root`` turned on or off (``was`` None: not noted): the changes of
-        partitioned tables arrive under another table name from now on, and sinks that route by
-        table (a topic, stream or target table named after it) take them elsewhere. Nothing is
-        lost, so it is said, not halted on."""
+        """``publish_via_partition_root`` switched (``was`` None: not noted): partitioned tables'
+        changes arrive under another name, so sinks routing by table put them elsewhere. Nothing
+        is lost: said, not halted on."""
         if was is None or was == now:
             return False
         structlog.get_logger().warning(
