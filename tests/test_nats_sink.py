@@ -121,6 +121,32 @@ async def test_no_stream_on_subject_is_non_retryable_with_sink_id(nats_server: N
     await sink.close()
 
 
+async def test_the_sinks_own_stream_deleted_under_it_is_made_again_and_the_loss_named(
+    nats_server: Nats,
+) -> None:
+    """The stream the sink makes at open, deleted while it runs: made again at the next attempt
+    (as a restart of the pipeline would), not a halt; what the deleted stream held is named lost.
+    An operator's stream of that name that does not bind the subject still halts: making it
+    again cannot help."""
+    cfg = parse_pipeline(nats_doc(nats_server.url(), stream="GONE", subject="gone.${source.table}"), env={})
+    sink = NatsSink(cfg.sinks[0])
+    assert await losses_named(sink, 1) == []
+    nc = await nats.connect(nats_server.url())
+    await nc.jetstream().delete_stream("GONE")
+    [said] = await losses_named(sink, 6)
+    assert (said["where"], said["acknowledged"], said["now_ends_at"]) == ("GONE", "5", "0")
+    got = await consume(nats_server.url(), "gone.>", stream="GONE")
+    assert [d["after"]["seq"] for d in got] == [6, 7, 8, 9, 10]
+    assert sink.lost_acknowledged == 1
+
+    await nc.jetstream().delete_stream("GONE")
+    await nc.jetstream().add_stream(name="GONE", subjects=["elsewhere.>"])
+    await nc.close()
+    with pytest.raises(NonRetryableSinkError, match=r"no stream listens on the subject 'gone\.t'"):
+        await sink.deliver([make_event(11)])
+    await sink.close()
+
+
 async def test_a_server_without_jetstream_is_non_retryable_and_named() -> None:
     with PlainNats() as server:
         sink = NatsSink(parse_pipeline(nats_doc(server.url(), create_stream=False), env={}).sinks[0])

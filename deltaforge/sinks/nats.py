@@ -208,18 +208,38 @@ class NatsSink(Sink[NatsSinkConfig]):
         for stream, seq in first.items():
             self.lost_acknowledged += self.acked.check(stream, seq - 1, last[stream])
 
+    async def _gone(self, stream: str) -> bool:
+        """Whether ``stream`` no longer exists (not: exists, without the subject published to)."""
+        try:
+            await self._js.stream_info(stream)
+        except jserr.NotFoundError:
+            return True
+        except (TimeoutError, nerr.Error) as exc:
+            raise RetryableSinkError(
+                f"nats sink {self.id!r}: JetStream does not answer ({type(exc).__name__})"
+            ) from None
+        return False
+
     async def _unanswered(self, subjects: set[str]) -> SinkError:
         """Why no stream answered a publish, asked of JetStream's API: a subject no stream binds,
         or a server without JetStream (and no API answering through it), is a setting to fix
         (non-retryable); a stream that binds the subject but has no leader (a cluster electing
         one after a server was lost or stepped down: seconds), or an API that does not answer,
-        is waited for."""
+        is waited for; the sink's own stream, deleted, is made again."""
         if not self._nc.is_connected:
             return RetryableSinkError(f"nats sink {self.id!r}: connection lost")
         for subject in sorted(subjects):
             try:
                 stream = await self._js.find_stream_name_by_subject(subject)
             except jserr.NotFoundError:
+                if self.create_stream and self.stream and await self._gone(str(self.stream)):
+                    # The stream this sink makes at open was deleted under it: make it again at the
+                    # next attempt's open, as a restart would. What it held is lost; the first
+                    # batch in the new stream says so (``_check_acks``).
+                    await self.close()
+                    return RetryableSinkError(
+                        f"nats sink {self.id!r}: stream {self.stream!r} is gone (deleted): made again"
+                    )
                 return NonRetryableSinkError(
                     f"nats sink {self.id!r}: no stream listens on the subject {subject!r}"
                 )
