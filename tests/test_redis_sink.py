@@ -28,6 +28,14 @@ def redis_doc(uri: str, exactly_once: bool = False, **batch: Any) -> dict[str, A
     return sink_pipeline("r", "redis", config, batch or None)
 
 
+def user_without(server: Redis, name: str, *refused: str) -> str:
+    """A user (password ``pw``) the ACL refuses ``refused``; the server's URI as that user."""
+    server.client().acl_setuser(
+        name, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", *refused]
+    )
+    return server.uri().replace("redis://", f"redis://{name}:pw@")
+
+
 def entries(server: Redis, stream: str = "cdc.t") -> list[dict[str, Any]]:
     out = []
     for _id, fields in server.client().xrange(stream):
@@ -160,11 +168,7 @@ async def test_maxlen_trims_each_stream_and_keeps_its_newest_entries(redis_serve
 async def test_a_user_who_may_not_run_scripts_gets_one_xadd_per_event_and_exactly_once_stops(
     redis_server: Redis,
 ) -> None:
-    admin = redis_server.client()
-    admin.acl_setuser(
-        "noscripts", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"]
-    )
-    uri = redis_server.uri().replace("redis://", "redis://noscripts:pw@")
+    uri = user_without(redis_server, "noscripts", "-@scripting")
     sink = RedisSink(parse_pipeline(redis_doc(uri), env={}).sinks[0])
     await sink.deliver([make_event(i) for i in range(1, 1_501)])
     await sink.deliver([make_event(i) for i in range(1_501, 1_601)])
@@ -178,23 +182,21 @@ async def test_a_user_who_may_not_run_scripts_gets_one_xadd_per_event_and_exactl
     assert "evalsha" in str(info.value).lower()  # the refused command is named
 
 
-@pytest.mark.parametrize("exactly_once", [False, True])
-async def test_a_user_who_may_not_read_a_streams_end_still_delivers(
-    redis_server: Redis, exactly_once: bool
-) -> None:
+@pytest.mark.parametrize("mode", ["scripted", "exactly_once", "no_scripts"])
+async def test_a_user_who_may_not_read_a_streams_end_still_delivers(redis_server: Redis, mode: str) -> None:
     """The check for lost entries reads each stream's last ID (``EXISTS``, ``XINFO``) in the same
-    script; an ACL that refuses those leaves that check out, never the delivery."""
-    redis_server.client().acl_setuser(
-        "noinfo", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-xinfo", "-exists"]
-    )
-    uri = redis_server.uri().replace("redis://", "redis://noinfo:pw@")
-    sink = RedisSink(parse_pipeline(redis_doc(uri, exactly_once), env={}).sinks[0])
+    script, or before the XADDs of a user who may not run scripts; an ACL that refuses those
+    leaves that check out, never the delivery."""
+    refused = ["-xinfo", "-exists"] + (["-@scripting"] if mode == "no_scripts" else [])
+    uri = user_without(redis_server, "noinfo", *refused)
+    sink = RedisSink(parse_pipeline(redis_doc(uri, mode == "exactly_once"), env={}).sinks[0])
     with capture_logs() as logs:
         await sink.deliver([make_event(i) for i in range(1, 6)])
         await sink.deliver([make_event(i) for i in range(6, 11)])
     await sink.close()
     assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 11))
-    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    said = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+    assert said == (["redis_scripts_refused"] if mode == "no_scripts" else [])
 
 
 async def test_settings_that_can_lose_acknowledged_entries_are_named_once_per_sink(
@@ -231,20 +233,24 @@ async def test_settings_that_can_lose_acknowledged_entries_are_named_once_per_si
     )
     assert risks[1].startswith("maxmemory-policy is allkeys-lru with maxmemory 67108864:")
 
-    admin.acl_setuser("noconfig", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"])
-    risks, unknown = await risks_of(redis_server.uri().replace("redis://", "redis://noconfig:pw@"), 7)
+    risks, unknown = await risks_of(user_without(redis_server, "noconfig", "-config"), 7)
     assert risks == [] and len(unknown) == 1 and "CONFIG GET refused" in unknown[0]["reason"]
     assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 9))  # nothing held up
 
 
-@pytest.mark.parametrize("exactly_once", [False, True])
-async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(exactly_once: bool) -> None:
+@pytest.mark.parametrize("mode", ["scripted", "exactly_once", "no_scripts"])
+async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(mode: str) -> None:
     """Redis restarted without its data (what its defaults do to everything since the last RDB
     save) no longer has entries it acknowledged, and deltaforge will not send them again: the
     next batch finds the stream ending before them, and says so, once. Other writers, XDEL and
-    trimming never move a stream's last ID back, and are not taken for a loss."""
+    trimming never move a stream's last ID back, and are not taken for a loss. The same for a
+    user who may not run scripts (one XADD per event, the stream's end read before them)."""
     with Redis() as server:
-        sink = RedisSink(parse_pipeline(redis_doc(server.uri(), exactly_once), env={}).sinks[0])
+
+        def uri() -> str:  # its user made again after a restart that forgot it
+            return user_without(server, "noscripts", "-@scripting") if mode == "no_scripts" else server.uri()
+
+        sink = RedisSink(parse_pipeline(redis_doc(uri(), mode == "exactly_once"), env={}).sinks[0])
         admin = server.client()
 
         assert await losses_named(sink, 1) == []
@@ -257,6 +263,7 @@ async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(ex
         server.kill(signal.SIGKILL)
         shutil.rmtree(server.dir / "appendonlydir")  # the restart finds nothing on disk
         restart(server)
+        uri()
         [said] = await losses_named(sink, 11)
         assert (said["log_level"], said["sink"], said["where"]) == ("error", "r", "cdc.t")
         assert (said["acknowledged"], said["now_ends_at"]) == (acknowledged, "0-0")
@@ -264,4 +271,5 @@ async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(ex
         assert await losses_named(sink, 16) == []  # said once: the stream goes on from its new end
         assert sink.lost_acknowledged == 1
         assert [int(d["event_id"]) for d in entries(server)] == list(range(11, 21))
+        assert sink._scripted == (mode != "no_scripts")
         await sink.close()

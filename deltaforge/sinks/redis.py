@@ -230,14 +230,30 @@ class RedisSink(Sink[RedisSinkConfig]):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
 
     async def _xadd(self, by_stream: dict[str, list[Any]]) -> None:
-        """The fallback: one XADD per event, pipelined, in one round trip."""
+        """The fallback: one XADD per event, pipelined, in one round trip. Before each stream's
+        XADDs, its last ID (``XINFO STREAM``), compared as the scripts' is; other clients' commands
+        may come in between, and only move that ID on."""
         assert self._client is not None
         pipe = self._client.pipeline(transaction=False)
         maxlen = self.maxlen or None
         for stream, entries in by_stream.items():
+            pipe.xinfo_stream(stream)
             for value, key in entries:
                 pipe.xadd(stream, {"event": value, "idempotency_key": key}, maxlen=maxlen, approximate=True)
-        await pipe.execute()
+        results = await pipe.execute(raise_on_error=False)
+        ends: list[tuple[str, Any, Any]] = []
+        i = 0
+        for stream, entries in by_stream.items():
+            added = results[i + 1 : i + 1 + len(entries)]
+            for r in added:
+                if isinstance(r, Exception):
+                    raise r
+            ends.append((stream, results[i], added[-1]))
+            i += 1 + len(entries)
+        for stream, info, last in ends:
+            before = _last_id(info)
+            if before is not None:
+                self.lost_acknowledged += self.acked.check(stream, before, _stream_id(last))
 
     async def _run(self, calls: list[Call]) -> None:
         """The script's calls in order, in one round trip. A server without the script answers
@@ -264,6 +280,17 @@ class RedisSink(Sink[RedisSinkConfig]):
                 if before:  # '' when the ACL hides the stream's last ID
                     self.lost_acknowledged += self.acked.check(keys[0], _stream_id(before), _stream_id(after))
             return
+
+
+def _last_id(info: Any) -> tuple[int, int] | None:
+    """A stream's last ID from ``XINFO STREAM``'s answer: ``0-0`` for a stream that does not exist,
+    ``None`` (not known) when the command was refused."""
+    if isinstance(info, dict):
+        found = info.get("last-generated-id")
+        return None if found is None else _stream_id(found)
+    if isinstance(info, rex.ResponseError) and "no such key" in str(info).lower():
+        return 0, 0
+    return None
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:
