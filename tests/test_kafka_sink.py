@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, with_images
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.base import RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -609,6 +610,59 @@ async def test_exactly_once_names_a_broker_that_lost_batches_it_committed() -> N
     assert (lost["log_level"], lost["sink"], lost["now_ends_at"]) == ("error", "k", None)
     assert int(lost["acknowledged"]["seq"]) > 1000
     assert stats.sinks["k"].lost_acknowledged == 1
+
+
+async def test_the_default_mode_names_a_broker_that_lost_records_it_acknowledged() -> None:
+    """Without success reports the sink never sees its records' offsets: before a batch (once a
+    second, and after anything went wrong) it reads where each partition it wrote to ends. Cut
+    off from a broker that kept everything, or with another producer writing beside it, the ends
+    only moved on: nothing is said. A broker back without its data ends before what was read
+    earlier: said once per partition, as an error, and the sink goes on."""
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        cfg = parse_pipeline(kafka_doc(f"127.0.0.1:{proxy_port}", timeout_s=2), env={})
+        sink = KafkaSink(cfg.sinks[0])
+        seq = 0
+
+        async def deliver() -> list[dict[str, Any]]:
+            """A batch of 300, once more after a failed attempt; what it said of lost records."""
+            nonlocal seq
+            batch = [make_event(i) for i in range(seq, seq + 300)]
+            seq += 300
+            with capture_logs() as logs:
+                try:
+                    await sink.deliver(batch)
+                except RetryableSinkError:
+                    await sink.deliver(batch)
+            return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
+
+        for _ in range(3):
+            assert await deliver() == []
+        other = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(500):
+            other.produce("cdc.t", b"{}", str(i).encode())
+        assert other.flush(10) == 0
+        proxy.down()
+        with pytest.raises(RetryableSinkError):
+            await sink.deliver([make_event(seq)])
+        proxy.up()
+        assert await deliver() == []
+        assert await deliver() == []
+
+        broker.kill()
+        with pytest.raises(RetryableSinkError):
+            await sink.deliver([make_event(seq)])
+        broker.start()  # same port, nothing kept
+        broker.create_topic("cdc.t")
+        said = await deliver()
+        assert said and all(e["log_level"] == "error" and e["sink"] == "k" for e in said)
+        assert sorted(e["where"] for e in said) == [f"cdc.t[{p}]" for p in range(len(said))]
+        assert all(int(e["now_ends_at"]) < int(e["acknowledged"]) for e in said)
+        assert "snapshot the tables they came from again" in said[0]["reason"]
+        assert sink.lost_acknowledged == len(said)
+        assert await deliver() == [] and await deliver() == []  # said once; the partitions go on
+        await sink.close()
 
 
 async def progress(stats: Any, more: int) -> None:

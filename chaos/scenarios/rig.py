@@ -133,18 +133,18 @@ class Rig:
         self.sinks["nats"] = sink
         return sink, cluster
 
-    def add_kafka(self, exactly_once: bool = False) -> Sink:
-        """A one-partition topic on Tansu, which tells clients the proxy's address. With
-        ``exactly_once`` the sink writes transactionally, but duplicates are not counted: Tansu
-        0.6 hands aborted records to read_committed consumers (see ENVIRONMENT.md)."""
+    def add_kafka(self, exactly_once: bool = False, name: str = "kafka") -> Sink:
+        """A one-partition topic on a Tansu of its own, which tells clients the proxy's address.
+        With ``exactly_once`` the sink writes transactionally, but duplicates are not counted:
+        Tansu 0.6 hands aborted records to read_committed consumers (see ENVIRONMENT.md)."""
         port = free_port()
-        proxy = self.ctx.proxies.proxy("kafka", f"127.0.0.1:{port}")
+        proxy = self.ctx.proxies.proxy(name, f"127.0.0.1:{port}")
         server = self.stack.enter_context(Tansu(port=port, advertise=port_of(proxy)))
         server.create_topic("cdc", partitions=1)
-        entry = {"type": "kafka", "config": {"id": "kafka", "brokers": f"127.0.0.1:{port_of(proxy)}",
+        entry = {"type": "kafka", "config": {"id": name, "brokers": f"127.0.0.1:{port_of(proxy)}",
                                               "topic": "cdc", "timeout_s": 10, "exactly_once": exactly_once}}  # fmt: skip
         sink = Sink(entry, lambda: kafka_changes(f"127.0.0.1:{port_of(proxy)}", "cdc"), False, proxy, server)
-        self.sinks["kafka"] = sink
+        self.sinks[name] = sink
         return sink
 
     def add_postgres_target(self) -> Sink:

@@ -1,9 +1,10 @@
 """Sink servers restarted without their data under writes: Redis (what its defaults do to
-everything since the last RDB save; here SIGKILL, and its append-only file gone) and a Kafka
-broker under ``exactly_once`` (this Tansu keeps records in memory). serve cannot send what they
-lost (its checkpoint is past it), and says so: ``sink_lost_acknowledged``, once per sink, naming
-the Redis stream and the Kafka sink's position record. The pipeline goes on, the file sink
-complete, each of the two holding only what came after."""
+everything since the last RDB save; here SIGKILL, and its append-only file gone) and two Kafka
+brokers, one under an ``exactly_once`` sink, one under a default one (this Tansu keeps records in
+memory). serve cannot send what they lost (its checkpoint is past it), and says so:
+``sink_lost_acknowledged``, once per sink, naming the Redis stream, the ``exactly_once`` sink's
+position record and the other's partition. The pipeline goes on, the file sink complete, each of
+the three holding only what came after."""
 
 from __future__ import annotations
 
@@ -20,37 +21,41 @@ def run(ctx: RunContext) -> None:
     with postgres_rig(ctx) as rig:
         redis = rig.add_redis(exactly_once=True)
         kafka = rig.add_kafka(exactly_once=True)
+        plain = rig.add_kafka(name="kafka_default")
+        lost = {"redis": redis, "kafka": kafka, "kafka_default": plain}
         serve = rig.start()
         rig.workload.start()
 
         def delivered(sink: str) -> int:
             return int(serve.get("/pipelines/chaos").json()["counters"]["sinks"][sink]["events"])
 
-        wait_for(lambda: delivered("redis") > 200 and delivered("kafka") > 200, 60, "200 changes in each")
+        wait_for(lambda: all(delivered(name) > 200 for name in lost), 60, "200 changes in each")
         redis.server.kill(signal.SIGKILL)
         shutil.rmtree(redis.server.dir / "appendonlydir")
         redis.server.start()  # same port, nothing kept
-        kafka.server.kill(signal.SIGKILL)
-        kafka.server.start()
-        kafka.server.create_topic("cdc", partitions=1)
+        for broker in (kafka.server, plain.server):
+            broker.kill(signal.SIGKILL)
+            broker.start()
+            broker.create_topic("cdc", partitions=1)
         log = ctx.workdir / "log.jsonl"
 
         def said() -> list[dict[str, object]]:
             lines = log.read_bytes().splitlines() if log.exists() else []
             return [e for e in map(orjson.loads, lines) if e.get("event") == "sink_lost_acknowledged"]
 
-        took = wait_for(lambda: len(said()) >= 2, 90, "sink_lost_acknowledged for both sinks in the log")
+        took = wait_for(lambda: len(said()) >= 3, 90, "sink_lost_acknowledged for the three sinks in the log")
         ctx.figures["named_after_s"] = round(took, 1)
         # What they lost is gone: the rest of the pipeline is verified, and what they hold below.
-        del rig.sinks["redis"], rig.sinks["kafka"]
+        for name in lost:
+            del rig.sinks[name]
         rig.verify()
-        named = {str(e.get("sink")): e for e in said()}
-        ctx.expect("losses named", len(said()), 2)
-        if named.get("redis", {}).get("where") != "cdc" or "kafka" not in named:
-            raise Failed(f"the losses are not named as Redis stream 'cdc' and sink 'kafka': {said()!r}")
-        ctx.figures["Redis acknowledged"] = named["redis"]["acknowledged"]
+        named = {str(e.get("sink")): str(e.get("where")) for e in said()}
+        ctx.expect("losses named", len(said()), 3)
+        wanted = {"redis": "cdc", "kafka": "the sink's position record", "kafka_default": "cdc[0]"}
+        if named != wanted:
+            raise Failed(f"the losses are not named {wanted!r}: {said()!r}")
         committed = len(rig.workload.committed)
-        for name, sink in (("Redis", redis), ("Kafka", kafka)):
+        for name, sink in lost.items():
             held = len(sink.read())
             ctx.figures[f"{name} holds"] = held
             if not 0 < held < committed:

@@ -14,10 +14,10 @@ The sink cannot send them again (the checkpoint has moved past them; the source 
 have them): it says so, once per loss, with what to do. Within one run of the sink only: a loss
 while deltaforge was stopped is not seen.
 
-Not Kafka: its sink asks librdkafka for failed records' reports only
-(``delivery.report.only.error``, for throughput), so the offsets a batch was given are not seen.
-Under ``exactly_once`` its delivery worker compares the position record the sink commits with each
-batch instead (``pipeline/delivery.py``).
+Kafka's sink asks librdkafka for failed records' reports only (``delivery.report.only.error``, for
+throughput), so the offsets a batch was given are not seen: in its default mode it reads where its
+partitions end instead (``kafka_ends.py``, with this class); under ``exactly_once`` its delivery
+worker compares the position record the sink commits with each batch (``pipeline/delivery.py``).
 """
 
 from __future__ import annotations

@@ -41,9 +41,10 @@ from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
+from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
-from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, moves_key, row_key, wire_size
+from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, check_sizes, moves_key, row_key
 from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
@@ -114,6 +115,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.aborts = 0
         self._reopened = False
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
+        self.ends = PartitionEnds(self.id, self.timeout)
 
     @property
     def transactional_id(self) -> str:
@@ -136,8 +138,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # only failures are reported; flush()/commit_transaction() confirm the rest.
             "delivery.report.only.error": True,
             "compression.type": self.settings.compression,
+            "error_cb": self.ends.disturb,  # a lost connection: were the partitions' ends kept?
             **self.extra,
         }
+        self.ends.conf = {k: conf[k] for k in ("bootstrap.servers", "client.id", "log_level", "logger")}
+        self.ends.conf.update(self.extra)  # its security settings
         if self.exactly_once:
             conf["transactional.id"] = self.transactional_id
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
@@ -179,9 +184,13 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         return f"{self.pipeline}/{self.id}".encode()
 
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
-        if self._producer is None:
-            await self.open()
-        await self._thread.run(self._deliver, events, position)
+        try:
+            if self._producer is None:
+                await self.open()
+            await self._thread.run(self._deliver, events, position)
+        except BaseException:
+            self.ends.disturb()  # the retry may find a broker that came back without its data
+            raise
 
     async def stored_position(self) -> PositionDoc | None:
         """exactly_once: the position recorded in the offsets topic by the last committed batch."""
@@ -205,7 +214,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         # to Kafka) and undone: producing got slower than linger.ms, records before a poison one
         # were already in flight when it was met, and the retry around it sent them twice.
         records = [rec for e in events for rec in self._records(e)]
-        self._check_sizes(records)
+        check_sizes(records, self.max_bytes, self.id)
+        if not self.exactly_once:
+            self.lost_acknowledged += self.ends.check()
         try:
             try:
                 if self.exactly_once:
@@ -243,7 +254,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         )
                 if errors:
                     raise self._classify(errors[0])
-                self._topics.after_batch(producer, {rec[0] for rec in records})
+                topics = {rec[0] for rec in records}
+                self._topics.after_batch(producer, topics)
+                self.ends.produced_to(topics)
             except SystemError as exc:
                 # confluent-kafka runs a delivery report while a failing producer call has its
                 # exception set, and the report's append fails on it: that call's failure (the
@@ -322,23 +335,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if moved is not None:
             headers.append(moved)
         return self.topic_of(e), self.encode(e), key, headers, e.op == "d" and self.tombstones
-
-    def _check_sizes(self, records: list[Record]) -> None:
-        """A record over ``message.max.bytes`` is poison before any record of its batch is sent.
-        librdkafka refuses it only in ``produce()``, when the records before it are queued and
-        some already sent: purging the rest made librdkafka bump the idempotent producer's epoch
-        (which Tansu fences), and the retry around the poison record sent the sent ones again.
-        Only values near the limit are measured (a key and headers 64 KB long are left to
-        ``produce()``)."""
-        limit = self.max_bytes
-        near = limit - 65_536
-        for rec in records:
-            if len(rec[1]) > near and (size := wire_size(rec)) > limit:
-                raise PoisonEvent(
-                    f"kafka sink {self.id!r}: MSG_SIZE_TOO_LARGE: a record of {size} bytes, over "
-                    f"message.max.bytes {limit} (topic {rec[0]!r})",
-                    "too_large",
-                )
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from deltaforge.envelopes import encode
 from deltaforge.events import Event
+from deltaforge.sinks.base import PoisonEvent
 
 Header = tuple[str, str | bytes | None]
 Record = tuple[str, bytes, bytes | str | None, list[Header], bool]
@@ -33,6 +34,23 @@ def wire_size(record: Record) -> int:
         n, v = len(name.encode()), _len(hvalue)
         size += n + v + _varint_len(2 * n) + _varint_len(2 * v)
     return size
+
+
+def check_sizes(records: list[Record], limit: int, sink: str) -> None:
+    """A record over ``message.max.bytes`` (``limit``) is poison before any record of its batch is
+    sent. librdkafka refuses it only in ``produce()``, when the records before it are queued and
+    some already sent: purging the rest made librdkafka bump the idempotent producer's epoch
+    (which Tansu fences), and the retry around the poison record sent the sent ones again.
+    Only values near the limit are measured (a key and headers 64 KB long are left to
+    ``produce()``)."""
+    near = limit - 65_536
+    for rec in records:
+        if len(rec[1]) > near and (size := wire_size(rec)) > limit:
+            raise PoisonEvent(
+                f"kafka sink {sink!r}: MSG_SIZE_TOO_LARGE: a record of {size} bytes, over "
+                f"message.max.bytes {limit} (topic {rec[0]!r})",
+                "too_large",
+            )
 
 
 def _len(b: bytes | str | None) -> int:
