@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +57,18 @@ def nats_cluster() -> Iterator[NatsCluster]:
     """Three nats-servers with JetStream in one cluster, per test."""
     with NatsCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def tls_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key (PEM files)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return key, cert
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from deltaforge.sinks.base import RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import PacedSource, SyntheticSource, make_event, sink_pipeline
+from tests.kit import PacedSource, SeqPosition, SyntheticSource, make_event, sink_pipeline
 from tests.postgres_kit import fresh_db
 from tests.serve_proc import free_port
 from tests.servers.postgres import Postgres
@@ -569,7 +570,7 @@ def test_the_stored_position_is_read_to_the_end_of_the_offsets_topic_over_a_slow
             assert producer.flush(10) == 0
             del producer
             proxy.add_toxic(type="latency", attributes={"latency": 1500})  # each answer 1.5 s late
-            held = read_position(bootstrap, "offsets", b"kp/k", timeout=30)
+            held = read_position({"bootstrap.servers": bootstrap}, "offsets", b"kp/k", timeout=30)
     finally:
         proxies.close()
     assert held == {"lsn": 30}
@@ -663,6 +664,34 @@ async def test_the_default_mode_names_a_broker_that_lost_records_it_acknowledged
         assert sink.lost_acknowledged == len(said)
         assert await deliver() == [] and await deliver() == []  # said once; the partitions go on
         await sink.close()
+
+
+async def test_security_settings_reach_the_clients_that_read_back(tls_pair: tuple[Path, Path]) -> None:
+    """Settings given under ``producer:`` to reach the brokers (here TLS: the broker listens
+    behind a TLS proxy only) reach the sink's other clients too: the consumer reading an
+    ``exactly_once`` sink's position record back, and the client reading a default sink's
+    partition ends."""
+    key, cert = tls_pair
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    port = free_port()
+    tls = {"security.protocol": "ssl", "ssl.ca.location": str(cert)}
+    with Tansu(advertise=port) as broker, TcpProxy(broker.port, port, tls=context):
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        doc = kafka_doc(f"127.0.0.1:{port}", exactly_once=True, timeout_s=5, producer=tls)
+        sink = KafkaSink(parse_pipeline(doc, env={}).sinks[0])
+        await sink.deliver([make_event(i) for i in range(1, 11)], SeqPosition(10))
+        assert await sink.stored_position() == SeqPosition(10).to_doc()
+        await sink.close()
+
+        plain = KafkaSink(
+            parse_pipeline(kafka_doc(f"127.0.0.1:{port}", timeout_s=5, producer=tls), env={}).sinks[0]
+        )
+        for first in (1, 101):
+            await plain.deliver([make_event(i) for i in range(first, first + 100)])
+        assert sorted(plain.ends.acked.ends) == ["cdc.t[0]", "cdc.t[1]", "cdc.t[2]"]  # read before the second
+        await plain.close()
 
 
 async def progress(stats: Any, more: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,6 @@ from tests.servers.mariadb import MariaDB
 def _status(cur: Any, name: str) -> int:
     cur.execute(f"SHOW GLOBAL STATUS LIKE '{name}'")
     return int(cur.fetchone()[1])
-
-
-@pytest.fixture
-def tls_pair(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate and its key, as MariaDB takes them."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return key, cert
 
 
 async def test_a_server_offering_tls_is_read_over_tls_with_one_shared_context(

@@ -45,7 +45,7 @@ from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, check_sizes, moves_key, row_key
-from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue
+from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue, connection_settings
 from deltaforge.sinks.templates import Template, compile_template
 from supervision import Fatal
 
@@ -116,6 +116,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = False
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
         self.ends = PartitionEnds(self.id, self.timeout)
+        self.reach: dict[str, Any] = {"bootstrap.servers": self.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG,
+                                      **connection_settings(self.extra)}  # fmt: skip
+        """What the sink's other clients (reading back its position, its partitions' ends) connect with."""
 
     @property
     def transactional_id(self) -> str:
@@ -141,8 +144,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             "error_cb": self.ends.disturb,  # a lost connection: were the partitions' ends kept?
             **self.extra,
         }
-        self.ends.conf = {k: conf[k] for k in ("bootstrap.servers", "client.id", "log_level", "logger")}
-        self.ends.conf.update(self.extra)  # its security settings
+        self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
         if self.exactly_once:
             conf["transactional.id"] = self.transactional_id
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
@@ -196,9 +198,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         """exactly_once: the position recorded in the offsets topic by the last committed batch."""
         if not self.exactly_once:
             return None
-        return await self._thread.run(
-            read_position, self.brokers, self.settings.offsets_topic, self.position_key, self.timeout
-        )
+        topic = self.settings.offsets_topic
+        return await self._thread.run(read_position, self.reach, topic, self.position_key, self.timeout)
 
     def _deliver(self, events: list[Event], position: Position | None = None) -> None:
         producer = self._producer

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -20,17 +21,18 @@ from deltaforge.sinks.base import RetryableSinkError
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 
 
-def read_position(brokers: str, topic: str, key: bytes, timeout: float) -> PositionDoc | None:
-    """The last committed position recorded under ``key`` in ``topic`` (read_committed), if any."""
+def read_position(reach: Mapping[str, Any], topic: str, key: bytes, timeout: float) -> PositionDoc | None:
+    """The last committed position recorded under ``key`` in ``topic`` (read_committed), if any.
+    ``reach``: how to reach the brokers (``bootstrap.servers``, the sink's security settings)."""
     consumer = Consumer(
         {
-            "bootstrap.servers": brokers,
+            "log_level": 3,
+            "logger": LIBRDKAFKA_LOG,
+            **reach,
             "group.id": f"deltaforge-position-{key.decode()}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
-            "log_level": 3,
-            "logger": LIBRDKAFKA_LOG,
         }
     )
     try:

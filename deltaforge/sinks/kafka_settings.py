@@ -61,3 +61,17 @@ def _check(settings: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
 
 ProducerSettings = Annotated[dict[str, ProducerValue], AfterValidator(_check)]
 """``producer``: more librdkafka settings, passed as given, except those that would weaken delivery."""
+
+_CONNECTION = ("security.", "ssl.", "ssl_", "sasl.", "enable.ssl.", "enable.sasl.", "socket.", "broker.",
+               "client.dns.", "api.version.", "https.")  # fmt: skip
+
+
+def connection_settings(settings: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
+    """Of ``producer``, what the sink's other clients need to reach the same brokers (security,
+    sockets): the consumer reading its position record back, the client reading its partitions'
+    ends. Not the producer's own settings, which a consumer would log as ignored.
+
+    >>> connection_settings({"security.protocol": "SASL_SSL", "sasl.username": "u", "linger.ms": 20})
+    {'security.protocol': 'SASL_SSL', 'sasl.username': 'u'}
+    """
+    return {k: v for k, v in settings.items() if k.startswith(_CONNECTION)}

@@ -1,10 +1,12 @@
 """A TCP proxy in front of a test server that can be taken down and brought back, to stage an
 outage of a server that cannot be restarted without losing its data (Tansu keeps its data in
-memory). Down means: listening socket closed, every open connection reset."""
+memory). Down means: listening socket closed, every open connection reset. With ``tls``, clients
+talk TLS to the proxy and it talks plain TCP to the server (a server that cannot do TLS itself)."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from concurrent.futures import Future
 
@@ -12,8 +14,11 @@ from tests.serve_proc import free_port
 
 
 class TcpProxy:
-    def __init__(self, upstream_port: int, port: int | None = None) -> None:
+    def __init__(
+        self, upstream_port: int, port: int | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.upstream_port = upstream_port
+        self.tls = tls
         self.port = port or free_port()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
@@ -42,7 +47,7 @@ class TcpProxy:
 
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(
-            self._pipe_client, "127.0.0.1", self.port, reuse_address=True
+            self._pipe_client, "127.0.0.1", self.port, reuse_address=True, ssl=self.tls
         )
 
     async def _close(self) -> None:
