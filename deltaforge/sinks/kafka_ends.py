@@ -98,7 +98,11 @@ class PartitionEnds:
         for topic, known in self.partitions.items():
             if known is None or self.disturbed:
                 found = admin.list_topics(topic, timeout=wait).topics.get(topic)
-                known = sorted(found.partitions) if found is not None and found.error is None else []
+                if found is not None and found.error is not None:
+                    if found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise KafkaException(found.error)  # no leader yet, not allowed: not read now
+                    found = None
+                known = [] if found is None else sorted(found.partitions)
                 self.partitions[topic] = known
             for p in known:
                 asked[TopicPartition(topic, p)] = f"{topic}[{p}]"
