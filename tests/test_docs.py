@@ -24,6 +24,8 @@ MODULES = [
     "deltaforge.snapshot.window",
     "deltaforge.sinks.durability",
     "deltaforge.sinks.acknowledged",
+    "deltaforge.sinks.base",
+    "deltaforge.sinks.kafka_settings",
     "deltaforge.api.listen",
 ]
 

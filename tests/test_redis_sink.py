@@ -273,3 +273,38 @@ async def test_a_server_that_lost_acknowledged_entries_is_named_once_per_loss(mo
         assert [int(d["event_id"]) for d in entries(server)] == list(range(11, 21))
         assert sink._scripted == (mode != "no_scripts")
         await sink.close()
+
+
+async def test_a_loss_while_deltaforge_was_stopped_is_named_at_the_next_run() -> None:
+    """The marks a sink compares its streams' ends with are kept in the checkpoint store when its
+    worker stops: Redis restarted without its data while the pipeline was stopped too (one power
+    cut for both) is named at the next run's first batch, once. A run that finds everything, and
+    a sink pointed at another server (a new, empty one is not a loss), say nothing."""
+    store = MemoryCheckpointStore()
+    total = 0
+
+    async def run(uri: str, more: int = 100) -> list[dict[str, Any]]:
+        """The pipeline, from its checkpoint, until ``more`` changes are delivered, and stopped."""
+        nonlocal total
+        total += more
+        runner = PipelineRunner(
+            parse_pipeline(redis_doc(uri), env={}), store=store, source=SyntheticSource(total, chunk=50)
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: runner.ctx.stats.events_committed >= more, what="delivered")
+            await runner.drain()
+            await task
+        return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
+
+    with Redis() as server, Redis() as elsewhere:
+        assert await run(server.uri()) == []
+        assert await run(server.uri()) == []
+        server.kill(signal.SIGKILL)
+        shutil.rmtree(server.dir / "appendonlydir")
+        restart(server)
+        [said] = await run(server.uri())
+        assert (said["sink"], said["where"], said["now_ends_at"]) == ("r", "cdc.t", "0-0")
+        assert await run(server.uri()) == []  # said once
+        assert await run(elsewhere.uri()) == []
+        assert [int(d["event_id"]) for d in entries(elsewhere)] == list(range(401, 501))

@@ -10,6 +10,7 @@ from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
 from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.heldends import HeldEnds, held_key
 from deltaforge.pipeline.messages import (
     Batch,
     BatchDelivered,
@@ -55,10 +56,12 @@ class DeliveryWorker(Actor):
         self.latency = SINK_SECONDS.labels(ctx.config.name, sink_id)
         self.end_to_end = END_TO_END_SECONDS.labels(ctx.config.name, sink_id)
         self.position: Position | None = None
+        self.held = HeldEnds(ctx.store, held_key(ctx.source.id, sink_id), self.sink)
 
     async def on_start(self) -> None:
         doc = await self.ctx.store.get(self.ctx.key(self.sink_id))
         self.position = self.ctx.source.load_position(doc) if doc is not None else None
+        await self.held.load()
         self.opened = False
         self.recheck = False
         """A sink that records its position failed a batch: read the record again before the retry
@@ -118,6 +121,7 @@ class DeliveryWorker(Actor):
                 self.log.info("sink_close_failed", sink=self.sink_id, reason=f"{type(exc).__name__}: {exc}")
 
     async def on_stop(self) -> None:
+        await self.held.save(now=True)
         await self.sink.close()
 
     def _pending(self, batch: Batch) -> list[Event]:
@@ -262,6 +266,7 @@ class DeliveryWorker(Actor):
         self.stats.txn_commits = int(getattr(self.sink, "commits", 0))
         self.stats.txn_aborts = int(getattr(self.sink, "aborts", 0))
         self.stats.lost_acknowledged = self.sink.lost_acknowledged
+        await self.held.save()
         assert self.position is not None
         return BatchDelivered(self.sink_id, batch.id, self.position, len(events))
 

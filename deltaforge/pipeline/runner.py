@@ -15,6 +15,7 @@ from deltaforge.events import Event
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
+from deltaforge.pipeline.heldends import held_key
 from deltaforge.pipeline.messages import (
     ReleaseHeld,
     ReplayDeadLetters,
@@ -343,6 +344,7 @@ class PipelineRunner:
         this name starts from the beginning."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
+        keys += [held_key(source_id, sid) for sid in self.sinks]
         await self._read_store(lambda store: store.delete_keys(keys))
 
     async def replay_dead_letters(self, which: Select) -> int:

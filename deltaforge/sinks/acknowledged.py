@@ -11,8 +11,9 @@ increasing order, and never reuses a number while it keeps what it acknowledged:
 next batch finds the server's end where the last one left it, or further (other writers). An end
 behind the furthest number this sink was acknowledged means entries it acknowledged are gone.
 The sink cannot send them again (the checkpoint has moved past them; the source may no longer
-have them): it says so, once per loss, with what to do. Within one run of the sink only: a loss
-while deltaforge was stopped is not seen.
+have them): it says so, once per loss, with what to do. The marks are kept in the checkpoint
+store between runs (``pipeline/heldends.py``), so a loss while deltaforge was stopped is named
+at the next run's first batch, as long as the sink writes to the same servers.
 
 Kafka's sink asks librdkafka for failed records' reports only (``delivery.report.only.error``, for
 throughput), so the offsets a batch was given are not seen: in its default mode it reads where its
@@ -22,7 +23,7 @@ worker compares the position record the sink commits with each batch (``pipeline
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import structlog
 
@@ -51,6 +52,23 @@ class AckedEnds(Generic[Mark]):
     def __init__(self, sink: str, actor: str, unit: str) -> None:
         self.sink, self.actor, self.unit = sink, actor, unit
         self.ends: dict[str, Mark] = {}
+
+    def to_doc(self) -> dict[str, Any]:
+        """The marks as JSON values (a Redis ID as ``[ms, seq]``), for the checkpoint store.
+
+        >>> AckedEnds[tuple[int, int]]("r", "RedisSink", "ID").restore({"cdc": [17, 2]}).to_doc()
+        {'cdc': [17, 2]}
+        """
+        return {where: list(mark) if isinstance(mark, tuple) else mark for where, mark in self.ends.items()}
+
+    def restore(self, doc: dict[str, Any]) -> AckedEnds[Mark]:
+        """Marks kept by an earlier run (:meth:`to_doc`): this run's batches are compared with them
+        (a mark this run has already moved past stays)."""
+        for where, kept in doc.items():
+            mark = cast(Mark, tuple(kept) if isinstance(kept, list) else kept)
+            held = self.ends.get(where)
+            self.ends[where] = mark if held is None else max(held, mark)
+        return self
 
     def check(self, where: str, before: Mark, after: Mark) -> bool:
         """The server said ``where`` ended at ``before`` when this batch was added, and at ``after``

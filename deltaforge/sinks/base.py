@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
+
+if TYPE_CHECKING:
+    from deltaforge.sinks.acknowledged import AckedEnds
 
 K = TypeVar("K", bound=SinkSettings)
 
@@ -58,12 +62,18 @@ class Sink(ABC, Generic[K]):
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
         self.lost_acknowledged = 0
+        """How many times this run found the sink's server without what it had acknowledged
+        (``acknowledged.py``, and the delivery worker for a sink that records its position)."""
         self.acknowledged: Position | None = None
         """A sink that records its position: where the last batch it acknowledged in this run left
         the source (its delivery worker keeps it here, across the worker's restarts). The record
         read back may be further, never behind it."""
-        """How many times this run found the sink's server without what it had acknowledged
-        (``acknowledged.py``, and the delivery worker for a sink that records its position)."""
+        self.acked_ends: AckedEnds[Any] | None = None
+        """A sink that compares where its server's streams end with what they acknowledged
+        (``acknowledged.py``): those marks, kept between runs by the delivery worker."""
+        self.target = ""
+        """The servers the sink writes to, without credentials: marks kept while it wrote
+        elsewhere are not compared (``pipeline/heldends.py``)."""
 
     records_position = False
     """True for a sink that stores where the source stands together with each batch, atomically
@@ -88,3 +98,17 @@ class Sink(ABC, Generic[K]):
 
     async def close(self) -> None:
         """Flush and disconnect."""
+
+
+def servers_of(urls: list[str], default_port: int) -> str:
+    """``host:port[/path]`` of each URL, without user or password: a sink's :attr:`Sink.target`.
+
+    >>> servers_of(["redis://u:secret@cache:6380/2"], 6379), servers_of(["nats://a", "tls://b:4223"], 4222)
+    ('cache:6380/2', 'a:4222,b:4223')
+    """
+    out = []
+    for url in urls:
+        parts = urlsplit(url)
+        path = parts.path.strip("/")
+        out.append(f"{parts.hostname}:{parts.port or default_port}" + (f"/{path}" if path else ""))
+    return ",".join(out)

@@ -116,6 +116,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = False
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
         self.ends = PartitionEnds(self.id, self.timeout)
+        self.acked_ends, self.target = (None if self.exactly_once else self.ends.acked), self.brokers
         self.reach: dict[str, Any] = {"bootstrap.servers": self.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG,
                                       **connection_settings(self.extra)}  # fmt: skip
         """What the sink's other clients (reading back its position, its partitions' ends) connect with."""

@@ -22,7 +22,7 @@ from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError, servers_of
 from deltaforge.sinks.templates import Template, compile_template
 
 NatsUrl = Annotated[
@@ -75,7 +75,8 @@ class NatsSink(Sink[NatsSinkConfig]):
         self._nc: Any = None
         self._js: Any = None
         self.duplicates = 0
-        self.acked = AckedEnds[int](self.id, "NatsSink", "stream sequence")
+        self.target = servers_of(self.servers, 4222)
+        self.acked = self.acked_ends = AckedEnds[int](self.id, "NatsSink", "stream sequence")
         self.last_error: str | None = None
         self._streams_read: set[str] = set()
         self._looked_up = False

@@ -35,7 +35,7 @@ from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, servers_of
 from deltaforge.sinks.templates import Template, compile_template
 
 _LAST_ID = """
@@ -140,7 +140,8 @@ class RedisSink(Sink[RedisSinkConfig]):
         self._script: Any = None
         self._scripted = True  # False once the server refused the default mode's script
         self._settings_read = False
-        self.acked = AckedEnds[tuple[int, int]](self.id, "RedisSink", "stream ID")
+        self.target = servers_of([self.uri], 6379)
+        self.acked = self.acked_ends = AckedEnds[tuple[int, int]](self.id, "RedisSink", "stream ID")
 
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
