@@ -142,11 +142,12 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # only failures are reported; flush()/commit_transaction() confirm the rest.
             "delivery.report.only.error": True,
             "compression.type": self.settings.compression,
-            "error_cb": self.ends.disturb,  # a lost connection: were the partitions' ends kept?
             **self.extra,
         }
         self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
-        if self.exactly_once:
+        if not self.exactly_once:
+            conf["error_cb"] = self.ends.disturb  # a lost connection: were the partitions' ends kept?
+        else:
             conf["transactional.id"] = self.transactional_id
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
             # which fences the producer: give outages room (15 min, brokers' default maximum).
