@@ -29,7 +29,6 @@ from confluent_kafka.admin._listoffsets import OffsetSpec  # not re-exported for
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.durability import TOPICS_READ
-from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
 
 READ_EVERY_S = 1.0
 """Without a disturbance, the ends are read before a batch at most this often (two round trips)."""
@@ -55,13 +54,10 @@ class PartitionEnds:
         self.refused = False
         self._admin: AdminClient | None = None
 
-    def disturb(self, err: KafkaError | None = None) -> None:
+    def disturb(self, _err: KafkaError | None = None) -> None:
         """Something went wrong: read the ends before the next batch. Also the producer's
-        ``error_cb`` (a lost connection, all brokers down), whose error is logged as librdkafka
-        logs it when no ``error_cb`` is set."""
+        ``error_cb`` (a lost connection, all brokers down: librdkafka's own log lines say so)."""
         self.disturbed = True
-        if err is not None:
-            LIBRDKAFKA_LOG.error("ERROR [%s]: %s", self.conf.get("client.id", self.sink), err.str())
 
     def produced_to(self, topics: set[str]) -> None:
         """Topics of a batch the broker acknowledged; their ends are read from the next reading on."""
