@@ -39,11 +39,16 @@ async def consume(url: str, subject: str, stream: str = "CDC") -> list[dict[str,
     total = info.state.messages
     sub = await js.pull_subscribe(subject, durable=f"check{random.randrange(10**9)}", stream=stream)
     out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
     while len(out) < total:
         try:
             msgs = await sub.fetch(1000, timeout=2)
         except nats.errors.TimeoutError:
             break
+        except nats.js.errors.ServiceUnavailableError:  # a cluster still electing the consumer's leader
+            if time.monotonic() > deadline:
+                raise
+            continue
         for m in msgs:
             doc = orjson.loads(m.data)
             doc["_msg_id"] = m.headers.get("Nats-Msg-Id") if m.headers else None
