@@ -13,8 +13,9 @@ from covering the loss.
 
 What is not seen: a loss smaller than what was written after the last reading (other producers
 to the same partitions, or a broker that lost data and took more than that back before the next
-reading), and a loss while the sink was stopped. ``exactly_once`` sinks check their position
-record instead (``pipeline/delivery.py``).
+reading). The ends read are kept between runs (``pipeline/heldends.py``), so a loss while the
+sink was stopped is seen at its next run. ``exactly_once`` sinks check their position record
+instead (``pipeline/delivery.py``).
 """
 
 from __future__ import annotations
