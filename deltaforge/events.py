@@ -63,32 +63,41 @@ class Event:
         return self.source.table
 
 
-def _slot_constructor(cls: type[Any]) -> Any:
-    """A function taking every field of the frozen, slotted dataclass ``cls`` in order, and
-    building it without the frozen ``__init__`` (which sets each field by name through
-    ``object.__setattr__``): half the cost, for what sources build per row. Generated code, as
-    ``dataclasses`` itself does; tests/test_transform_types.py checks it against the constructor."""
+def _slot_constructor(cls: type[Any], given: tuple[str, ...] | None = None) -> Any:
+    """A function building an instance of the frozen, slotted dataclass ``cls`` without its
+    frozen ``__init__``: what sources build per row, and processors per kept event. It takes
+    every field in order, or, with ``given``, an instance to copy and those fields to replace.
+
+    The frozen ``__init__`` sets each field through ``object.__setattr__``, a call per field.
+    This builds an instance of a twin class with the same slots and no frozen ``__setattr__``,
+    whose plain attribute stores CPython specialises for slots, then makes it a ``cls``
+    (``__class__`` may change between classes of one layout). Generated code, as ``dataclasses``
+    itself does; tests/test_transform_types.py checks it against the constructor."""
     names = cls.__slots__
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    ns.update({f"_set_{n}": cls.__dict__[n].__set__ for n in names})
-    body = "".join(f"    _set_{n}(new, {n})\n" for n in names)
-    exec(f"def build({', '.join(names)}):\n    new = _new(_cls)\n{body}    return new\n", ns)
+    twin = type(f"_{cls.__name__}Slots", (), {"__slots__": names})
+    ns: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
+    params = names if given is None else ("old", *given)
+    values = [n if given is None or n in given else f"old.{n}" for n in names]
+    body = "".join(f"    new.{n} = {v}\n" for n, v in zip(names, values, strict=True))
+    head = f"def build({', '.join(params)}):\n    new = _new(_twin)\n"
+    exec(f"{head}{body}    new.__class__ = _cls\n    return new\n", ns)
     return ns["build"]
 
 
 new_source_info: Callable[[str, str, str, Position, int, str | None, tuple[str, ...]], SourceInfo] = (
     _slot_constructor(SourceInfo)
 )
-"""``SourceInfo(...)``, every field given positionally, at half the cost."""
+"""``SourceInfo(...)``, every field given positionally, without a call per field."""
 
 new_event: Callable[
     [str, Row | None, Row | None, SourceInfo, str, bool, str, tuple[int, ...], Position, str, int], Event
 ] = _slot_constructor(Event)
-"""``Event(...)``, every field given positionally, at half the cost: what sources build per row."""
+"""``Event(...)``, every field given positionally, without a call per field: what sources build per row."""
 
 
-def with_images(e: Event, op: str, before: Row | None, after: Row | None) -> Event:
-    """``e`` with another ``op`` and row images: what processors produce, 10k events at a time
-    (tests/test_transform_types.py checks that it copies every field)."""
-    return new_event(op, before, after, e.source, e.tx_id, e.tx_end, e.event_id, e.order, e.checkpoint,
-                     e.tenant, e.size)  # fmt: skip
+with_images: Callable[[Event, str, Row | None, Row | None], Event] = _slot_constructor(
+    Event, ("op", "before", "after")
+)
+"""``with_images(e, op, before, after)``: ``e`` with another ``op`` and row images, what
+processors produce, 10k events at a time (tests/test_transform_types.py checks that it copies
+every field)."""

@@ -383,7 +383,7 @@ async def test_a_failing_spark_job_is_retried_by_restarts_and_moves_no_checkpoin
 
 
 def test_with_images_copies_every_other_field_of_the_event() -> None:
-    """The fast copy sets slots one by one: a field added to Event and not to it would be left unset."""
+    """The fast copy names every field: one added to Event and not to it would be left unset."""
     source = SourceInfo("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s")
     e = Event("u", {"id": 1}, {"id": 2}, source, "tx", True, "ev", (1, 2), {"pos": 9}, "tenant-a", 999)
     new = with_images(e, "d", {"id": 3}, None)
@@ -394,10 +394,14 @@ def test_with_images_copies_every_other_field_of_the_event() -> None:
 
 
 def test_new_event_sets_every_field_as_the_constructor_does() -> None:
-    """The fast constructor of snapshot rows sets slots one by one, as with_images does."""
+    """The fast constructor of source rows builds a twin of Event and makes it an Event: the
+    result is a real, frozen Event, equal to the constructor's."""
     source = SourceInfo("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s")
     args = ("r", None, {"id": 2}, source, "tx", True, "ev", (1, 2, 3), {"pos": 9}, "tenant-a", 999)
     new, built = new_event(*args), Event(*args)  # type: ignore[arg-type]
+    assert type(new) is Event and new == built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        new.op = "d"  # type: ignore[misc]
     for f in dataclasses.fields(Event):  # size does not take part in ==
         assert getattr(new, f.name) == getattr(built, f.name), f.name
 
