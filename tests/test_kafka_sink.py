@@ -512,10 +512,10 @@ async def test_an_idempotent_producer_fenced_after_timeouts_is_recreated_and_los
 
 
 async def test_a_failed_batch_leaves_nothing_of_itself_queued_to_go_out_beside_its_retry() -> None:
-    """A batch not acknowledged in time is retried whole: first on the same producer, then
-    (the worker closing the sink) on a new one. What the producer still held unsent of it went
-    out beside the retry's copy once the broker answered again: the flush timeout left it
-    queued, and close flushed it for up to 5 s. Now the failed batch is dropped from the queue."""
+    """A batch not acknowledged in time is retried whole, on a new producer. What the old one
+    still held unsent of it went out beside the retry's copy once the broker answered again: the
+    flush timeout left it queued, and close flushed it for up to 5 s. Now the failed batch is
+    dropped from the queue before the producer is given up."""
     from deltaforge.sinks.base import RetryableSinkError
 
     proxy_port = free_port()
@@ -532,10 +532,13 @@ async def test_a_failed_batch_leaves_nothing_of_itself_queued_to_go_out_beside_i
             await sink.deliver([make_event(i) for i in range(100, 200)])
             sink.timeout = 1.0
             events = [make_event(i) for i in range(100)]
+            producer = sink._producer
             proxy.down()
             with pytest.raises(RetryableSinkError):
                 await sink.deliver(events)
-            assert sink._producer is not None and len(sink._producer) == 0  # none of it queued
+            assert producer is not None and len(producer) == 0  # none of it queued or in flight
+            assert sink._producer is None  # the retry gets a new producer
+            del producer
         finally:
             await sink.close()
         proxy.up()
@@ -611,6 +614,35 @@ async def test_exactly_once_names_a_broker_that_lost_batches_it_committed() -> N
     assert (lost["log_level"], lost["sink"], lost["now_ends_at"]) == ("error", "k", None)
     assert int(lost["acknowledged"]["seq"]) > 1000
     assert stats.sinks["k"].lost_acknowledged == 1
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "default"])
+async def test_a_broker_back_without_its_data_gets_a_new_producer(exactly_once: bool) -> None:
+    """A broker back without its data knows neither the producer's id nor its transaction. An
+    idempotent producer bumps its epoch and sends again under the same id until its records time
+    out (Tansu refuses every epoch of an id it did not give); a transactional one's abort is
+    retried by librdkafka until its timeout, and each abort after it fails as "conflicting". So
+    every retry on that producer failed the same way, and the worker tried three times before it
+    reconnected. Now the first failed attempt gives the producer up and the second delivers."""
+    n = 6000
+    with Tansu() as broker:
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        doc = kafka_doc(broker.bootstrap, exactly_once=exactly_once, timeout_s=10)
+        runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore(),
+                                source=PacedSource(n, chunk=200))  # fmt: skip
+        stats = runner.ctx.stats
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
+        assert stats.sinks["k"].errors == 0
+        broker.kill()
+        broker.start()  # same port, nothing kept
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        await wait_until(lambda: stats.events_committed >= n, timeout=120, what="all delivered")
+        await runner.drain()
+        await task
+    assert stats.sinks["k"].errors == 1, stats.sinks["k"].last_error
 
 
 async def test_the_default_mode_names_a_broker_that_lost_records_it_acknowledged() -> None:

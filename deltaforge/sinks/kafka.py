@@ -44,6 +44,7 @@ from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
+from deltaforge.sinks.kafka_queue import discard, drop_unsent
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, check_sizes, moves_key, row_key
 from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue, connection_settings
 from deltaforge.sinks.templates import Template, compile_template
@@ -61,6 +62,8 @@ _NON_RETRYABLE = {
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._AUTHENTICATION,
 }
+_ABORT_WAIT_S = 5.0
+"""How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -177,7 +180,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
         producer, self._producer = self._producer, None
         if producer is not None:
-            await self._thread.run(_discard, producer)
+            await self._thread.run(discard, producer)
 
     @property
     def records_position(self) -> bool:  # type: ignore[override]
@@ -249,9 +252,10 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 else:
                     left = producer.flush(self.timeout)
                     if left:
-                        # The worker retries the batch, first on this producer: what it still
-                        # holds unsent would go out beside the retry's copy.
-                        _drop_unsent(producer)
+                        # What this producer still holds unsent would go out beside the retry's
+                        # copy; and it may be stuck (see _classify): the retry gets a new one.
+                        drop_unsent(producer)
+                        self._producer = None
                         raise RetryableSinkError(
                             f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
                         )
@@ -276,7 +280,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 # What this batch queued before the failing record is not sent: the batch is tried
                 # again (around a poison record, pipeline/delivery.py), so sending it now would
                 # only duplicate it.
-                _drop_unsent(producer)
+                drop_unsent(producer)
                 if err.code() in _POISON:
                     producer.flush(self.timeout)
             raise self._classify(err) from None
@@ -290,7 +294,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # queued, or half of it could be sent now and all of it again on the retry.
             self._abort(producer, None)
             if not self.exactly_once:
-                _drop_unsent(producer)
+                drop_unsent(producer)
             raise
 
     def _commit(self, producer: Producer) -> None:
@@ -357,10 +361,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if not self.exactly_once or (err is not None and (err.fatal() or not err.txn_requires_abort())):
             return
         try:
-            producer.abort_transaction(self.timeout)
+            producer.abort_transaction(min(self.timeout, _ABORT_WAIT_S))
             self.aborts += 1
         except KafkaException:
-            pass
+            # Not aborted: the next attempt starts a new producer, whose init fences this one's
+            # epoch, and that aborts the transaction. Retrying the abort on this producer cannot
+            # help: a broker back without the transaction answers it with an error librdkafka
+            # retries until the timeout, and each later abort then fails as "conflicting".
+            self._producer = None
 
     def _classify(self, err: KafkaError) -> Exception:
         text = f"kafka sink {self.id!r}: {err.name()}: {err.str()}"
@@ -379,26 +387,15 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # fences every produce of that producer; without a transactional id no rival exists.
             self._producer = None
             return RetryableSinkError(f"{text} (producer recreated)")
+        if err.code() == KafkaError._MSG_TIMED_OUT and not self.exactly_once:
+            # An idempotent producer whose id the broker no longer knows (one back without its
+            # data) bumps its epoch and sends again under that id until its records time out, and
+            # does so again at every retry (Tansu refuses each bumped epoch as UNKNOWN_PRODUCER_ID):
+            # a new producer gets a new id.
+            self._producer = None
+            return RetryableSinkError(f"{text} (producer recreated)")
         if err.code() in _POISON:
             return PoisonEvent(text, _POISON[err.code()])
         if err.code() in _NON_RETRYABLE:
             return NonRetryableSinkError(text)
         return RetryableSinkError(text)
-
-
-def _discard(producer: Producer) -> None:
-    """Drop what a producer being closed has not sent, then let what it sent be answered.
-
-    Nothing still queued belongs to a confirmed batch (a batch is confirmed by a flush or a
-    commit that leaves nothing behind): it is the failed batch the worker is about to retry
-    whole on a new producer. Flushing it here sent it once more whenever the broker was back
-    in time, and held the retry back for the flush's wait while the broker was away."""
-    _drop_unsent(producer)
-    producer.flush(1.0)
-
-
-def _drop_unsent(producer: Producer) -> None:
-    """Purge the records queued and not yet sent; their failure reports (``_PURGE_QUEUE``) go
-    to the failed batch's callback now, not to a later call's."""
-    producer.purge(in_queue=True, in_flight=False)
-    producer.poll(0)
