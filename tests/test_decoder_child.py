@@ -5,6 +5,7 @@ ahead (``serve`` starts them before its pipelines) are taken by the first decode
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -125,3 +126,18 @@ def test_children_no_decoder_took_are_stopped_and_reaped(prestarted: None) -> No
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left behind
     assert probe_pid() not in ahead
+
+
+def test_a_frame_damaged_in_transit_is_refused_not_unpickled() -> None:
+    """A frame carries its pickle's CRC-32. One whose bytes changed on the way, however valid the
+    pickle still is, is refused: here a value changes from 'row-360007' to 'row-360008'."""
+    import io
+
+    out = io.BytesIO()
+    childproc.write_frame(out, ("txs", [("c", "bench", "narrow", {"b": "row-360007"})]))
+    sent = out.getvalue()
+    assert childproc.read_frame(io.BytesIO(sent)) == ("txs", [("c", "bench", "narrow", {"b": "row-360007"})])
+    damaged = sent.replace(b"row-360007", b"row-360008")
+    assert damaged != sent and pickle.loads(damaged[childproc.FRAME.size :])[1][0][3] == {"b": "row-360008"}
+    with pytest.raises(childproc.FrameDamaged, match="damaged in transit"):
+        childproc.read_frame(io.BytesIO(damaged))
