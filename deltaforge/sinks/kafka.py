@@ -64,6 +64,7 @@ _NON_RETRYABLE = {
 }
 _ABORT_WAIT_S = 5.0
 """How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
+_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -380,18 +381,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             return RetryableSinkError(f"{text} (right after reconnecting: producer recreated once)")
         if self.exactly_once and (err.code() in _FATAL or err.fatal()):
             return Fatal(f"{text} (another producer with transactional.id {self.transactional_id!r}?)")
-        if err.fatal() or err.code() in _FATAL:
+        if err.fatal() or err.code() in _FATAL or (err.code() == _TIMED_OUT and not self.exactly_once):
             # An idempotent producer's fatal state (e.g. the broker lost its producer id after a
             # restart) ends that producer only: start a new one and retry the batch. So does a
             # fence: after its messages time out librdkafka bumps the epoch, and Tansu then
             # fences every produce of that producer; without a transactional id no rival exists.
-            self._producer = None
-            return RetryableSinkError(f"{text} (producer recreated)")
-        if err.code() == KafkaError._MSG_TIMED_OUT and not self.exactly_once:
-            # An idempotent producer whose id the broker no longer knows (one back without its
-            # data) bumps its epoch and sends again under that id until its records time out, and
-            # does so again at every retry (Tansu refuses each bumped epoch as UNKNOWN_PRODUCER_ID):
-            # a new producer gets a new id.
+            # So do records that timed out: a producer whose id the broker no longer knows (one
+            # back without its data) bumps its epoch and sends again under that id until they
+            # time out, at every retry (Tansu refuses each bumped epoch as UNKNOWN_PRODUCER_ID).
             self._producer = None
             return RetryableSinkError(f"{text} (producer recreated)")
         if err.code() in _POISON:
