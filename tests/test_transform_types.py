@@ -354,6 +354,55 @@ async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(
     assert after - before < 60, (before, after)  # py4j's cycles held it all: ~380 MB
 
 
+@pytest.mark.parametrize(
+    "processors",
+    [
+        (
+            ProcessorSpec("filter", "p0", expr="after.id % 3 = 0"),
+            ProcessorSpec("mask", "p1", columns=(("text", "hash"),)),
+        ),
+        (ProcessorSpec("sql", "p0", query="SELECT * FROM batch WHERE after.id % 3 = 0"),),
+    ],
+    ids=["filter+mask", "sql"],
+)
+async def test_each_batch_is_bound_to_its_views_without_a_sql_command_of_its_own(
+    spark: SparkRuntime, processors: tuple[ProcessorSpec, ...]
+) -> None:
+    """After a key's first batch, a batch's views are rebound in the catalog (TempViews): each
+    batch is one SQL execution, its job's, and every job sees its own batch, never the one before."""
+    schema = TableSchema("db", "t", (("id", pa.int64()), ("text", pa.string())))
+    plan = Plan(processors, [schema])
+    jspark: Any = spark.ensure()._jsparkSession
+    store, bus = jspark.sharedState().statusStore(), jspark.sparkContext().listenerBus()
+
+    def last_execution() -> int:
+        bus.waitUntilEmpty()  # the listener has seen every execution started so far
+        executions = store.executionsList()
+        return max(executions.apply(i).executionId() for i in range(executions.size()))
+
+    def batches() -> tuple[int, list[list[int]]]:
+        plan.analyse(spark)
+        kept = []
+        for start in (0, 1000):  # the first batch of the key runs CreateViewCommand; then both alternate
+            kept.append(
+                [
+                    e.after["id"]
+                    for e in plan.run(
+                        spark, [event(i, "t", {"id": i, "text": "x"}) for i in range(start, start + 30)]
+                    ).events
+                ]
+            )  # type: ignore[index]
+        first = last_execution()
+        for start in (2000, 3000, 4000, 5000):
+            events = [event(i, "t", {"id": i, "text": f"t{i}"}) for i in range(start, start + 30)]
+            kept.append([e.after["id"] for e in plan.run(spark, events).events])  # type: ignore[index]
+        return last_execution() - first, kept
+
+    executions, kept = await asyncio.get_running_loop().run_in_executor(spark.pool, batches)
+    assert kept == [[i for i in range(s, s + 30) if i % 3 == 0] for s in range(0, 6000, 1000)]
+    assert executions == 4  # one per batch; with createOrReplaceTempView, 8
+
+
 async def test_a_failing_spark_job_is_retried_by_restarts_and_moves_no_checkpoint(
     spark: SparkRuntime,
 ) -> None:

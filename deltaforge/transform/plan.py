@@ -210,8 +210,8 @@ class Plan:
             handles = JobHandles()
             try:
                 df = to_spark(spark, conf, sent.table, handles)
-                for view, query in compiled.steps:
-                    df.createOrReplaceTempView(view)
+                for step, (view, query) in enumerate(compiled.steps):
+                    conf.views.bind(df, view, (sent.table.schema, compiled.steps, step), handles)
                     df = jvmio.sql(spark, query, handles)
                 result = from_spark(df, compiled.result, handles)
             finally:

@@ -62,6 +62,9 @@ DEFAULT_CONF = {
     "spark.ui.retainedStages": "20",
     "spark.ui.retainedTasks": "200",
     "spark.sql.ui.retainedExecutions": "20",
+    # Every SQL execution's plan goes to the (off) UI's listener as text; "formatted", the
+    # default, is the costlier rendering. Measured on 10k-event jobs: 0-2 ms of ~80 a batch.
+    "spark.sql.ui.explainMode": "simple",
 }
 
 
