@@ -354,6 +354,65 @@ async def test_finished_jobs_do_not_pile_up_in_the_jvm_heap(
     assert after - before < 60, (before, after)  # py4j's cycles held it all: ~380 MB
 
 
+def _sha(value: Any) -> str | None:
+    return None if value is None else hashlib.sha256(str(value).encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("processors", "keep", "mask", "rebuilds_images"),
+    [
+        (  # masks that end the chain are applied to the values read back alone
+            (
+                ProcessorSpec("filter", "p0", expr="after.id % 2 = 0"),
+                ProcessorSpec("mask", "p1", columns=(("email", "hash"), ("card", "redact"))),
+                ProcessorSpec("mask", "p2", columns=(("email", "hash"),)),
+            ),
+            lambda im: im["id"] % 2 == 0,
+            lambda im: {**im, "email": _sha(_sha(im["email"])), "card": im["card"] and "***"},
+            False,
+        ),
+        (  # a filter after a mask sees the masked value
+            (
+                ProcessorSpec("mask", "p0", columns=(("email", "hash"),)),
+                ProcessorSpec("filter", "p1", expr="after.email = sha2('e4', 256) OR after.id = 3"),
+            ),
+            lambda im: im["id"] in (3, 4),
+            lambda im: {**im, "email": _sha(im["email"])},
+            True,
+        ),
+        (
+            (
+                ProcessorSpec("mask", "p0", columns=(("card", "drop"),)),
+                ProcessorSpec("filter", "p1", expr="after.id > 2"),
+                ProcessorSpec("mask", "p2", columns=(("email", "redact"),)),
+            ),
+            lambda im: im["id"] > 2,
+            lambda im: {"id": im["id"], "email": im["email"] and "***"},
+            True,
+        ),
+    ],
+    ids=["filter-then-masks", "mask-then-filter", "drop-filter-redact"],
+)
+async def test_filter_and_mask_chains_mask_both_images_as_written(
+    spark: SparkRuntime, processors: tuple[ProcessorSpec, ...], keep: Any, mask: Any, rebuilds_images: bool
+) -> None:
+    schema = TableSchema("db", "t", (("id", pa.int64()), ("email", pa.string()), ("card", pa.string())))
+    events = [
+        event(i, "t", {"id": i, "email": None if i == 5 else f"e{i}", "card": None if i == 2 else f"c{i}"},
+              op="u" if i % 3 == 0 else "c", before={"id": i, "email": f"old{i}", "card": None} if i % 3 == 0 else None)
+        for i in range(1, 9)
+    ]  # fmt: skip
+    plan = Plan(processors, [schema])
+    out = await through_spark(spark, plan, events)
+    kept = [e for e in events if keep(e.after)]
+    assert [e.order for e in out] == [e.order for e in kept] and len(kept) >= 2
+    for got, e in zip(out, kept, strict=True):
+        assert got.after == mask(e.after)
+        assert got.before == (None if e.before is None else mask(e.before))
+    [compiled] = plan._compiled.values()
+    assert ("named_struct" in compiled.steps[-1][1]) is rebuilds_images
+
+
 @pytest.mark.parametrize(
     "processors",
     [

@@ -150,11 +150,16 @@ class Plan:
         result = current
         has_sql = False
         masked: list[str] = []
+        unmasked = query  # the chain before the masks that end it
+        trailing: list[dict[str, str]] = []  # those masks' actions
         for p in self.processors:
             if not p.applies_to(db, table):
                 continue
             if p.type == "mask":
                 masked += [column for column, action in p.columns if action != "drop"]
+                trailing.append(dict(p.columns))
+            else:
+                trailing = []
             has_sql = has_sql or p.type == "sql"
             try:
                 if p.type == "sql":
@@ -168,7 +173,7 @@ class Plan:
                     query = base_query()
                     result = current
                 elif p.type == "filter":
-                    query = filter_query(query, p.expr)
+                    query = unmasked = filter_query(query, p.expr)
                     result = spark.sql(query)
                 else:
                     query = _mask(spark.sql(query).schema, query, p)
@@ -187,7 +192,7 @@ class Plan:
                 steps.append((IN_VIEW, query))
             return Compiled(tuple(steps), jvmio.arrow_schema(result.schema, conf))
         changes = changes_of(arrow_schema.field("after").type, result.schema, masked)
-        narrow = changes.query(query)
+        narrow = changes.query(unmasked, tuple(trailing))
         return Compiled(((IN_VIEW, narrow),), jvmio.arrow_schema(spark.sql(narrow).schema, conf), changes)
 
     # -- per batch (in a worker thread) -------------------------------------------

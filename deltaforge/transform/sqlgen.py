@@ -35,6 +35,15 @@ def filter_query(query: str, expr: str) -> str:
     return f"SELECT * FROM ({query}) WHERE ({expr})"
 
 
+def masked(value: str, action: str | None) -> str:
+    """The SQL of ``value`` hashed or redacted (``action`` ``hash``/``redact``; anything else: as is)."""
+    if action == "hash":
+        return f"sha2(cast({value} AS STRING), 256)"
+    if action == "redact":
+        return f"CASE WHEN {value} IS NULL THEN NULL ELSE {literal(REDACTED)} END"
+    return value
+
+
 def mask_query(query: str, schema: Any, columns: dict[str, str]) -> str:
     """``query`` with ``columns`` of both row images hashed, redacted or dropped.
 
@@ -53,11 +62,7 @@ def mask_query(query: str, schema: Any, columns: dict[str, str]) -> str:
             action = columns.get(sub.name)
             if action == "drop":
                 continue
-            if action == "hash":
-                value = f"sha2(cast({value} AS STRING), 256)"
-            elif action == "redact":
-                value = f"CASE WHEN {value} IS NULL THEN NULL ELSE {literal(REDACTED)} END"
-            parts.append(f"{literal(sub.name)}, {value}")
+            parts.append(f"{literal(sub.name)}, {masked(value, action)}")
         image = f"named_struct({', '.join(parts)})"
         # a missing row image (before of an insert) stays missing, not a struct of nulls
         select.append(f"CASE WHEN {ident(name)} IS NULL THEN NULL ELSE {image} END AS {ident(name)}")
