@@ -105,8 +105,8 @@ def test_naive_timestamps_come_back_naive_after_spark_makes_them_utc() -> None:
 def test_results_are_merged_in_source_order_and_may_not_invent_events() -> None:
     events = [event(i, "a" if i % 2 else "b", {"id": i}) for i in range(6)]
     heartbeat = dataclasses.replace(event(6, "-", None), op="h")
-    groups = group_by_table([*events, heartbeat])
-    assert groups == {("db", "b"): [0, 2, 4], ("db", "a"): [1, 3, 5]}  # heartbeats go to no table
+    groups, heartbeats = group_by_table([*events[:4], heartbeat, *events[4:]])
+    assert groups == {("db", "b"): [0, 2, 5], ("db", "a"): [1, 3, 6]} and heartbeats == [4]
     merged = merge_in_order([[(i, events[i]) for i in (5, 1)], [(i, events[i]) for i in (4, 0)]])
     assert [(seq, e.order[0]) for seq, e in merged] == [(0, 0), (1, 1), (4, 4), (5, 5)]
     with pytest.raises(TransformError, match="came back twice"):

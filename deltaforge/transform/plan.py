@@ -201,9 +201,10 @@ class Plan:
         started = time.perf_counter()
         spark = runtime.job_session()
         conf = runtime.arrow_conf()
-        parts: list[list[tuple[int, Event]]] = [[(i, e) for i, e in enumerate(events) if e.op == "h"]]
+        tables, heartbeats = group_by_table(events)
+        parts: list[list[tuple[int, Event]]] = [[(i, events[i]) for i in heartbeats]]
         jobs = 0
-        for (db, table), indices in group_by_table(events).items():
+        for (db, table), indices in tables.items():
             if not any(p.applies_to(db, table) for p in self.processors):
                 parts.append([(i, events[i]) for i in indices])
                 continue
