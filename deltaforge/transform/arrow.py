@@ -127,8 +127,8 @@ def to_arrow(events: list[Event], indices: list[int], schema: TableSchema | None
         [
             pa.array(indices, pa.int64()),
             pa.array([e.op for e in picked], pa.string()),
-            pa.array([src.db] * n, pa.string()),
-            pa.array([src.table] * n, pa.string()),
+            pa.repeat(pa.scalar(src.db, pa.string()), n),  # one value: no list of n to convert
+            pa.repeat(pa.scalar(src.table, pa.string()), n),
             images.slice(0, n),
             images.slice(n),
         ],
