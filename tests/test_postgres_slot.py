@@ -18,6 +18,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.postgres import publication as pubcheck
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until
 from tests.kit import ScriptedSink
@@ -317,6 +318,40 @@ async def test_a_table_taken_out_of_the_publication_while_streaming_is_position_
         f"position lost: table public.b was taken out of publication 'p_{db}' and put back, or its row "
         "filter or column list was changed while streaming"
     )
+
+
+async def test_a_table_dropped_while_the_publication_check_looks_at_it_counts_as_dropped(
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check looks a table up, then the publication's rows for it: a DROP TABLE committed
+    between the two left no row, which read as the table taken out of the publication (position
+    lost, with a reason that was not what happened; seen once in CI). It counts as dropped: named
+    once, and a table made again under its name is then "dropped and created again"."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    for table in ("a", "b"):
+        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    src = source(postgres, db, tables=["public.a", "public.b"])
+    await src.open(None)
+    assert src.watch.at_open is not None
+    a_oid = src.watch.at_open["oids"]["public.a"]
+    rows_of = pubcheck._rows
+
+    async def drop_a_first(c: asyncpg.Connection, pub: int, oid: int) -> list[str]:
+        if oid == a_oid:
+            await conn.execute("DROP TABLE IF EXISTS a")  # after the ask found a's oid
+        return await rows_of(c, pub, oid)
+
+    monkeypatch.setattr(pubcheck, "_rows", drop_a_first)
+    with capture_logs() as logs:
+        assert await src.watch._ask(src._conn) is None
+    assert [e["table"] for e in logs if e["event"] == "captured_table_dropped"] == ["public.a"]
+    monkeypatch.undo()
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    gone = await src.watch._ask(src._conn)
+    await src.close()
+    await conn.close()
+    assert gone is not None and gone.startswith("table public.a was dropped and created again")
 
 
 async def test_a_listed_table_dropped_while_streaming_is_named_once(postgres: Postgres) -> None:

@@ -157,6 +157,12 @@ async def _memberships_of(conn: asyncpg.Connection, row: asyncpg.Record, listed:
         oid = await _oid(conn, table)  # a table dropped since has nothing more to send
         if oid is not None:
             tables[table], oids[table] = sorted(await _rows(conn, pub, oid)), oid
+    if unpublished := [oids[t] for t, rows in tables.items() if not rows]:
+        # A table dropped between its two lookups above has no publication row left, which
+        # alone reads as "taken out of the publication": it is dropped, and counted as such.
+        for oid in await conn.fetchval(_GONE, unpublished):
+            table = next(t for t, o in oids.items() if o == oid)
+            del tables[table], oids[table]
     if listed:
         unlogged = list(await conn.fetchval(_UNLOGGED_OF, list(oids.values()))) if oids else []
     else:  # all tables
