@@ -86,7 +86,7 @@ class TempViews:
     plan. The first batch of a ``key`` (the caller's: whatever fixes the view's
     schema) runs the command; later ones put the metadata it made and their own
     plan into the catalog directly (``SessionCatalog.createTempView``, four
-    round trips, about 2 ms). Internal Spark API: pyspark is pinned, and
+    round trips: 0.5 ms a batch in the benchmark). Internal Spark API: pyspark is pinned, and
     ``tests/test_transform_types.py`` counts the SQL executions a batch makes.
     """
 
