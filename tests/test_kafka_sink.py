@@ -382,6 +382,44 @@ async def test_a_topic_with_one_replica_is_named_once_per_topic(tansu: Tansu) ->
     assert kafka_risks("cdc.t", 3) == []  # Tansu is one broker: more replicas only in a cluster
 
 
+async def test_a_replicated_topic_that_lets_one_replica_acknowledge_is_named(tansu: Tansu) -> None:
+    """With ``acks=all`` the leader waits only for the replicas in sync, which with
+    ``min.insync.replicas=1`` may be itself alone: a topic with three replicas is then named as
+    one with a single replica is, and one with 2 is not. A broker that does not say (Tansu, for a
+    topic made without the setting) is said as unknown, not as safe."""
+    from dataclasses import replace
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    made = admin.create_topics([
+        NewTopic("cdc.one", 1, 3, config={"min.insync.replicas": "1"}),
+        NewTopic("cdc.two", 1, 3, config={"min.insync.replicas": "2"}),
+        NewTopic("cdc.unsaid", 1, 3),
+    ])  # fmt: skip
+    for future in made.values():
+        future.result(30)
+    sink = KafkaSink(parse_pipeline(kafka_doc(tansu.bootstrap), env={}).sinks[0])
+    await sink.open()
+    event = make_event(1)
+    batch = [replace(event, source=replace(event.source, table=t)) for t in ("one", "two", "unsaid")]
+    with capture_logs() as logs:
+        await sink.deliver(batch)
+        await sink.deliver(batch)  # each topic is read once
+    await sink.close()
+    said = [
+        (e["event"], e.get("risk") or e.get("reason"))
+        for e in logs
+        if e["event"].startswith("sink_durability")
+    ]
+    assert [(kind, text.split(":")[0]) for kind, text in said] == [
+        ("sink_durability", "topic 'cdc.one' has min.insync.replicas=1"),
+        ("sink_durability_unknown", "topic 'cdc.unsaid'"),
+    ]
+    assert said[0][1].endswith("set min.insync.replicas=2 on the topic")
+    assert "does not report min.insync.replicas" in said[1][1]
+
+
 @pytest.mark.slow
 def test_sigkill_loses_nothing_at_least_once(tansu: Tansu, tmp_path: Path) -> None:
     tansu.create_topic("cdc.orders")

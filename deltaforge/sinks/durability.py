@@ -77,16 +77,24 @@ def nats_risks(stream: str, storage: str, replicas: int, window_s: float, wanted
     return risks
 
 
-def kafka_risks(topic: str, replicas: int) -> list[str]:
-    """What a topic with ``replicas`` replicas (its fewest over its partitions) can lose."""
-    if replicas >= 2:
-        return []
-    return [
-        f"topic {topic!r} has {replicas} replica: a broker acknowledges a record once it holds it in memory "
-        "(Kafka does not fsync by default), so a crash of that broker's machine, or the loss of its disk, "
-        "loses records deltaforge has checkpointed; create the topic with a replication factor of 3 and "
-        "min.insync.replicas=2"
-    ]
+def kafka_risks(topic: str, replicas: int, min_insync: int | None = None) -> list[str]:
+    """What a topic with ``replicas`` replicas (its fewest over its partitions) and
+    ``min.insync.replicas`` ``min_insync`` (None: not known) can lose."""
+    if replicas < 2:
+        return [
+            f"topic {topic!r} has {replicas} replica: a broker acknowledges a record once it holds it in "
+            "memory (Kafka does not fsync by default), so a crash of that broker's machine, or the loss of "
+            "its disk, loses records deltaforge has checkpointed; create the topic with a replication "
+            "factor of 3 and min.insync.replicas=2"
+        ]
+    if min_insync is not None and min_insync < 2:
+        return [
+            f"topic {topic!r} has min.insync.replicas={min_insync}: with acks=all the leader acknowledges a "
+            "record as soon as it alone holds it, in memory, whenever its followers have fallen out of sync, "
+            "so a crash of the leader's machine then loses records deltaforge has checkpointed; set "
+            "min.insync.replicas=2 on the topic"
+        ]
+    return []
 
 
 TOPICS_READ = 64
@@ -95,12 +103,16 @@ TOPICS_READ = 64
 
 class KafkaTopics:
     """The topics a Kafka sink has produced to, each read once after its first batch is acknowledged
-    (it exists by then): its replicas, from a metadata round trip on the sink's own producer.
-    ``min.insync.replicas`` is a broker or topic config (DescribeConfigs), not read here."""
+    (it exists by then): its replicas, from a metadata round trip on the sink's own producer, and,
+    for a topic with more than one, its ``min.insync.replicas`` (DescribeConfigs, one more round
+    trip, on an admin client made with :attr:`conf`)."""
 
     def __init__(self, sink: str, timeout_s: float) -> None:
         self.sink, self.timeout_s = sink, timeout_s
         self.read: set[str] = set()
+        self.conf: dict[str, Any] = {}
+        """The admin client's settings: the producer's servers, client id and security settings."""
+        self._admin: Any = None
 
     def after_batch(self, producer: Any, topics: set[str]) -> None:
         """Read the topics of a delivered batch not read before (blocking: the sink's thread)."""
@@ -114,7 +126,29 @@ class KafkaTopics:
             except Exception as exc:  # noqa: BLE001 - what the broker does not say is said as unknown
                 unknown(self.sink, "KafkaSink", f"topic {topic!r}: {type(exc).__name__}: {exc}")
                 continue
-            report(self.sink, "KafkaSink", kafka_risks(topic, replicas))
+            min_insync = self._min_insync(topic) if replicas >= 2 else None
+            report(self.sink, "KafkaSink", kafka_risks(topic, replicas, min_insync))
+
+    def _min_insync(self, topic: str) -> int | None:
+        """The topic's ``min.insync.replicas`` (None, said as unknown: the broker did not tell)."""
+        # here, not at the top: the other sinks' durability checks need no Kafka client
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin._config import ConfigResource  # not re-exported for type checkers
+
+        try:
+            if self._admin is None:
+                self._admin = AdminClient(self.conf)
+            asked = self._admin.describe_configs(
+                [ConfigResource("topic", topic)], request_timeout=self.timeout_s
+            )
+            entry = next(iter(asked.values())).result(self.timeout_s).get("min.insync.replicas")
+            if entry is None or entry.value is None:
+                # Tansu answers only with the settings a topic was made with
+                raise LookupError("the broker does not report min.insync.replicas")
+            return int(entry.value)
+        except Exception as exc:  # noqa: BLE001 - what the broker does not say is said as unknown
+            unknown(self.sink, "KafkaSink", f"topic {topic!r}: {type(exc).__name__}: {exc}")
+            return None
 
 
 def report(sink: str, actor: str, risks: list[str]) -> None:

@@ -148,7 +148,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             "compression.type": self.settings.compression,
             **self.extra,
         }
-        self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
+        self.ends.conf = self._topics.conf = {**self.reach, "client.id": conf["client.id"]}
         if not self.exactly_once:
             conf["error_cb"] = self.ends.disturb  # a lost connection: were the partitions' ends kept?
         else:
