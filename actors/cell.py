@@ -88,6 +88,12 @@ class ActorCell(Generic[A]):
             if reply is not None:
                 _reply(reply, (False, exc))
             raise
+        except BaseException:
+            # Cancelled mid-message (a library cancelled a future the handler awaited, or the task
+            # was): the asker hears now that no reply is coming, not when its own timeout runs out.
+            if reply is not None:
+                reply.close()
+            raise
         finally:
             self.processed += 1
         if reply is not None:

@@ -30,6 +30,11 @@ class Boom:
     pass
 
 
+@message
+class Abandoned:
+    pass
+
+
 class Gated(Actor):
     """Handles each message only after the gate opens."""
 
@@ -55,6 +60,10 @@ class EchoActor(Actor):
             raise ValueError("boom")
         if isinstance(message, Work):
             await anyio.sleep(3600)
+        if isinstance(message, Abandoned):
+            lost = asyncio.get_running_loop().create_future()
+            lost.cancel()  # what nats-py did to a publish's ack future the handler gathered
+            await asyncio.gather(lost)
         return None
 
 
@@ -174,6 +183,19 @@ async def test_ask_when_actor_dies_before_replying() -> None:
     with pytest.raises(ActorStopped, match="stopped before replying"):
         await waiter
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_asker_hears_at_once_when_the_message_it_waits_on_is_cancelled() -> None:
+    """A handler that dies of a CancelledError (a future it awaited was cancelled under it) does
+    not reply: the asker is told so at once. It waited for its own timeout before, 120 s for a
+    sink's batch, and the whole pipeline with it, while /health said ok (chaos nats_leader_loss)."""
+    cell = ActorCell("echo", EchoActor)
+    task = await _run_cell(cell)
+    with anyio.fail_after(30), pytest.raises(ActorStopped, match="stopped before replying"):
+        await cell.ref.ask(Abandoned(), timeout=None)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cell.state == "crashed"
 
 
 async def test_ask_raises_what_receive_raised_and_actor_crashes() -> None:
