@@ -16,7 +16,7 @@ warning), or that it could not read them (``sink_durability_unknown``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -105,14 +105,13 @@ class KafkaTopics:
     """The topics a Kafka sink has produced to, each read once after its first batch is acknowledged
     (it exists by then): its replicas, from a metadata round trip on the sink's own producer, and,
     for a topic with more than one, its ``min.insync.replicas`` (DescribeConfigs, one more round
-    trip, on an admin client made with :attr:`conf`)."""
+    trip, on the admin client :attr:`admin` gives)."""
 
     def __init__(self, sink: str, timeout_s: float) -> None:
         self.sink, self.timeout_s = sink, timeout_s
         self.read: set[str] = set()
-        self.conf: dict[str, Any] = {}
-        """The admin client's settings: the producer's servers, client id and security settings."""
-        self._admin: Any = None
+        self.admin: Callable[[], Any] | None = None
+        """The sink's admin client (the one that reads its partitions' ends), made on first use."""
 
     def after_batch(self, producer: Any, topics: set[str]) -> None:
         """Read the topics of a delivered batch not read before (blocking: the sink's thread)."""
@@ -132,13 +131,12 @@ class KafkaTopics:
     def _min_insync(self, topic: str) -> int | None:
         """The topic's ``min.insync.replicas`` (None, said as unknown: the broker did not tell)."""
         # here, not at the top: the other sinks' durability checks need no Kafka client
-        from confluent_kafka.admin import AdminClient
         from confluent_kafka.admin._config import ConfigResource  # not re-exported for type checkers
 
         try:
-            if self._admin is None:
-                self._admin = AdminClient(self.conf)
-            asked = self._admin.describe_configs(
+            if self.admin is None:
+                raise LookupError("no admin client")
+            asked = self.admin().describe_configs(
                 [ConfigResource("topic", topic)], request_timeout=self.timeout_s
             )
             entry = next(iter(asked.values())).result(self.timeout_s).get("min.insync.replicas")

@@ -120,6 +120,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = False
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
         self.ends = PartitionEnds(self.id, self.timeout)
+        self._topics.admin = self.ends.admin  # one admin client per sink
         self.acked_ends, self.target = (None if self.exactly_once else self.ends.acked), self.brokers
         self.reach: dict[str, Any] = {"bootstrap.servers": self.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG,
                                       **connection_settings(self.extra)}  # fmt: skip
@@ -148,7 +149,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             "compression.type": self.settings.compression,
             **self.extra,
         }
-        self.ends.conf = self._topics.conf = {**self.reach, "client.id": conf["client.id"]}
+        self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
         if not self.exactly_once:
             conf["error_cb"] = self.ends.disturb  # a lost connection: were the partitions' ends kept?
         else:

@@ -85,10 +85,14 @@ class PartitionEnds:
         self.disturbed, self.read_at = False, now
         return sum(self.acked.check(where, end, end) for where, end in ends.items())
 
+    def admin(self) -> AdminClient:
+        """The admin client, made with :attr:`conf` on first use; the sink's topic reads use it too."""
+        if self._admin is None:
+            self._admin = AdminClient(self.conf)
+        return self._admin
+
     def _read(self) -> dict[str, int]:
-        admin = self._admin
-        if admin is None:
-            admin = self._admin = AdminClient(self.conf)
+        admin = self.admin()
         wait = min(self.timeout_s, 5.0)
         asked: dict[TopicPartition, str] = {}
         ends: dict[str, int] = {}
