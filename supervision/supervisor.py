@@ -257,10 +257,11 @@ class Supervisor:
         error: BaseException | None = None
         try:
             await child.spec.child.run(status)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if child.stopping:
                 raise
             error = RuntimeError("cancelled from outside its supervisor")
+            error.__cause__ = exc  # the restart's log shows where: the stack of the cancelled await
         except BaseException as exc:  # noqa: BLE001 - a supervisor must see every failure
             error = exc
         if not child.stopping and self._exits is not None:

@@ -232,6 +232,33 @@ async def test_worker_that_raises_is_restarted_and_pipeline_continues_without_lo
     assert await checkpoint(store, "a") == N
 
 
+async def test_a_wait_cancelled_inside_a_sinks_client_library_is_retried_not_a_crash() -> None:
+    """A client library that cancels a wait of its own (nats-py did, once, in a chaos run while
+    its cluster lost a leader) ends the sink's call in a ``CancelledError`` although nobody is
+    stopping its worker: retried as a lost connection; it crashed the worker."""
+    loop = asyncio.get_running_loop()
+
+    async def reset_once(call: int, events: list[Event]) -> None:
+        if call == 3:
+            wait = loop.create_future()  # a call pending in the library, which cancels it
+            loop.call_soon(wait.cancel)
+            await wait
+
+    store = MemoryCheckpointStore()
+    a = ScriptedSink("a", script=reset_once)
+    runner, task = await start(
+        config(sinks=[sink_doc("a")], batch={"max_events": 50}), [a], SyntheticSource(N), store
+    )
+    await wait_until(lambda: runner.ctx.stats.events_committed >= N, what="all committed")
+    snap = runner.snapshot().find("DeliveryWorker[a]")
+    stats = runner.ctx.stats.sinks["a"]
+    await stop(runner, task)
+    assert snap is not None and snap.restarts == 0
+    assert stats.retries == 1 and "cancelled (retried as a connection lost)" in str(stats.last_error)
+    assert a.received == list(range(1, N + 1))
+    assert await checkpoint(store, "a") == N
+
+
 async def test_exceeding_intensity_fails_pipeline_and_health_turns_503() -> None:
     store = MemoryCheckpointStore()
     a = ScriptedSink("a", script=fails(RuntimeError))

@@ -4,6 +4,7 @@ fresh state behind stable refs, and every restart logged."""
 from __future__ import annotations
 
 import asyncio
+import traceback
 
 import anyio
 import pytest
@@ -92,6 +93,45 @@ async def test_every_restart_is_logged_with_actor_supervisor_reason() -> None:
     ]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+class CancelledInside:
+    """Dies on its first run of a wait that something else cancelled (as a client library cancels
+    its pending calls); stays up after."""
+
+    name = "inside"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def run(self, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.runs += 1
+        task_status.started()
+        wait = asyncio.get_running_loop().create_future()
+        if self.runs == 1:
+            asyncio.get_running_loop().call_soon(wait.cancel)
+        await wait
+
+    def snapshot(self) -> NodeSnapshot:
+        return NodeSnapshot(name=self.name, kind="task", state="running")
+
+
+async def test_a_child_cancelled_from_outside_is_restarted_with_the_stack_of_the_cancelled_wait() -> None:
+    """The restart's log names where the cancellation hit: without it a chaos run's crash said only
+    "cancelled from outside its supervisor"."""
+    child = CancelledInside()
+    sup = Supervisor("s", [ChildSpec(child)], backoff=NO_BACKOFF)
+    with capture_logs() as logs:
+        task = asyncio.create_task(sup.run())
+        await wait_until(lambda: child.runs == 2, what="restarted")
+        sup.request_stop()
+        await asyncio.wait_for(task, 3)
+    [restart] = [e for e in logs if e["event"] == "child_restarted"]
+    crash = restart["exc_info"]
+    assert str(crash) == "cancelled from outside its supervisor"
+    assert isinstance(crash.__cause__, asyncio.CancelledError)
+    frames = [f.name for f in traceback.extract_tb(crash.__cause__.__traceback__)]
+    assert frames[-1] == "run" and "_watch" in frames  # the child's await, under its supervisor
 
 
 async def test_actor_cells_under_a_supervisor_get_fresh_state_and_stable_refs() -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from actors import Actor
@@ -20,7 +22,7 @@ from deltaforge.pipeline.messages import (
     ReplayDeadLetters,
 )
 from deltaforge.position import Position, advance, not_held
-from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, Sink, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from supervision import Backoff, Fatal
 
 RETRY = Backoff(base=0.1, max=10.0)
@@ -191,8 +193,9 @@ class DeliveryWorker(Actor):
     async def _probe(self) -> str | None:
         """Whether the sink answers now: None if so, else why not."""
         try:
-            await self._open()
-            await self.sink.reachable()
+            with _library_cancel(self.sink_id):
+                await self._open()
+                await self.sink.reachable()
         except SinkError as exc:
             await self._reconnect()
             return str(exc)
@@ -204,7 +207,8 @@ class DeliveryWorker(Actor):
             return await self._probe()
         if isinstance(message, ReplayDeadLetters):
             try:
-                await self.replay(list(message.events))
+                with _library_cancel(self.sink_id):
+                    await self.replay(list(message.events))
             except SinkError as exc:
                 return str(exc)
             return None
@@ -223,13 +227,14 @@ class DeliveryWorker(Actor):
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
-                    await self._open()
-                    if self.recheck:
-                        await self._adopt_sink_position()
-                        self.recheck = False
-                    events = self._pending(batch)
-                    if events:
-                        await self._watched(events, batch.checkpoint)
+                    with _library_cancel(self.sink_id):
+                        await self._open()
+                        if self.recheck:
+                            await self._adopt_sink_position()
+                            self.recheck = False
+                        events = self._pending(batch)
+                        if events:
+                            await self._watched(events, batch.checkpoint)
                     break
                 except Fatal:
                     raise
@@ -269,6 +274,24 @@ class DeliveryWorker(Actor):
         await self.held.save()
         assert self.position is not None
         return BatchDelivered(self.sink_id, batch.id, self.position, len(events))
+
+
+@contextlib.contextmanager
+def _library_cancel(sink_id: str) -> Iterator[None]:
+    """A ``CancelledError`` out of a sink's call while this worker is not being cancelled is its
+    client library's own: a wait the library cancelled (seen once with nats-py while a NATS
+    cluster lost its stream's leader, chaos ``nats_leader_loss`` seed 313; which call, its log did
+    not say). Retried as a lost connection (the sink degraded, then back). Left to rise, it
+    crashed the worker: a restart, and the batch's retry held back until it."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # ours: the worker is being stopped
+        raise RetryableSinkError(
+            f"sink {sink_id!r}: a wait inside its client library was cancelled (retried as a connection lost)"
+        ) from None
 
 
 def _data(events: list[Event]) -> list[Event]:
