@@ -9,6 +9,7 @@ from structlog.testing import capture_logs
 
 from deltaforge.events import Event
 from deltaforge.sources.base import PositionLost
+from deltaforge.sources.postgres.pgoutput import format_lsn
 from tests.postgres_kit import read_n, source
 from tests.servers.postgres import Postgres
 
@@ -64,6 +65,66 @@ async def test_a_checkpoint_past_the_end_of_a_restored_servers_wal_is_position_l
         got = await read_n(src, 2)
         await src.close()
         assert [e.after["id"] for e in got if e.after] == [100, 101]
+
+
+async def _heartbeat_after(pg: Postgres, resume: Event, first: int, n: int) -> Event:
+    """Like ``_read_after``, then WAL of a table the source does not read, until a heartbeat: its
+    checkpoint is what an idle pipeline holds."""
+    src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
+    await src.open(resume.checkpoint)
+    try:
+        await _insert(pg, first, n)
+        got = await read_n(src, n)
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE IF NOT EXISTS other (id int)")
+        while not (beats := [e for e in await src.read() if e.op == "h" and e.order > got[-1].order]):
+            await conn.execute("INSERT INTO other VALUES (1)")  # moves the WAL's end: a heartbeat follows
+        await conn.close()
+    finally:
+        await src.close()
+    beat = beats[-1].checkpoint
+    assert beat.last_commit == (got[-1].order[0], got[-1].checkpoint.commit_ts)  # type: ignore[attr-defined]
+    return beats[-1]
+
+
+@pytest.mark.parametrize("held", ["transaction", "heartbeat"])
+async def test_a_restored_server_whose_new_wal_passed_the_checkpoint_is_position_lost(held: str) -> None:
+    """As above, but the restored server takes rows until its WAL reaches past the checkpoint: the
+    WAL-end check no longer sees the restore, and moving the slot to the checkpoint skipped the new
+    rows as delivered. Probed: the restored server wrote a COMMIT at the checkpoint's very commit
+    and end LSN; only its commit time differed, and checkpoints now carry it (a heartbeat's, an
+    idle pipeline's, the last transaction's before it). On the server before the restore the same
+    checkpoint opens: its commit is found there, with its time."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await conn.close()
+        first = await _read_after(pg, None, 1, 2)
+        pg.halt()
+        copy = pg.copy_files()
+        pg.resume()
+        last = await (
+            _read_after(pg, first, 3, 20) if held == "transaction" else _heartbeat_after(pg, first, 3, 20)
+        )
+        assert last.checkpoint.last_commit is not None  # type: ignore[attr-defined]
+        healthy = source(pg, "postgres", tables=["public.t"])
+        await healthy.open(last.checkpoint)  # the slot is behind the commit (nothing confirmed it): checked
+        await healthy.close()
+        pg.halt()
+        pg.restore_files(copy)
+        pg.resume()
+        conn = await asyncpg.connect(pg.dsn())
+        past = "SELECT pg_current_wal_flush_lsn() > $1::text::pg_lsn"
+        row = 100
+        while not await conn.fetchval(past, format_lsn(last.checkpoint.lsn)):  # type: ignore[attr-defined]
+            await conn.execute("INSERT INTO t VALUES ($1, 'x')", row)
+            row += 1
+        await conn.close()
+        again = source(pg, "postgres", tables=["public.t"])
+        with pytest.raises(PositionLost, match=r"^position lost: the server's WAL at the checkpoint's transaction "
+                           r"\(commit [0-9A-F/]+, committed 20[-0-9T:.+]+\) holds (a transaction committed "
+                           r"20[-0-9T:.+]+|no transaction of the publication): it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
+            await again.open(last.checkpoint)
 
 
 async def test_fsync_off_is_named_at_every_opening() -> None:

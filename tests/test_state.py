@@ -161,6 +161,19 @@ async def test_checkpoints_in_the_previous_format_load_as_typed_positions(
     assert position.order == expected_order
 
 
+def test_a_postgres_position_keeps_its_commit_time_through_its_document() -> None:
+    """The commit time (and a heartbeat's last transaction) survive the checkpoint store: the
+    restored-server check at the next opening needs them (``tests/test_postgres_lost_wal.py``)."""
+    from deltaforge.sources.postgres.position import END, PgPosition
+
+    event = PgPosition(23456, 23400, END, 849_511_875_727_915)
+    beat = PgPosition(24000, 23999, END, 849_511_875_727_915, 23400)
+    for position in (event, beat):
+        assert PgPosition.from_doc(position.to_doc()) == position
+        assert position.last_commit == (23400, 849_511_875_727_915)
+    assert PgPosition(23456, 23400).last_commit is None  # written before times were kept: not checked
+
+
 def test_positions_order_across_binlog_files_numerically() -> None:
     from deltaforge.sources.mysql.position import BinlogPosition
 

@@ -17,6 +17,18 @@ from deltaforge.sources.postgres.pgoutput import parse_lsn
 
 
 def run(ctx: RunContext) -> None:
+    _restored(ctx, past=False)
+
+
+def run_past(ctx: RunContext) -> None:
+    """The same, but the restored server writes until its WAL reaches past serve's checkpoint before
+    serve meets it: the WAL's end no longer shows the restore. The checkpoint's transaction does
+    (its commit time, which the new transaction at that commit LSN does not share): halts
+    ``position lost: the server's WAL at the checkpoint's transaction … holds …``."""
+    _restored(ctx, past=True)
+
+
+def _restored(ctx: RunContext, past: bool) -> None:
     with postgres_rig(ctx) as rig:
         serve = rig.start()
         for _ in range(20):
@@ -30,13 +42,27 @@ def run(ctx: RunContext) -> None:
             written = parse_lsn(str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchall()[0][0]))
         wait_for(lambda: _checkpoint_lsn(rig) >= written, 60, "the changes after the copy checkpointed")
         rig.source_proxy.disable()
+        held = _checkpoint_lsn(rig)  # serve cannot move it now: it cannot reach the server
         rig.pg.halt()
         rig.pg.restore_files(copy)
         rig.pg.resume()
         _insert(rig.pg.dsn(), range(20_000, 20_003))  # positions serve has passed
+        if past:
+            ctx.figures["written_after_restore"] = 3 + _insert_past(rig.pg.dsn(), held, 20_003)
         rig.source_proxy.enable()
-        reasons = halts_saying(ctx, serve, "before the checkpoint", "Re-snapshot required.")
-        ctx.figures["reason"] = reasons[reasons.find("the server's WAL") :][:120]
+        says = "at the checkpoint's transaction" if past else "before the checkpoint"
+        reasons = halts_saying(ctx, serve, says, "Re-snapshot required.")
+        ctx.figures["reason"] = reasons[reasons.find("the server's WAL") :][:160]
+
+
+def _insert_past(dsn: str, lsn: int, first: int) -> int:
+    """Transactions until the server's WAL reaches past ``lsn``; how many."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        key = first
+        while parse_lsn(str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()[0][0])) <= lsn:
+            conn.execute("INSERT INTO items (id, ver, payload) VALUES (%s, 1, 'after')", (key,))
+            key += 1
+    return key - first
 
 
 def _insert(dsn: str, keys: range) -> None:

@@ -18,14 +18,39 @@ class PgPosition(NamedTuple):
     lsn: int
     commit_lsn: int
     seq: int = END
+    commit_ts: int = 0
+    """The transaction's commit time as pgoutput sends it (µs since 2000-01-01); 0: none known (a
+    checkpoint written before it was kept). A server restored from a copy of its files writes new
+    transactions at LSNs it had used, even the same commit and end LSN: the time tells them apart
+    (``slot.check_same_commit``)."""
+    last_tx: int = 0
+    """A heartbeat's: the commit LSN of the last transaction before it, whose time ``commit_ts`` is
+    (a heartbeat names no transaction of its own). 0: ``commit_ts`` is ``commit_lsn``'s."""
 
     @property
     def order(self) -> tuple[int, ...]:
         return (self.commit_lsn, self.seq)
 
+    @property
+    def last_commit(self) -> tuple[int, int] | None:
+        """``(commit LSN, commit time)`` of the transaction this position names, or a heartbeat's
+        last one before it; None when its time is not known."""
+        return (self.last_tx or self.commit_lsn, self.commit_ts) if self.commit_ts else None
+
     def to_doc(self) -> PositionDoc:
-        return {"lsn": self.lsn, "commit_lsn": self.commit_lsn, "seq": self.seq}
+        doc: PositionDoc = {"lsn": self.lsn, "commit_lsn": self.commit_lsn, "seq": self.seq}
+        if self.commit_ts:
+            doc["commit_ts"] = self.commit_ts  # absent when unknown: older versions read it unchanged
+        if self.last_tx:
+            doc["last_tx"] = self.last_tx
+        return doc
 
     @classmethod
     def from_doc(cls, doc: PositionDoc) -> PgPosition:
-        return cls(as_int(doc, "lsn"), as_int(doc, "commit_lsn"), as_int(doc, "seq", END))
+        return cls(
+            as_int(doc, "lsn"),
+            as_int(doc, "commit_lsn"),
+            as_int(doc, "seq", END),
+            as_int(doc, "commit_ts", 0),
+            as_int(doc, "last_tx", 0),
+        )

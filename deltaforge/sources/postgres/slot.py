@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import asyncpg
 import structlog
@@ -17,6 +21,9 @@ from deltaforge.sources.base import PositionLost, SourceUnavailable
 from deltaforge.sources.postgres.identity import refuse_without_identity
 from deltaforge.sources.postgres.names import quote_table
 from deltaforge.sources.postgres.pgoutput import format_lsn, parse_lsn
+from deltaforge.sources.postgres.position import PgPosition
+
+T = TypeVar("T")
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
@@ -64,6 +71,68 @@ async def check_within_wal(conn: asyncpg.Connection, checkpoint: int) -> None:
         )
 
 
+COMMITS_AT = (
+    "SELECT substring(data from 3 for 24) FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, "
+    "NULL, 'proto_version', '1', 'publication_names', $3) "
+    "WHERE get_byte(data, 0) = 67 AND substring(data from 3 for 8) = $4"
+)
+"""pgoutput's COMMIT messages (``C``, flags, commit LSN, end LSN, commit time) for one commit LSN, from
+the slot's position on: filtered by the server, so only they come back."""
+_COMMIT = struct.Struct(">QQq")
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+async def check_same_commit(
+    conn: asyncpg.Connection, slot: str, publication: str, checkpoint: PgPosition, confirmed: int, who: str
+) -> None:
+    """Raise :class:`PositionLost` when the WAL at the checkpoint's transaction holds another one.
+
+    :func:`check_within_wal` sees a restored server only until its new WAL passes the checkpoint;
+    after that the new transactions sit at positions deltaforge passed, and moving the slot to the
+    checkpoint skips them as delivered. Probed: a server restored from a copy wrote a COMMIT at the
+    very commit and end LSN of the checkpoint's (and would reuse its xid): only the commit time
+    differed. So the slot is read, without consuming it, from its position up to that commit, and
+    the commit there must carry the checkpoint's time. A heartbeat's checkpoint (an idle source)
+    names no transaction of its own: the last one before it is checked. Checked when that time is
+    known and the slot has not passed that commit (it is then still in the slot's WAL). Not seen:
+    a copy taken after the slot had passed the last transaction, when the pipeline was idle.
+    """
+    last = checkpoint.last_commit
+    if last is None or confirmed > last[0]:
+        return
+    at, ts = last
+    rows = await _unheld(
+        lambda: conn.fetch(COMMITS_AT, slot, format_lsn(at + 1), f'"{publication}"', at.to_bytes(8, "big")),
+        who,
+    )
+    times = [_COMMIT.unpack(bytes(r[0]))[2] for r in rows]
+    if ts in times:
+        return
+    found = f"a transaction committed {_when(times[0])}" if times else "no transaction of the publication"
+    raise PositionLost(
+        f"the server's WAL at the checkpoint's transaction (commit {format_lsn(at)}, committed "
+        f"{_when(ts)}) holds {found}: it lost WAL deltaforge had read and delivered "
+        "(restored from a copy of its files, or a crash of its machine with fsync off), and wrote new "
+        "transactions at positions already passed"
+    )
+
+
+def _when(pg_us: int) -> str:
+    return (_PG_EPOCH + timedelta(microseconds=pg_us)).isoformat(timespec="microseconds")
+
+
+async def _unheld(call: Callable[[], Awaitable[T]], who: str) -> T:
+    """``call``, a use of the slot, tried again while a just-stopped walsender still holds it."""
+    for attempt in range(ADVANCE_TRIES):
+        try:
+            return await call()
+        except asyncpg.ObjectInUseError as exc:
+            if attempt == ADVANCE_TRIES - 1:
+                raise SourceUnavailable(f"{who}: {exc}") from None
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
 async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:
     """Log a warning (``source_durability``) for settings under which a crash of the server's machine
     loses what deltaforge delivered: ``fsync`` off."""
@@ -75,14 +144,7 @@ async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:
 
 async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:
     """Move the slot to ``lsn`` while no stream of ours holds it (before the decoder starts)."""
-    for attempt in range(ADVANCE_TRIES):
-        try:
-            await conn.execute("SELECT pg_replication_slot_advance($1, $2)", slot, lsn)
-            return
-        except asyncpg.ObjectInUseError as exc:
-            if attempt == ADVANCE_TRIES - 1:
-                raise SourceUnavailable(f"{who}: {exc}") from None
-            await asyncio.sleep(0.1)
+    await _unheld(lambda: conn.execute("SELECT pg_replication_slot_advance($1, $2)", slot, lsn), who)
 
 
 async def released(conn: asyncpg.Connection, slot: str) -> None:

@@ -54,7 +54,9 @@ if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child pr
     from deltaforge.sources.postgres.decoder import DecoderSettings
 
 log = structlog.get_logger()
-new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
+new_position = (
+    tuple.__new__
+)  # a NamedTuple without its Python-level __new__: one per event, every field given
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
 
 
@@ -83,6 +85,7 @@ class PostgresSource(Source):
         self.watch = PublicationWatch(self.publication, self._listed())
         self.db = ""
         self._last_commit = 0  # commit LSN of the last transaction handed out
+        self._last_time: tuple[int, int] | None = None  # its commit LSN and time, when known
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
         self._decoder: ChildDecoder | None = None
         self._threads = BlockingRunner(1)
@@ -208,6 +211,7 @@ class PostgresSource(Source):
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
         self._last_commit = 0
+        self._last_time = None
         if resume is not None:
             safe = resume.lsn
             if self._failover:
@@ -222,10 +226,14 @@ class PostgresSource(Source):
                 )
             else:
                 await slot_ops.check_within_wal(conn, safe)
+                await slot_ops.check_same_commit(conn, self.slot, self.publication, resume, self._confirmed,
+                                                 f"postgres source {self.id!r}")  # fmt: skip
                 await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
+            if resume.seq == END and not self._failover:  # another server's commits are not this one's
+                self._last_time = resume.last_commit
 
     async def filled(self, table: str, columns: list[str]) -> list[str]:
         async with self._connection() as conn:  # not the control connection: a check may be on it
@@ -343,7 +351,11 @@ class PostgresSource(Source):
 
     def _heartbeat(self, lsn: int) -> Event:
         """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there."""
-        cp = PgPosition(lsn, lsn - 1, END)
+        # It carries the last transaction's commit time: a restored server is checked against it.
+        last = self._last_time
+        cp = (
+            PgPosition(lsn, lsn - 1, END) if last is None else PgPosition(lsn, lsn - 1, END, last[1], last[0])
+        )
         return Event(
             op="h",
             before=None,
@@ -368,7 +380,7 @@ class PostgresSource(Source):
             # A piece of a transaction still being read (TxDecoder) ends nothing.
             last = first + len(changes) - 1 if end_lsn is not None else -1
             for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
-                position = new_position(PgPosition, (safe, commit_lsn, seq))
+                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0))
                 end = seq == last
                 out.append(
                     new_event(
@@ -380,13 +392,16 @@ class PostgresSource(Source):
                         end,
                         f"{prefix}:{seq}",
                         (commit_lsn, seq),
-                        new_position(PgPosition, (end_lsn, commit_lsn, END)) if end else position,
+                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0))
+                        if end
+                        else position,
                         tenant,
                         128 + 32 * len(after or before or ()),
                     )
                 )
             if end_lsn is not None:
                 self._last_commit = commit_lsn
+                self._last_time = (commit_lsn, commit_ts)
         return out
 
 
