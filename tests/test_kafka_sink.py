@@ -654,6 +654,48 @@ async def test_exactly_once_names_a_broker_that_lost_batches_it_committed() -> N
     assert stats.sinks["k"].lost_acknowledged == 1
 
 
+async def test_exactly_once_names_a_loss_while_deltaforge_was_stopped_at_the_next_run() -> None:
+    """The position the last committed batch recorded is kept in the checkpoint store (as the
+    other sinks' marks are): a broker that lost the batches while the pipeline was stopped too
+    (one power cut for both; this Tansu keeps records in memory) is named at the next run's
+    first batch, once. Runs that find everything, and a sink pointed at another offsets topic
+    (a new, empty one is not a loss), say nothing. Before, the check was within one run."""
+    store = MemoryCheckpointStore()
+    total = 0
+
+    async def run(
+        broker: Tansu, offsets: str = "deltaforge.offsets", more: int = 300
+    ) -> list[dict[str, Any]]:
+        """The pipeline, from its checkpoint, until ``more`` changes are delivered, and stopped."""
+        nonlocal total
+        total += more
+        doc = kafka_doc(broker.bootstrap, exactly_once=True, offsets_topic=offsets)
+        runner = PipelineRunner(
+            parse_pipeline(doc, env={}), store=store, source=SyntheticSource(total, chunk=50)
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: runner.ctx.stats.events_committed >= more, what="delivered")
+            await runner.drain()
+            await task
+        return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
+
+    with Tansu() as broker:
+        for topic in ("cdc.t", "deltaforge.offsets", "other.offsets"):
+            broker.create_topic(topic, partitions=1)
+        assert await run(broker) == []
+        assert await run(broker) == []
+        broker.kill()
+        broker.start()  # same port, nothing kept
+        for topic in ("cdc.t", "deltaforge.offsets", "other.offsets"):
+            broker.create_topic(topic, partitions=1)
+        [said] = await run(broker)
+        assert (said["sink"], said["where"], said["now_ends_at"]) == ("k", "the sink's position record", None)
+        assert int(said["acknowledged"]["seq"]) == 600
+        assert await run(broker) == []  # said once
+        assert await run(broker, offsets="other.offsets") == []
+
+
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "default"])
 async def test_a_broker_back_without_its_data_gets_a_new_producer(exactly_once: bool) -> None:
     """A broker back without its data knows neither the producer's id nor its transaction. An

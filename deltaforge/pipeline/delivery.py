@@ -58,7 +58,7 @@ class DeliveryWorker(Actor):
         self.latency = SINK_SECONDS.labels(ctx.config.name, sink_id)
         self.end_to_end = END_TO_END_SECONDS.labels(ctx.config.name, sink_id)
         self.position: Position | None = None
-        self.held = HeldEnds(ctx.store, held_key(ctx.source.id, sink_id), self.sink)
+        self.held = HeldEnds(ctx.store, held_key(ctx.source.id, sink_id), self.sink, ctx.source.load_position)
 
     async def on_start(self) -> None:
         doc = await self.ctx.store.get(self.ctx.key(self.sink_id))

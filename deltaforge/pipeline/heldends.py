@@ -10,6 +10,10 @@ the marks in the checkpoint store (``<source>::acknowledged::<sink>``, with the 
 gives them back to the sink when it starts. Marks kept while the sink wrote to other servers (its
 config changed) are not compared: a new, empty server is not a loss.
 
+A sink that records its position with its data (Kafka ``exactly_once``) has one mark: the position
+its last committed batch recorded (:attr:`~deltaforge.sinks.base.Sink.acknowledged`). It is kept
+the same way, and the worker compares the record it reads back at its next opening with it.
+
 A mark kept may be behind the newest one (saved every few seconds), never ahead of what the
 server acknowledged: a loss is never named where there was none, and a loss of only what was
 acknowledged after the last saving is not seen.
@@ -18,10 +22,12 @@ acknowledged after the last saving is not seen.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
+from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import Sink
 from deltaforge.state.checkpoints import CheckpointStore
 
@@ -37,41 +43,60 @@ def held_key(source_id: str, sink_id: str) -> str:
 class HeldEnds:
     """One sink's marks, loaded from and saved to the checkpoint store by its delivery worker."""
 
-    def __init__(self, store: CheckpointStore, key: str, sink: Sink[Any]) -> None:
+    def __init__(
+        self, store: CheckpointStore, key: str, sink: Sink[Any], position: Callable[[PositionDoc], Position]
+    ) -> None:
         self.store, self.key, self.sink = store, key, sink
+        self.position = position
+        """Reads a kept position (the source's ``load_position``)."""
         self.saved: dict[str, Any] | None = None
         self.saved_at = 0.0
 
+    @property
+    def _kept(self) -> bool:
+        return self.sink.acked_ends is not None or self.sink.records_position
+
     async def load(self) -> None:
         """Give the sink the marks an earlier run kept for the same servers."""
-        ends = self.sink.acked_ends
-        if ends is None:
+        if not self._kept:
             return
         try:
             doc = await self.store.get(self.key)
         except Exception as exc:  # noqa: BLE001 - without them, only this run's losses are seen
             self._not_kept("load", exc)
             return
-        kept = doc.get("ends") if doc is not None and doc.get("target") == self.sink.target else None
-        if isinstance(kept, dict):
+        if doc is None or doc.get("target") != self.sink.target:
+            return
+        ends, kept, acknowledged = self.sink.acked_ends, doc.get("ends"), doc.get("acknowledged")
+        if ends is not None and isinstance(kept, dict):
             ends.restore(kept)
-            self.saved = ends.to_doc()
+        if self.sink.records_position and self.sink.acknowledged is None and isinstance(acknowledged, dict):
+            self.sink.acknowledged = self.position(acknowledged)
+        self.saved = self._marks()
 
     async def save(self, now: bool = False) -> None:
         """Keep the sink's marks, if they moved and (unless ``now``) none were kept for a while."""
-        ends = self.sink.acked_ends
-        if ends is None or (not now and time.monotonic() - self.saved_at < SAVE_EVERY_S):
+        if not self._kept or (not now and time.monotonic() - self.saved_at < SAVE_EVERY_S):
             return
-        doc = ends.to_doc()
+        doc = self._marks()
         if doc == self.saved:
             return
         self.saved_at = time.monotonic()
         try:
-            await self.store.put(self.key, {"target": self.sink.target, "ends": doc})
+            await self.store.put(self.key, {"target": self.sink.target, **doc})
         except Exception as exc:  # noqa: BLE001 - a store that refuses writes (disk full) holds checkpoints up too
             self._not_kept("save", exc)
             return
         self.saved = doc
+
+    def _marks(self) -> dict[str, Any]:
+        ends, acknowledged = self.sink.acked_ends, self.sink.acknowledged
+        marks: dict[str, Any] = {}
+        if ends is not None:
+            marks["ends"] = ends.to_doc()
+        if self.sink.records_position and acknowledged is not None:
+            marks["acknowledged"] = acknowledged.to_doc()
+        return marks
 
     def _not_kept(self, what: str, exc: Exception) -> None:
         structlog.get_logger().info(

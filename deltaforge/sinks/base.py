@@ -65,9 +65,10 @@ class Sink(ABC, Generic[K]):
         """How many times this run found the sink's server without what it had acknowledged
         (``acknowledged.py``, and the delivery worker for a sink that records its position)."""
         self.acknowledged: Position | None = None
-        """A sink that records its position: where the last batch it acknowledged in this run left
-        the source (its delivery worker keeps it here, across the worker's restarts). The record
-        read back may be further, never behind it."""
+        """A sink that records its position: where the last batch it acknowledged left the source
+        (its delivery worker keeps it here across the worker's restarts, and in the checkpoint
+        store between runs: ``pipeline/heldends.py``). The record read back may be further, never
+        behind it."""
         self.acked_ends: AckedEnds[Any] | None = None
         """A sink that compares where its server's streams end with what they acknowledged
         (``acknowledged.py``): those marks, kept between runs by the delivery worker."""

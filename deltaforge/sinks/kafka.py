@@ -121,7 +121,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
         self.ends = PartitionEnds(self.id, self.timeout)
         self._topics.admin = self.ends.admin  # one admin client per sink
-        self.acked_ends, self.target = (None if self.exactly_once else self.ends.acked), self.brokers
+        self.acked_ends = None if self.exactly_once else self.ends.acked
+        # exactly_once: the position record kept between runs is compared only in the same topic
+        self.target = f"{self.brokers} {cfg.offsets_topic}" if self.exactly_once else self.brokers
         self.reach: dict[str, Any] = {"bootstrap.servers": self.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG,
                                       **connection_settings(self.extra)}  # fmt: skip
         """What the sink's other clients (reading back its position, its partitions' ends) connect with."""
