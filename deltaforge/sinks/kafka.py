@@ -220,9 +220,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 errors.append(err)
 
         # Every record's topic, key and value first: an event whose template does not resolve
-        # fails the batch before anything of it is sent. Encoding while producing was tried (+10 %
-        # to Kafka) and undone: producing got slower than linger.ms, records before a poison one
-        # were already in flight when it was met, and the retry around it sent them twice.
+        # fails the batch before anything of it is sent. Encoding while producing was tried and
+        # undone: records before a poison one were already in flight when it was met, and the retry
+        # around it sent them twice; measured again (docs/performance.md), it gained nothing.
         records = [rec for e in events for rec in self._records(e)]
         check_sizes(records, self.max_bytes, self.id)
         if not self.exactly_once:
