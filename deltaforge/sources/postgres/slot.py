@@ -73,11 +73,13 @@ async def check_within_wal(conn: asyncpg.Connection, checkpoint: int) -> None:
 
 COMMITS_AT = (
     "SELECT substring(data from 3 for 24) FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, "
-    "NULL, 'proto_version', '1', 'publication_names', $3) "
+    "NULL, 'proto_version', '1', 'publication_names', $3, 'messages', 'true') "
     "WHERE get_byte(data, 0) = 67 AND substring(data from 3 for 8) = $4"
 )
 """pgoutput's COMMIT messages (``C``, flags, commit LSN, end LSN, commit time) for one commit LSN, from
-the slot's position on: filtered by the server, so only they come back."""
+the slot's position on: filtered by the server, so only they come back. With the stream's options:
+``messages`` too, or a transaction holding only a snapshot's watermark (a logical message) has no
+COMMIT here, and checkpoints name such transactions."""
 _COMMIT = struct.Struct(">QQq")
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
