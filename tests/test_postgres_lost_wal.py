@@ -8,6 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from deltaforge.events import Event
+from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.base import PositionLost
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from tests.postgres_kit import read_n, source
@@ -125,6 +126,30 @@ async def test_a_restored_server_whose_new_wal_passed_the_checkpoint_is_position
                            r"\(commit [0-9A-F/]+, committed 20[-0-9T:.+]+\) holds (a transaction committed "
                            r"20[-0-9T:.+]+|no transaction of the publication): it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
             await again.open(last.checkpoint)
+
+
+async def test_a_checkpoint_at_a_transaction_holding_only_a_snapshot_watermark_opens() -> None:
+    """A snapshot's watermark is a transaction holding only a logical message, and checkpoints
+    name it. Read without the stream's ``messages`` option, the slot had no COMMIT for it, and a
+    healthy server was taken for a restored one (a snapshot killed mid-way then halted as
+    position lost)."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        src = source(pg, "postgres", tables=["public.t"])
+        await src.open(None)
+        try:
+            await conn.execute("SELECT pg_logical_emit_message(true, $1, 'open:w1')", WATERMARK_PREFIX)
+            while not (marks := [e for e in await src.read() if e.op == "m"]):
+                pass  # each read waits for the stream (up to poll_interval_ms)
+        finally:
+            await src.close()
+        await conn.close()
+        mark = marks[0].checkpoint
+        assert mark.last_commit is not None  # type: ignore[attr-defined]  # so it is checked
+        again = source(pg, "postgres", tables=["public.t"])
+        await again.open(mark)
+        await again.close()
 
 
 async def test_fsync_off_is_named_at_every_opening() -> None:
