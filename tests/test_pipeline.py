@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from deltaforge.api import build_app
 from deltaforge.config import PipelineConfig
@@ -246,14 +247,17 @@ async def test_a_wait_cancelled_inside_a_sinks_client_library_is_retried_not_a_c
 
     store = MemoryCheckpointStore()
     a = ScriptedSink("a", script=reset_once)
-    runner, task = await start(
-        config(sinks=[sink_doc("a")], batch={"max_events": 50}), [a], SyntheticSource(N), store
-    )
-    await wait_until(lambda: runner.ctx.stats.events_committed >= N, what="all committed")
-    snap = runner.snapshot().find("DeliveryWorker[a]")
-    stats = runner.ctx.stats.sinks["a"]
-    await stop(runner, task)
+    with capture_logs() as logs:
+        runner, task = await start(
+            config(sinks=[sink_doc("a")], batch={"max_events": 50}), [a], SyntheticSource(N), store
+        )
+        await wait_until(lambda: runner.ctx.stats.events_committed >= N, what="all committed")
+        snap = runner.snapshot().find("DeliveryWorker[a]")
+        stats = runner.ctx.stats.sinks["a"]
+        await stop(runner, task)
     assert snap is not None and snap.restarts == 0
+    [said] = [e for e in logs if e["event"] == "sink_wait_cancelled"]  # with where the library cancelled
+    assert said["sink"] == "a" and said["exc_info"] is True and said["log_level"] == "warning"
     assert stats.retries == 1 and "cancelled (retried as a connection lost)" in str(stats.last_error)
     assert a.received == list(range(1, N + 1))
     assert await checkpoint(store, "a") == N

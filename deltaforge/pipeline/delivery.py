@@ -193,7 +193,7 @@ class DeliveryWorker(Actor):
     async def _probe(self) -> str | None:
         """Whether the sink answers now: None if so, else why not."""
         try:
-            with _library_cancel(self.sink_id):
+            with _library_cancel(self.sink_id, self.log):
                 await self._open()
                 await self.sink.reachable()
         except SinkError as exc:
@@ -207,7 +207,7 @@ class DeliveryWorker(Actor):
             return await self._probe()
         if isinstance(message, ReplayDeadLetters):
             try:
-                with _library_cancel(self.sink_id):
+                with _library_cancel(self.sink_id, self.log):
                     await self.replay(list(message.events))
             except SinkError as exc:
                 return str(exc)
@@ -227,7 +227,7 @@ class DeliveryWorker(Actor):
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
-                    with _library_cancel(self.sink_id):
+                    with _library_cancel(self.sink_id, self.log):
                         await self._open()
                         if self.recheck:
                             await self._adopt_sink_position()
@@ -277,18 +277,20 @@ class DeliveryWorker(Actor):
 
 
 @contextlib.contextmanager
-def _library_cancel(sink_id: str) -> Iterator[None]:
+def _library_cancel(sink_id: str, log: Any) -> Iterator[None]:
     """A ``CancelledError`` out of a sink's call while this worker is not being cancelled is its
     client library's own: a wait the library cancelled (seen once with nats-py while a NATS
     cluster lost its stream's leader, chaos ``nats_leader_loss`` seed 313; which call, its log did
     not say). Retried as a lost connection (the sink degraded, then back). Left to rise, it
-    crashed the worker: a restart, and the batch's retry held back until it."""
+    crashed the worker: a restart, and the batch's retry held back until it. Logged with its stack
+    (``sink_wait_cancelled``): where the library cancels is not known yet."""
     try:
         yield
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
             raise  # ours: the worker is being stopped
+        log.warning("sink_wait_cancelled", sink=sink_id, reason="retried as a connection lost", exc_info=True)
         raise RetryableSinkError(
             f"sink {sink_id!r}: a wait inside its client library was cancelled (retried as a connection lost)"
         ) from None
