@@ -3,6 +3,8 @@ files, or crashed with ``fsync`` off. New transactions then take positions delta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import asyncpg
 import pytest
 from structlog.testing import capture_logs
@@ -37,19 +39,26 @@ async def _read_after(pg: Postgres, resume: Event | None, first: int, n: int) ->
     return got[-1]
 
 
+async def _two_rows_then_a_copy(pg: Postgres) -> tuple[Event, Path]:
+    """Table ``t`` and two rows read (the last of them); then a copy of the server's files, taken
+    with the server stopped (what a disk snapshot of a crashed machine holds)."""
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    await conn.close()
+    first = await _read_after(pg, None, 1, 2)
+    pg.halt()
+    copy = pg.copy_files()
+    pg.resume()
+    return first, copy
+
+
 async def test_a_checkpoint_past_the_end_of_a_restored_servers_wal_is_position_lost() -> None:
     """The server is restored from a copy of its files (a disk snapshot) taken before the last
     changes deltaforge delivered, and takes two new rows. Their WAL lies before the checkpoint:
     moving the slot there stopped at the WAL's end without a word, and both rows were skipped as
     delivered ("read 0 of 2"). Now the opening halts, saying so."""
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        await conn.close()
-        first = await _read_after(pg, None, 1, 2)
-        pg.halt()
-        copy = pg.copy_files()
-        pg.resume()
+        first, copy = await _two_rows_then_a_copy(pg)
         last = await _read_after(pg, first, 3, 20)
         pg.halt()
         pg.restore_files(copy)
@@ -97,13 +106,7 @@ async def test_a_restored_server_whose_new_wal_passed_the_checkpoint_is_position
     idle pipeline's, the last transaction's before it). On the server before the restore the same
     checkpoint opens: its commit is found there, with its time."""
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        await conn.close()
-        first = await _read_after(pg, None, 1, 2)
-        pg.halt()
-        copy = pg.copy_files()
-        pg.resume()
+        first, copy = await _two_rows_then_a_copy(pg)
         last = await (
             _read_after(pg, first, 3, 20) if held == "transaction" else _heartbeat_after(pg, first, 3, 20)
         )
