@@ -15,11 +15,13 @@ from structlog.testing import capture_logs
 from deltaforge.config import PipelineConfig, parse_pipeline
 from deltaforge.configmodel import SinkConfig
 from deltaforge.events import Event, SourceInfo
+from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.position import Position, PositionDoc, as_int
 from deltaforge.sinks.base import RetryableSinkError, Sink
 from deltaforge.sinks.stdout import StdoutSinkConfig
 from deltaforge.sources.base import Source, own_position
 from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import wait_until
 
 
 class SeqPosition(NamedTuple):
@@ -225,6 +227,29 @@ class NeverDurable(MemoryCheckpointStore):
         if self.key in values:
             await asyncio.Event().wait()
         await super().put_many(values)
+
+
+class NextRuns:
+    """Runs of one pipeline, each from where the one before left its checkpoints (one store), over
+    a source that grows by the changes each run is to deliver."""
+
+    def __init__(self) -> None:
+        self.store = MemoryCheckpointStore()
+        self.total = 0
+
+    async def losses_named(self, doc: dict[str, Any], more: int) -> list[dict[str, Any]]:
+        """Run ``doc`` until ``more`` changes are committed, drain and stop it; the
+        ``sink_lost_acknowledged`` entries it logged."""
+        self.total += more
+        runner = PipelineRunner(
+            parse_pipeline(doc, env={}), store=self.store, source=SyntheticSource(self.total, chunk=50)
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: runner.ctx.stats.events_committed >= more, what="delivered")
+            await runner.drain()
+            await task
+        return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
 
 
 async def losses_named(sink: Sink[Any], first: int, n: int = 5) -> list[dict[str, Any]]:

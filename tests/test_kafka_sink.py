@@ -21,7 +21,7 @@ from deltaforge.sinks.base import RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import PacedSource, SeqPosition, SyntheticSource, make_event, sink_pipeline
+from tests.kit import NextRuns, PacedSource, SeqPosition, SyntheticSource, make_event, sink_pipeline
 from tests.postgres_kit import fresh_db
 from tests.serve_proc import free_port
 from tests.servers.postgres import Postgres
@@ -660,25 +660,13 @@ async def test_exactly_once_names_a_loss_while_deltaforge_was_stopped_at_the_nex
     (one power cut for both; this Tansu keeps records in memory) is named at the next run's
     first batch, once. Runs that find everything, and a sink pointed at another offsets topic
     (a new, empty one is not a loss), say nothing. Before, the check was within one run."""
-    store = MemoryCheckpointStore()
-    total = 0
+    runs = NextRuns()
 
-    async def run(
-        broker: Tansu, offsets: str = "deltaforge.offsets", more: int = 300
-    ) -> list[dict[str, Any]]:
-        """The pipeline, from its checkpoint, until ``more`` changes are delivered, and stopped."""
-        nonlocal total
-        total += more
-        doc = kafka_doc(broker.bootstrap, exactly_once=True, offsets_topic=offsets)
-        runner = PipelineRunner(
-            parse_pipeline(doc, env={}), store=store, source=SyntheticSource(total, chunk=50)
+    async def run(broker: Tansu, offsets: str = "deltaforge.offsets") -> list[dict[str, Any]]:
+        """The pipeline, from its checkpoint, until 300 more changes are delivered, and stopped."""
+        return await runs.losses_named(
+            kafka_doc(broker.bootstrap, exactly_once=True, offsets_topic=offsets), 300
         )
-        with capture_logs() as logs:
-            task = asyncio.create_task(runner.run())
-            await wait_until(lambda: runner.ctx.stats.events_committed >= more, what="delivered")
-            await runner.drain()
-            await task
-        return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
 
     with Tansu() as broker:
         for topic in ("cdc.t", "deltaforge.offsets", "other.offsets"):

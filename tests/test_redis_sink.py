@@ -18,7 +18,7 @@ from deltaforge.sinks.base import NonRetryableSinkError
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
+from tests.kit import NextRuns, PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
 from tests.servers.redis import Redis, restart
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
@@ -280,22 +280,11 @@ async def test_a_loss_while_deltaforge_was_stopped_is_named_at_the_next_run() ->
     worker stops: Redis restarted without its data while the pipeline was stopped too (one power
     cut for both) is named at the next run's first batch, once. A run that finds everything, and
     a sink pointed at another server (a new, empty one is not a loss), say nothing."""
-    store = MemoryCheckpointStore()
-    total = 0
+    runs = NextRuns()
 
-    async def run(uri: str, more: int = 100) -> list[dict[str, Any]]:
-        """The pipeline, from its checkpoint, until ``more`` changes are delivered, and stopped."""
-        nonlocal total
-        total += more
-        runner = PipelineRunner(
-            parse_pipeline(redis_doc(uri), env={}), store=store, source=SyntheticSource(total, chunk=50)
-        )
-        with capture_logs() as logs:
-            task = asyncio.create_task(runner.run())
-            await wait_until(lambda: runner.ctx.stats.events_committed >= more, what="delivered")
-            await runner.drain()
-            await task
-        return [e for e in logs if e["event"] == "sink_lost_acknowledged"]
+    async def run(uri: str) -> list[dict[str, Any]]:
+        """The pipeline, from its checkpoint, until 100 more changes are delivered, and stopped."""
+        return await runs.losses_named(redis_doc(uri), 100)
 
     with Redis() as server, Redis() as elsewhere:
         assert await run(server.uri()) == []
