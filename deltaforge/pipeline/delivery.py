@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import structlog
+
 from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
@@ -277,7 +279,7 @@ class DeliveryWorker(Actor):
 
 
 @contextlib.contextmanager
-def _library_cancel(sink_id: str, log: Any) -> Iterator[None]:
+def _library_cancel(sink_id: str, log: structlog.stdlib.BoundLogger) -> Iterator[None]:
     """A ``CancelledError`` out of a sink's call while this worker is not being cancelled is its
     client library's own: a wait the library cancelled (seen once with nats-py while a NATS
     cluster lost its stream's leader, chaos ``nats_leader_loss`` seed 313; which call, its log did

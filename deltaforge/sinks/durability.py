@@ -107,10 +107,10 @@ class KafkaTopics:
     for a topic with more than one, its ``min.insync.replicas`` (DescribeConfigs, one more round
     trip, on the admin client :attr:`admin` gives)."""
 
-    def __init__(self, sink: str, timeout_s: float) -> None:
+    def __init__(self, sink: str, timeout_s: float, admin: Callable[[], Any]) -> None:
         self.sink, self.timeout_s = sink, timeout_s
         self.read: set[str] = set()
-        self.admin: Callable[[], Any] | None = None
+        self.admin = admin
         """The sink's admin client (the one that reads its partitions' ends), made on first use."""
 
     def after_batch(self, producer: Any, topics: set[str]) -> None:
@@ -134,8 +134,6 @@ class KafkaTopics:
         from confluent_kafka.admin._config import ConfigResource  # not re-exported for type checkers
 
         try:
-            if self.admin is None:
-                raise LookupError("no admin client")
             asked = self.admin().describe_configs(
                 [ConfigResource("topic", topic)], request_timeout=self.timeout_s
             )

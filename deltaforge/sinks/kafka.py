@@ -118,9 +118,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.commits = 0
         self.aborts = 0
         self._reopened = False
-        self._topics = KafkaTopics(self.id, min(self.timeout, 10.0))
         self.ends = PartitionEnds(self.id, self.timeout)
-        self._topics.admin = self.ends.admin  # one admin client per sink
+        self._topics = KafkaTopics(self.id, min(self.timeout, 10.0), self.ends.admin)  # one admin client
         self.acked_ends = None if self.exactly_once else self.ends.acked
         # exactly_once: the position record kept between runs is compared only in the same topic
         self.target = f"{self.brokers} {cfg.offsets_topic}" if self.exactly_once else self.brokers

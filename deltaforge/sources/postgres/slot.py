@@ -125,14 +125,15 @@ def _when(pg_us: int) -> str:
 
 async def _unheld(call: Callable[[], Awaitable[T]], who: str) -> T:
     """``call``, a use of the slot, tried again while a just-stopped walsender still holds it."""
-    for attempt in range(ADVANCE_TRIES):
+    for _ in range(ADVANCE_TRIES - 1):
         try:
             return await call()
-        except asyncpg.ObjectInUseError as exc:
-            if attempt == ADVANCE_TRIES - 1:
-                raise SourceUnavailable(f"{who}: {exc}") from None
+        except asyncpg.ObjectInUseError:
             await asyncio.sleep(0.1)
-    raise AssertionError("unreachable")
+    try:
+        return await call()
+    except asyncpg.ObjectInUseError as exc:
+        raise SourceUnavailable(f"{who}: {exc}") from None
 
 
 async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:

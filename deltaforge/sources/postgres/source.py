@@ -54,9 +54,8 @@ if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child pr
     from deltaforge.sources.postgres.decoder import DecoderSettings
 
 log = structlog.get_logger()
-new_position = (
-    tuple.__new__
-)  # a NamedTuple without its Python-level __new__: one per event, every field given
+# A NamedTuple made without its Python-level __new__ (one per event): every field must be given.
+new_position = tuple.__new__
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
 
 
