@@ -20,6 +20,12 @@ from tests.servers.postgres import Postgres
 
 _n = itertools.count(1)
 
+TYPES = """CREATE TABLE types (
+    id int PRIMARY KEY, big bigint, num numeric(20,6), fl double precision, txt text, raw bytea, ok boolean,
+    d date, ts timestamp(6), tstz timestamptz, u uuid, j json, jb jsonb, arr int[], tags text[], nul int
+)"""
+"""A table with a column of each type the change stream converts (the sources' type tests)."""
+
 
 async def fresh_db(pg: Postgres) -> str:
     name = f"app{next(_n)}"

@@ -16,13 +16,8 @@ from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, one_transaction_in_pieces, wait_until
-from tests.postgres_kit import fresh_db, read_n, source
+from tests.postgres_kit import TYPES, fresh_db, read_n, source
 from tests.servers.postgres import Postgres
-
-TYPES = """CREATE TABLE types (
-    id int PRIMARY KEY, big bigint, num numeric(20,6), fl double precision, txt text, raw bytea, ok boolean,
-    d date, ts timestamp(6), tstz timestamptz, u uuid, j json, jb jsonb, arr int[], tags text[], nul int
-)"""
 
 
 async def test_mixed_workload_in_commit_order_with_typed_values(postgres: Postgres) -> None:

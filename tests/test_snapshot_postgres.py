@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ import psycopg
 import pytest
 import yaml
 
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.snapshot.chunks import SnapshotRefused
+from deltaforge.sources.postgres.snapshot import PostgresChunks
 from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
-from tests.postgres_kit import chunk_reader_on, fresh_db
+from tests.postgres_kit import TYPES, chunk_reader_on, fresh_db, read_n, source
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.snapshot_kit import (
@@ -382,6 +385,43 @@ def test_a_column_added_or_dropped_between_chunks_is_in_the_next_chunk_as_it_is_
     assert first == [{"id": 1, "v": "a"}]
     assert second == [{"id": 2, "v": "b", "extra": pytest.approx(7.5)}]
     assert third == [{"id": 3, "extra": pytest.approx(7.5)}] and not more
+
+
+def test_a_snapshot_row_carries_the_values_a_change_of_the_row_carries(postgres: Postgres) -> None:
+    """Every type the change stream converts, and NULL in each: a chunk's rows equal the
+    inserts' row images (chunk rows are built by a function generated for the table's columns;
+    a NULL must not reach a column's converter)."""
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        db = await fresh_db(postgres)
+        _DATABASES.append(db)
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute(TYPES)
+        src = source(postgres, db, tables=["public.types"])
+        await src.open(None)
+        await conn.execute(
+            "INSERT INTO types VALUES (1, 9007199254740993, 12345678901234.123456, -2.5e100, 'héllo ✓', "
+            "'\\x00ff10', true, '2024-02-29', '2024-01-02 03:04:05.123456', '2024-05-06 07:08:09.5+02', "
+            "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": [1, \"two\"]}', '{\"z\": null}', '{1,2,NULL}', "
+            "'{\"a b\",c}', 3)"
+        )
+        await conn.execute("INSERT INTO types (id) VALUES (2)")
+        changes = [e.after for e in await read_n(src, 2)]
+        reader = PostgresChunks(src, SnapshotSettings())
+        await reader.open(1)
+        try:
+            (ref,) = await reader.tables(["public.types"])
+            rows, _, _ = await reader.chunk(ref, None, 10)
+        finally:
+            await reader.close()
+            await src.close()
+            await conn.close()
+        return rows, changes
+
+    rows, changes = asyncio.run(run())
+    assert rows == changes
+    assert rows[0]["num"] == Decimal("12345678901234.123456") and rows[0]["jb"] == {"z": None}
+    assert rows[1] == {"id": 2, **{c: None for c in rows[0] if c != "id"}}
 
 
 def test_snapshot_rows_leave_out_what_changes_leave_out(postgres: Postgres) -> None:

@@ -40,8 +40,8 @@ from deltaforge.transform.plan import Plan, ProcessorError, Transformed
 from deltaforge.transform.rowtypes import mysql_type, postgres_type, sqlite_type, table_schema
 from deltaforge.transform.session import SparkRuntime, runtime_for
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig
+from tests import postgres_kit as pg
 from tests import test_mysql_source as my
-from tests import test_postgres_source as pg
 from tests.helpers import first_occurrences
 from tests.kit import ScriptedSink, SeqPosition, SyntheticSource, doc
 from tests.servers.mariadb import MariaDB

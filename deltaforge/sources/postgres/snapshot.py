@@ -26,7 +26,7 @@ from deltaforge.snapshot.chunks import (
 )
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
-from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION, row
+from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import qualified, quote_ident, quote_table
 from deltaforge.sources.postgres.values import converter
@@ -65,6 +65,26 @@ Shape = tuple[list[tuple[str, int, str]], str | None]
 the row filter it applies (SQL, or None)."""
 
 
+def _rows_of(
+    names: list[str], convs: list[Callable[[str], Any] | None]
+) -> Callable[[list[asyncpg.Record]], list[Row]]:
+    """A function making a chunk's records rows: a comprehension with the table's dict literal,
+    generated for its columns (as ``dataclasses`` generates methods), where ``dict(zip(names,
+    record))`` made and iterated a zip per row, four times the cost (docs/performance.md).
+    Unpacking each record into one name per column raises, as ``zip(..., strict=True)`` did, if
+    a record ever had another number of columns. A column selected as text (``convs[i]``) goes
+    through its converter unless NULL."""
+    ns: dict[str, Any] = {f"_c{i}": c for i, c in enumerate(convs) if c is not None}
+    items = ", ".join(
+        f"{name!r}: _{i}" if conv is None else f"{name!r}: None if _{i} is None else _c{i}(_{i})"
+        for i, (name, conv) in enumerate(zip(names, convs, strict=True))
+    )
+    values = "".join(f"_{i}, " for i in range(len(names)))
+    exec(f"def rows(records):\n    return [{{{items}}} for {values}in records]\n", ns)
+    rows: Callable[[list[asyncpg.Record]], list[Row]] = ns["rows"]
+    return rows
+
+
 class _Table:
     """How one table is read: its select, and its columns' converters."""
 
@@ -74,7 +94,7 @@ class _Table:
         self.columns = columns
         self.names = [c[0] for c in columns]
         self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
-        self.native = all(c is None for c in self.convs)
+        self.rows = _rows_of(self.names, self.convs)
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
         schema, _, table = ref.name.partition(".")
@@ -253,14 +273,11 @@ class PostgresChunks(ChunkReader):
         records = records[:limit]
         if not records:
             return [], after, False
-        names, convs = t.names, t.convs
-        # zip over the record as a tuple: dict(record) looks each column up by name, a third slower
-        rows = (
-            [dict(zip(names, r, strict=True)) for r in records]
-            if t.native
-            else [row(names, convs, list(r)) for r in records]
+        return (
+            t.rows(records),
+            [v if isinstance(v, str) else str(v) for v in (records[-1][i] for i in t.key_at)],
+            more,
         )
-        return rows, [v if isinstance(v, str) else str(v) for v in (records[-1][i] for i in t.key_at)], more
 
     async def watermark(self, kind: str, window: str) -> None:
         await self._run(
