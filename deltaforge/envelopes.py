@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
-from deltaforge.events import Event, SourceInfo
+from deltaforge.events import Event, Row, SourceInfo
 
 ENVELOPES = ("native", "debezium", "cloudevents")
 
@@ -147,8 +149,9 @@ def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
     sink: each has its own, used by one thread at a time (the batch it is delivering).
 
     Events that share their ``SourceInfo`` object, one after another, share the ``source`` part
-    of their envelope, made once: a snapshot chunk's rows of one table do (docs/performance.md
-    has what it saves). The part is only ever serialised, never changed; the ``SourceInfo`` it
+    of their envelope, made once, and from the second on are encoded from a template
+    (:func:`_template`): a snapshot chunk's rows of one table do (docs/performance.md has what
+    each saves). The part is only ever serialised, never changed; the ``SourceInfo`` it
     was made from is kept with it, so an identity check cannot match a newer object at a reused
     address. A closure, not a class: an instance's ``__call__`` cost more per change event (each
     has an origin of its own) than sharing saves.
@@ -157,14 +160,79 @@ def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
     option = orjson.OPT_APPEND_NEWLINE if lines else None
     info: SourceInfo | None = None
     source: dict[str, Any] = {}
+    fill: Callable[[Event], bytes | None] | None = None
+    second = False
 
     def encode_one(ev: Event) -> bytes:
-        nonlocal info, source
+        nonlocal info, source, fill, second
         if ev.source is not info:
-            source, info = _source(ev), ev.source
+            source, info, fill, second = _source(ev), ev.source, None, False
+        elif not second:  # the origin's second event: a run of rows, where a template pays
+            fill, second = _template(fn, ev, source, option), True
+        if fill is not None and (done := fill(ev)) is not None:
+            return done
         return dumps(fn(ev, source), default=default, option=option)
 
     return encode_one
+
+
+_AFTER = "\x00deltaforge.after\x00"
+_EVENT_ID = "\x00deltaforge.event_id\x00"
+"""Stand-ins for the fields a run of rows of one origin differ in; no name or value of a source
+holds a NUL."""
+
+_STAND_INS = re.compile(
+    b"(" + re.escape(orjson.dumps(_AFTER)) + b"|" + re.escape(orjson.dumps(_EVENT_ID)[1:-1]) + b")"
+)
+
+
+def _template(
+    fn: Callable[[Event, dict[str, Any]], dict[str, Any]],
+    ev: Event,
+    source: dict[str, Any],
+    option: int | None,
+) -> Callable[[Event], bytes | None] | None:
+    """A snapshot chunk's rows share their origin and differ in ``after`` and ``event_id`` (and
+    what ``event_id`` makes, the idempotency key), until the chunk's last row. So the envelope
+    of ``ev`` is encoded once with stand-ins for the two, and each row's is those bytes with its
+    own two encoded in: building and encoding each row's whole document cost several times as
+    much (docs/performance.md). JSON encodes a string character by character, so a string holding
+    the event id (the idempotency key) encodes to the text around it and the event id's.
+
+    The function returned gives an event's envelope, or None for one that differs from ``ev`` in
+    more than those two (a chunk's last row ends its transaction). Generated code, as
+    :func:`deltaforge.events._slot_constructor`. None when the stand-ins do not come out as
+    expected (a name holding one), or ``ev`` has a ``before``: no template."""
+    if ev.before is not None:
+        return None
+    probe = replace(ev, after=cast(Row, _AFTER), event_id=_EVENT_ID)  # a str where a row goes
+    raw = orjson.dumps(fn(probe, source), default=_default, option=option)
+    pieces = _STAND_INS.split(raw)
+    after = orjson.dumps(_AFTER)
+    if pieces[1::2].count(after) != 1:
+        return None
+    ns: dict[str, Any] = {"_dumps": orjson.dumps, "_default": _default, "_op": ev.op, "_tx": ev.tx_id,
+                          "_tenant": ev.tenant, "_end": ev.tx_end, "_last": ev.event_id.endswith(":last")}  # fmt: skip
+    parts = []
+    for j, piece in enumerate(pieces):
+        if j % 2:
+            parts.append("a" if piece == after else "i")
+        else:
+            ns[f"_p{j}"] = piece
+            parts.append(f"_p{j}")
+    code = (
+        "def fill(e):\n"
+        "    if (e.tx_end is _end and e.before is None and e.op == _op and e.tx_id == _tx\n"
+        "            and e.tenant == _tenant and e.event_id.endswith(':last') is _last):\n"
+        "        a = _dumps(e.after, default=_default)\n"
+        + ("        i = _dumps(e.event_id)[1:-1]\n" if "i" in parts else "")
+        + f"        return b''.join(({', '.join(parts)},))\n"
+        "    return None\n"
+    )
+    exec(code, ns)
+    fill: Callable[[Event], bytes | None] = ns["fill"]
+    # a check, once per run: what the template makes of ``ev`` is what encoding it makes
+    return fill if fill(ev) == orjson.dumps(fn(ev, source), default=_default, option=option) else None
 
 
 def encode_lines(events: list[Event], envelope: str) -> bytes:

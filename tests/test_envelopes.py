@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deltaforge.envelopes import ENVELOPES, encode, encode_lines, encoder, shape
 from deltaforge.events import Event, SourceInfo
@@ -41,6 +44,49 @@ def test_a_sinks_encoder_gives_each_event_its_own_envelope_across_batches(envelo
     encode_one = encoder(envelope)  # one per sink, kept from batch to batch
     for batch in (_batch(), _batch()[::-1], _batch()):
         assert [encode_one(e) for e in batch] == [encode(shape(envelope)(e)) for e in batch]
+
+
+_TEXT = st.lists(
+    st.sampled_from(["a", "%", "%s", '"', "\\", "\x00", "é", "😀", ":last", "\n"]), max_size=4
+).map("".join)
+_VALUE = st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), _TEXT, st.binary(max_size=4), st.booleans(),
+                   st.decimals(allow_nan=False, places=2), st.lists(st.integers(-9, 9), max_size=2))  # fmt: skip
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> list[Event]:
+    """Runs of events sharing a ``SourceInfo`` (a snapshot chunk's rows), each field mostly the
+    run's own and now and then another that an envelope shows; names and values with the
+    characters encoding escapes."""
+
+    def mostly(*choices: Any) -> Any:  # the first, three times in four
+        return draw(st.sampled_from([choices[0]] * 3 * (len(choices) - 1) + list(choices[1:])))
+
+    events: list[Event] = []
+    for n in range(draw(st.integers(1, 4))):
+        info = SourceInfo(
+            "postgres", draw(_TEXT), draw(_TEXT), SeqPosition(n), 1_700_000_000_000 + n, "public"
+        )
+        for i in range(draw(st.integers(1, 8))):
+            after = draw(st.none() | st.dictionaries(_TEXT, _VALUE, max_size=3))
+            events.append(Event(
+                op=mostly("r", "c", "d"), before=mostly(None, {"id": i}), after=after, source=info,
+                tx_id=mostly("snapshot:initial:w", "snapshot:incremental:w", "%s"), tx_end=mostly(False, True),
+                event_id=f"w:{i}" + mostly("", ":last", "%", '"'), order=(n, i), checkpoint=info.position,
+                tenant=mostly("acme", "%s", "\x00"),
+            ))  # fmt: skip
+    return events
+
+
+@settings(max_examples=200, deadline=None)
+@given(_runs(), st.sampled_from(ENVELOPES))
+def test_rows_of_one_origin_encode_as_each_events_own_envelope(events: list[Event], envelope: str) -> None:
+    """Rows sharing their origin are encoded from a template from the second on: whatever they
+    differ in and whatever their names and values hold, each line is the event's own envelope."""
+    encode_one = encoder(envelope)
+    assert [encode_one(e) for e in events] == [encode(shape(envelope)(e)) for e in events]
+    lines = encode_lines(events, envelope)
+    assert lines == b"".join(encode(shape(envelope)(e)) + b"\n" for e in events)
 
 
 def test_an_unknown_envelope_is_refused_by_name() -> None:
