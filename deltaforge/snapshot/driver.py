@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, Row, SourceInfo, new_event, with_images
+from deltaforge.events import Event, new_event, with_images
 from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
@@ -288,11 +288,14 @@ class SnapshotDriver:
         out: list[Event] = []
         counts: dict[str, int] = {}
         for t, rows in window.survivors():
-            info, i0 = reader.source_info(t, at, ts), len(out)  # one origin for the table's rows
+            info = reader.source_info(t, at, ts)  # one origin for the table's rows
+            # Snapshot rows: ``op: r`` with the high watermark's position (resume from there
+            # re-reads the window) and an order just after it. Built inline, with no call per
+            # row: a chunk's rows are most of what a snapshot builds.
             out += [
-                _row(info, row, tx_id, f"{wid}:{i0 + i}", (*base, i0 + i), at, tenant)
-                for i, row in enumerate(rows)
-            ]
+                new_event("r", None, row, info, tx_id, False, f"{wid}:{i}", (*base, i), at, tenant, 128 + 32 * len(row))
+                for i, row in enumerate(rows, len(out))
+            ]  # fmt: skip
             counts[t.name] = len(rows)
         n = len(out)
         if n:
@@ -337,11 +340,3 @@ def _retyped(was: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a column's type changed: its type, or its length, precision or scale where the
     source reports one (PostgreSQL's ``mod``; a schema recorded before it was reported has none)."""
     return bool(was["type"] != now["type"] or ("mod" in was and "mod" in now and was["mod"] != now["mod"]))
-
-
-def _row(
-    info: SourceInfo, row: Row, tx_id: str, event_id: str, order: tuple[int, ...], at: Position, tenant: str
-) -> Event:
-    """A snapshot row: ``op: r`` with the high watermark's position (resume from there re-reads
-    the window) and an order just after it."""
-    return new_event("r", None, row, info, tx_id, False, event_id, order, at, tenant, 128 + 32 * len(row))
