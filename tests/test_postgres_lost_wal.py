@@ -13,7 +13,8 @@ from deltaforge.events import Event
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.base import PositionLost
 from deltaforge.sources.postgres.pgoutput import format_lsn
-from tests.postgres_kit import read_n, source
+from deltaforge.sources.postgres.source import PostgresSource
+from tests.postgres_kit import read_n, slot_lsn, source
 from tests.servers.postgres import Postgres
 
 
@@ -125,10 +126,107 @@ async def test_a_restored_server_whose_new_wal_passed_the_checkpoint_is_position
             row += 1
         await conn.close()
         again = source(pg, "postgres", tables=["public.t"])
-        with pytest.raises(PositionLost, match=r"^position lost: the server's WAL at the checkpoint's transaction "
+        # The heartbeat is quiet: the rows written after the restore before it are named first
+        with pytest.raises(PositionLost, match=r"^position lost: the server's WAL (at the checkpoint's transaction "
                            r"\(commit [0-9A-F/]+, committed 20[-0-9T:.+]+\) holds (a transaction committed "
-                           r"20[-0-9T:.+]+|no transaction of the publication): it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
+                           r"20[-0-9T:.+]+|no transaction of the publication)|holds a transaction committed "
+                           r"20[-0-9T:.+]+ at [0-9A-F/]+, between the last transaction deltaforge read \(commit "
+                           r"[0-9A-F/]+, committed 20[-0-9T:.+]+\) and its checkpoint [0-9A-F/]+, where the server "
+                           r"had none): it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
             await again.open(last.checkpoint)
+
+
+async def _beat_past(pg: Postgres, src: PostgresSource, wal: int) -> Event:
+    """At least ``wal`` bytes of WAL of a table the source does not read (pgoutput sends none of
+    those transactions), then the source's first heartbeat past it: an idle pipeline's checkpoint."""
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute("CREATE TABLE IF NOT EXISTS other (id int, pad text)")
+    start = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
+    while (now := int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))) < start + wal:
+        await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
+    while not (beats := [e for e in await src.read() if e.op == "h" and e.checkpoint.lsn > now]):  # type: ignore[attr-defined]
+        await conn.execute("INSERT INTO other VALUES (0, '')")  # moves the WAL's end: a heartbeat follows
+    await conn.close()
+    return beats[-1]
+
+
+@pytest.mark.parametrize("slot", ["past the last transaction", "where the server left it"])
+async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(slot: str) -> None:
+    """The copy is taken while the pipeline idles, after its last transaction; the server's WAL then
+    moves on (other tables), and the idle pipeline's checkpoint with it. Restored, the server takes
+    rows at positions before that checkpoint, and its WAL passes it. The checkpoint's transaction
+    is on the restored server, with its time (the copy holds it), or behind the slot: moving the
+    slot to the checkpoint skipped the rows as delivered. A quiet heartbeat says no transaction
+    committed between the last one and itself, and the slot shows the new ones there. The copy's
+    slot is past the last transaction when the pipeline restarted before the copy (an opening
+    moves the slot to the checkpoint, and the server keeps that); otherwise where the server last
+    saved it (PostgreSQL 15 does not save a confirmation alone at shutdown)."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
+        await src.open(None)
+        await _insert(pg, 1, 2)
+        last = (await read_n(src, 2))[-1]
+        idle = await _beat_past(pg, src, 0)
+        await src.close()
+        if slot == "past the last transaction":
+            restarted = source(pg, "postgres", tables=["public.t"])
+            await restarted.open(idle.checkpoint)
+            await restarted.close()
+        pg.halt()
+        copy = pg.copy_files()
+        pg.resume()
+        src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
+        await src.open(idle.checkpoint)
+        beat = await _beat_past(pg, src, 1 << 20)
+        await src.close()
+        cp = beat.checkpoint
+        assert cp.quiet == 1 and cp.last_commit == (last.order[0], last.checkpoint.commit_ts)  # type: ignore[attr-defined]
+        healthy = source(pg, "postgres", tables=["public.t"])
+        await healthy.open(cp)  # the slot is past the last transaction: the quiet check runs, and passes
+        await healthy.close()
+        await conn.close()
+        pg.halt()
+        pg.restore_files(copy)
+        pg.resume()
+        await _insert(pg, 100, 2)  # at positions between the copy's slot and the checkpoint
+        conn = await asyncpg.connect(pg.dsn())
+        while await conn.fetchval(
+            "SELECT pg_current_wal_flush_lsn() <= $1::text::pg_lsn", format_lsn(cp.lsn)
+        ):  # type: ignore[attr-defined]
+            await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
+        if slot == "past the last transaction":
+            assert await slot_lsn(conn, "s_postgres") > last.order[0]
+        await conn.close()
+        again = source(pg, "postgres", tables=["public.t"])
+        with pytest.raises(PositionLost, match=r"^position lost: the server's WAL holds a transaction committed "
+                           r"20[-0-9T:.+]+ at [0-9A-F/]+, between the last transaction deltaforge read \(commit "
+                           r"[0-9A-F/]+, committed 20[-0-9T:.+]+\) and its checkpoint [0-9A-F/]+, where the server "
+                           r"had none: it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
+            await again.open(cp)
+
+
+async def test_a_quiet_heartbeat_names_the_transactions_deltaforge_does_not_hand_out() -> None:
+    """Transactions the stream sends and deltaforge hands nothing of (another application's logical
+    message) are commits the slot shows too: a quiet heartbeat's last transaction is the last of
+    any, or a healthy server would be taken for a restored one."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
+        await src.open(None)
+        await _insert(pg, 1, 2)
+        last = (await read_n(src, 2))[-1]
+        await conn.execute("SELECT pg_logical_emit_message(true, 'another.app', 'hello')")
+        beat = await _beat_past(pg, src, 0)
+        await src.close()
+        cp = beat.checkpoint
+        assert cp.quiet == 1 and cp.last_commit[0] > last.order[0]  # type: ignore[attr-defined]
+        again = source(pg, "postgres", tables=["public.t"])
+        await again.open(cp)
+        await again.close()
+        await conn.close()
 
 
 async def test_a_checkpoint_at_a_transaction_holding_only_a_snapshot_watermark_opens() -> None:

@@ -162,15 +162,18 @@ async def test_checkpoints_in_the_previous_format_load_as_typed_positions(
 
 
 def test_a_postgres_position_keeps_its_commit_time_through_its_document() -> None:
-    """The commit time (and a heartbeat's last transaction) survive the checkpoint store: the
-    restored-server check at the next opening needs them (``tests/test_postgres_lost_wal.py``)."""
+    """The commit time (and a heartbeat's last transaction, and whether it is quiet) survive the
+    checkpoint store: the restored-server check at the next opening needs them
+    (``tests/test_postgres_lost_wal.py``)."""
     from deltaforge.sources.postgres.position import END, PgPosition
 
     event = PgPosition(23456, 23400, END, 849_511_875_727_915)
     beat = PgPosition(24000, 23999, END, 849_511_875_727_915, 23400)
-    for position in (event, beat):
+    quiet = PgPosition(24000, 23999, END, 849_511_875_727_915, 23400, quiet=1)
+    for position in (event, beat, quiet):
         assert PgPosition.from_doc(position.to_doc()) == position
         assert position.last_commit == (23400, 849_511_875_727_915)
+    assert "quiet" not in beat.to_doc()  # older versions read it unchanged
     assert PgPosition(23456, 23400).last_commit is None  # written before times were kept: not checked
 
 

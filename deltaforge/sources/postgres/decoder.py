@@ -5,7 +5,9 @@ Frames it writes:
 * ``("txs", [(xid, commit_lsn, end_lsn, commit_ts_us, safe_lsn, [(op, schema, table, before, after), ...]), ...])``
   — complete transactions in commit order; ``safe_lsn`` is the end of the last
   complete transaction before this one (where the slot may be advanced to);
-* ``("heartbeat", lsn)`` — nothing of ours committed before ``lsn``;
+* ``("heartbeat", lsn, seen)`` — nothing of ours committed before ``lsn``; ``seen``: the
+  commit LSN and time of the last transaction the stream sent before it, whatever it held, or
+  None when none was sent since the stream started and the parent did not say which was;
 * ``("error", kind, message)`` with kind ``position_lost``, ``decode``, ``unavailable`` or
   ``source``, then exit.
 
@@ -92,8 +94,13 @@ class TxDecoder:
     change is kept back for the piece that ends it (it carries ``tx_end``).
     """
 
-    def __init__(self, last_commit: int, safe: int, piece: int = 1 << 62) -> None:
+    def __init__(
+        self, last_commit: int, safe: int, piece: int = 1 << 62, seen: tuple[int, int] | None = None
+    ) -> None:
         self.piece = piece
+        self.seen = seen
+        """Commit LSN and time of the last transaction pgoutput sent, whatever it held (a heartbeat
+        says it: a restored server's new transactions before the heartbeat are found by it)."""
         self.first = 0
         self.last_commit = last_commit
         self.safe = safe
@@ -127,6 +134,7 @@ class TxDecoder:
             elif isinstance(msg, Relation):
                 self._relation_message(msg)
             elif isinstance(msg, Commit):
+                self.seen = (msg.commit_lsn, msg.commit_ts)
                 begin = self.begin
                 if not self.skipping and begin is not None:
                     if self.changes:
@@ -206,6 +214,10 @@ class DecoderSettings(TypedDict):
     idle_s: float
     silence_s: float
     last_commit: int
+    seen: tuple[int, int, int] | None
+    """``(lsn, commit LSN, commit time)``: the last transaction the stream sends before ``lsn``, as
+    the checkpoint opened from says; used when the stream starts at ``lsn`` (the slot was moved
+    there)."""
 
 
 class Confirmations:
@@ -243,7 +255,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         return
     start = parse_lsn(found[0])
     repl = _start(cfg, start)
-    tx = TxDecoder(int(cfg["last_commit"]), start, chunk)
+    known = cfg["seen"]
+    tx = TxDecoder(int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None)
     last_heartbeat = asked_at = time.monotonic()
     while not confirmations.closed:
         repl.confirm(confirmations.lsn)
@@ -269,7 +282,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         if repl.wal_end > tx.safe:
             tx.safe = repl.wal_end
             last_heartbeat = now
-            write_frame(out, ("heartbeat", repl.wal_end))
+            write_frame(out, ("heartbeat", repl.wal_end, tx.seen))
         elif now - asked_at >= cfg["heartbeat_s"]:
             asked_at = now
             repl.status(reply=True)  # ask for a keepalive: a fresh WAL end

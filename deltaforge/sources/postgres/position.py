@@ -26,6 +26,11 @@ class PgPosition(NamedTuple):
     last_tx: int = 0
     """A heartbeat's: the commit LSN of the last transaction before it, whose time ``commit_ts`` is
     (a heartbeat names no transaction of its own). 0: ``commit_ts`` is ``commit_lsn``'s."""
+    quiet: int = 0
+    """A heartbeat's, 1 when ``last_tx`` is the last commit of *any* transaction the stream sent
+    before ``lsn`` (its decoder saw them all, including those holding nothing deltaforge hands
+    out): then no transaction commits between the two, and a check may ask the slot for none
+    (``slot.check_same_commit``). 0 for heartbeats whose decoder had not seen that far back."""
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -43,6 +48,8 @@ class PgPosition(NamedTuple):
             doc["commit_ts"] = self.commit_ts  # absent when unknown: older versions read it unchanged
         if self.last_tx:
             doc["last_tx"] = self.last_tx
+        if self.quiet:
+            doc["quiet"] = self.quiet
         return doc
 
     @classmethod
@@ -53,4 +60,5 @@ class PgPosition(NamedTuple):
             as_int(doc, "seq", END),
             as_int(doc, "commit_ts", 0),
             as_int(doc, "last_tx", 0),
+            as_int(doc, "quiet", 0),
         )

@@ -71,15 +71,16 @@ async def check_within_wal(conn: asyncpg.Connection, checkpoint: int) -> None:
         )
 
 
-COMMITS_AT = (
+COMMITS_FROM = (
     "SELECT substring(data from 3 for 24) FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, "
     "NULL, 'proto_version', '1', 'publication_names', $3, 'messages', 'true') "
-    "WHERE get_byte(data, 0) = 67 AND substring(data from 3 for 8) = $4"
+    "WHERE get_byte(data, 0) = 67 AND substring(data from 3 for 8) >= $4"
 )
-"""pgoutput's COMMIT messages (``C``, flags, commit LSN, end LSN, commit time) for one commit LSN, from
-the slot's position on: filtered by the server, so only they come back. With the stream's options:
-``messages`` too, or a transaction holding only a snapshot's watermark (a logical message) has no
-COMMIT here, and checkpoints name such transactions."""
+"""pgoutput's COMMIT messages (``C``, flags, commit LSN, end LSN, commit time) with a commit LSN at
+or after one, from the slot's position on: filtered by the server, so only they come back. With
+the stream's options: ``messages`` too, or a transaction holding only a snapshot's watermark (a
+logical message) has no COMMIT here, and checkpoints name such transactions. The commit LSN's 8
+bytes are big-endian, so they compare as the LSNs do."""
 _COMMIT = struct.Struct(">QQq")
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -95,28 +96,44 @@ async def check_same_commit(
     very commit and end LSN of the checkpoint's (and would reuse its xid): only the commit time
     differed. So the slot is read, without consuming it, from its position up to that commit, and
     the commit there must carry the checkpoint's time. A heartbeat's checkpoint (an idle source)
-    names no transaction of its own: the last one before it is checked. Checked when that time is
-    known and the slot has not passed that commit (it is then still in the slot's WAL). Not seen:
-    a copy taken after the slot had passed the last transaction, when the pipeline was idle.
+    names no transaction of its own: the last one before it is checked, when the slot has not
+    passed it (it is then still in the slot's WAL). A quiet heartbeat's (see ``PgPosition.quiet``)
+    says more: no transaction committed after that one and before the heartbeat, so the slot is
+    read up to the heartbeat, and any commit after that one is a transaction deltaforge never saw.
+    That finds a copy taken while the source was idle, after the slot had passed the last
+    transaction. Not checked: positions without a commit time (written before it was kept).
     """
     last = checkpoint.last_commit
-    if last is None or confirmed > last[0]:
+    if last is None or (confirmed > last[0] and not checkpoint.quiet):
         return
     at, ts = last
+    upto = checkpoint.lsn if checkpoint.quiet else at + 1
     rows = await _unheld(
-        lambda: conn.fetch(COMMITS_AT, slot, format_lsn(at + 1), f'"{publication}"', at.to_bytes(8, "big")),
+        lambda: conn.fetch(COMMITS_FROM, slot, format_lsn(upto), f'"{publication}"', at.to_bytes(8, "big")),
         who,
     )
-    times = [_COMMIT.unpack(bytes(r[0]))[2] for r in rows]
-    if ts in times:
+    commits = [_COMMIT.unpack(bytes(r[0])) for r in rows]
+    if after := [c for c in commits if c[0] > at]:
+        raise PositionLost(
+            f"the server's WAL holds a transaction committed {_when(after[0][2])} at "
+            f"{format_lsn(after[0][0])}, between the last transaction deltaforge read (commit "
+            f"{format_lsn(at)}, committed {_when(ts)}) and its checkpoint {format_lsn(checkpoint.lsn)}, "
+            f"where the server had none: {_LOST}"
+        )
+    times = [c[2] for c in commits]
+    if ts in times or confirmed > at:
         return
     found = f"a transaction committed {_when(times[0])}" if times else "no transaction of the publication"
     raise PositionLost(
         f"the server's WAL at the checkpoint's transaction (commit {format_lsn(at)}, committed "
-        f"{_when(ts)}) holds {found}: it lost WAL deltaforge had read and delivered "
-        "(restored from a copy of its files, or a crash of its machine with fsync off), and wrote new "
-        "transactions at positions already passed"
+        f"{_when(ts)}) holds {found}: {_LOST}"
     )
+
+
+_LOST = (
+    "it lost WAL deltaforge had read and delivered (restored from a copy of its files, or a crash of "
+    "its machine with fsync off), and wrote new transactions at positions already passed"
+)
 
 
 def _when(pg_us: int) -> str:

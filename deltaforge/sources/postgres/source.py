@@ -85,6 +85,7 @@ class PostgresSource(Source):
         self.db = ""
         self._last_commit = 0  # commit LSN of the last transaction handed out
         self._last_time: tuple[int, int] | None = None  # its commit LSN and time, when known
+        self._seen: tuple[int, int, int] | None = None  # see DecoderSettings.seen
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
         self._decoder: ChildDecoder | None = None
         self._threads = BlockingRunner(1)
@@ -160,6 +161,7 @@ class PostgresSource(Source):
             "idle_s": self._idle,
             "silence_s": self._silence,
             "last_commit": self._last_commit,
+            "seen": self._seen,
         }
         decoder.start(cfg)
         self._decoder = decoder
@@ -211,6 +213,7 @@ class PostgresSource(Source):
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
         self._last_commit = 0
         self._last_time = None
+        self._seen = None
         if resume is not None:
             safe = resume.lsn
             if self._failover:
@@ -233,6 +236,10 @@ class PostgresSource(Source):
             self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
             if resume.seq == END and not self._failover:  # another server's commits are not this one's
                 self._last_time = resume.last_commit
+                # A transaction's end or a quiet heartbeat: the last commit before its lsn, where
+                # the stream starts (the slot was moved there), so the decoder's heartbeats are quiet.
+                if self._last_time is not None and (resume.quiet or not resume.last_tx):
+                    self._seen = (resume.lsn, *self._last_time)
 
     async def filled(self, table: str, columns: list[str]) -> list[str]:
         async with self._connection() as conn:  # not the control connection: a check may be on it
@@ -339,7 +346,7 @@ class PostgresSource(Source):
                 self._schema_changes.append((frame[1], frame[2], PgPosition.from_doc(frame[3])))
             return None
         if kind == "heartbeat":
-            return [self._heartbeat(int(frame[1]))]
+            return [self._heartbeat(int(frame[1]), frame[2])]
         if frame[1] == "position_lost":
             raise PositionLost(str(frame[2]))
         if frame[1] == "decode":
@@ -348,13 +355,16 @@ class PostgresSource(Source):
             raise SourceUnavailable(f"postgres source {self.id!r}: {frame[2]}")
         raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
 
-    def _heartbeat(self, lsn: int) -> Event:
-        """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there."""
+    def _heartbeat(self, lsn: int, seen: tuple[int, int] | None) -> Event:
+        """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there.
+        ``seen``: the last transaction the stream sent before it, whatever it held."""
         # It carries the last transaction's commit time: a restored server is checked against it.
-        last = self._last_time
-        cp = (
-            PgPosition(lsn, lsn - 1, END) if last is None else PgPosition(lsn, lsn - 1, END, last[1], last[0])
-        )
+        if seen is not None:
+            cp = PgPosition(lsn, lsn - 1, END, seen[1], seen[0], quiet=1)
+        elif (last := self._last_time) is not None:
+            cp = PgPosition(lsn, lsn - 1, END, last[1], last[0])
+        else:
+            cp = PgPosition(lsn, lsn - 1, END)
         return Event(
             op="h",
             before=None,
@@ -379,7 +389,7 @@ class PostgresSource(Source):
             # A piece of a transaction still being read (TxDecoder) ends nothing.
             last = first + len(changes) - 1 if end_lsn is not None else -1
             for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
-                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0))
+                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0, 0))
                 end = seq == last
                 out.append(
                     new_event(
@@ -391,7 +401,7 @@ class PostgresSource(Source):
                         end,
                         f"{prefix}:{seq}",
                         (commit_lsn, seq),
-                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0))
+                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0, 0))
                         if end
                         else position,
                         tenant,
