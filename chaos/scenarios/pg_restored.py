@@ -28,6 +28,62 @@ def run_past(ctx: RunContext) -> None:
     _restored(ctx, past=True)
 
 
+def run_idle(ctx: RunContext) -> None:
+    """The copy is taken while serve idles, after it delivered everything: the copy holds every
+    transaction serve read. The server's WAL then moves on in another database (none of it
+    decoded), and serve's idle checkpoint with it. The restored server takes rows at positions
+    before that checkpoint and its WAL passes it: neither the WAL's end nor the checkpoint's last
+    transaction (the copy has it, with its time) shows the restore. The checkpoint is a quiet
+    heartbeat, saying no transaction committed after that one before it: halts ``position lost: the
+    server's WAL holds a transaction committed … between the last transaction deltaforge read …``."""
+    with postgres_rig(ctx) as rig:
+        serve = rig.start()
+        for _ in range(20):
+            rig.workload.transaction()
+        wait_for(lambda: len(rig.delivered()) == len(rig.workload.committed), 60, "every change delivered")
+        idle = _wal_lsn(rig.pg.dsn())
+        wait_for(lambda: _checkpoint_lsn(rig) >= idle, 60, "serve's checkpoint at the idle WAL's end")
+        rig.pg.halt()  # serve is degraded meanwhile, and reconnects by itself
+        copy = rig.pg.copy_files()
+        rig.pg.resume()
+        with psycopg.connect(rig.pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE elsewhere")
+        moved = _elsewhere(rig.pg.dsn("elsewhere"), idle + (1 << 20))
+        wait_for(
+            lambda: _checkpoint_lsn(rig) >= moved, 60, "serve's checkpoint past the other database's WAL"
+        )
+        rig.source_proxy.disable()
+        held = _checkpoint_lsn(rig)
+        rig.pg.halt()
+        rig.pg.restore_files(copy)
+        rig.pg.resume()
+        _insert(rig.pg.dsn(), range(20_000, 20_003))  # positions serve has passed
+        with psycopg.connect(rig.pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE elsewhere")  # the copy is older than it
+        _elsewhere(rig.pg.dsn("elsewhere"), held + 1)
+        ctx.figures["checkpoint_past_copy_bytes"] = held - idle
+        rig.source_proxy.enable()
+        reasons = halts_saying(
+            ctx, serve, "between the last transaction deltaforge read", "Re-snapshot required."
+        )
+        ctx.figures["reason"] = reasons[reasons.find("the server's WAL") :][:160]
+
+
+def _wal_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return parse_lsn(str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()[0][0]))
+
+
+def _elsewhere(dsn: str, lsn: int) -> int:
+    """Rows in another database until the server's WAL reaches ``lsn`` (the slot decodes none of
+    them); where it ends."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS filler (id int, pad text)")
+        while (now := _wal_lsn(dsn)) < lsn:
+            conn.execute("INSERT INTO filler SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
+    return now
+
+
 def _restored(ctx: RunContext, past: bool) -> None:
     with postgres_rig(ctx) as rig:
         serve = rig.start()
