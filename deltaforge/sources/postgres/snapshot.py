@@ -22,6 +22,7 @@ from deltaforge.snapshot.chunks import (
     ChunkReader,
     SnapshotRefused,
     debezium_signal,
+    rows_of,
     table_changed,
 )
 from deltaforge.snapshot.window import TableRef
@@ -65,26 +66,6 @@ Shape = tuple[list[tuple[str, int, str]], str | None]
 the row filter it applies (SQL, or None)."""
 
 
-def _rows_of(
-    names: list[str], convs: list[Callable[[str], Any] | None]
-) -> Callable[[list[asyncpg.Record]], list[Row]]:
-    """A function making a chunk's records rows: a comprehension with the table's dict literal,
-    generated for its columns (as ``dataclasses`` generates methods), where ``dict(zip(names,
-    record))`` made and iterated a zip per row, four times the cost (docs/performance.md).
-    Unpacking each record into one name per column raises, as ``zip(..., strict=True)`` did, if
-    a record ever had another number of columns. A column selected as text (``convs[i]``) goes
-    through its converter unless NULL."""
-    ns: dict[str, Any] = {f"_c{i}": c for i, c in enumerate(convs) if c is not None}
-    items = ", ".join(
-        f"{name!r}: _{i}" if conv is None else f"{name!r}: None if _{i} is None else _c{i}(_{i})"
-        for i, (name, conv) in enumerate(zip(names, convs, strict=True))
-    )
-    values = "".join(f"_{i}, " for i in range(len(names)))
-    exec(f"def rows(records):\n    return [{{{items}}} for {values}in records]\n", ns)
-    rows: Callable[[list[asyncpg.Record]], list[Row]] = ns["rows"]
-    return rows
-
-
 class _Table:
     """How one table is read: its select, and its columns' converters."""
 
@@ -94,7 +75,7 @@ class _Table:
         self.columns = columns
         self.names = [c[0] for c in columns]
         self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
-        self.rows = _rows_of(self.names, self.convs)
+        self.rows = rows_of(self.names, self.convs)
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
         schema, _, table = ref.name.partition(".")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
-from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
+from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, plain_rows
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import quote_name as _quote
@@ -137,7 +137,7 @@ class TursoChunks(ChunkReader):
             f"SELECT * FROM {_quote(table.name)} {where}ORDER BY {keys} LIMIT ?", (*(after or ()), limit + 1)
         )
         names = [d[0] for d in cursor.description]
-        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+        rows = plain_rows(tuple(names))(cursor.fetchall())
         conn.commit()
         more = len(rows) > limit
         rows = rows[:limit]
