@@ -13,6 +13,7 @@ from deltaforge.events import Event
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.base import PositionLost
 from deltaforge.sources.postgres.pgoutput import format_lsn
+from deltaforge.sources.postgres.position import PgPosition
 from deltaforge.sources.postgres.source import PostgresSource
 from tests.postgres_kit import read_n, slot_lsn, source
 from tests.servers.postgres import Postgres
@@ -150,6 +151,17 @@ async def _beat_past(pg: Postgres, src: PostgresSource, wal: int) -> Event:
     return beats[-1]
 
 
+async def _two_rows_read(pg: Postgres) -> tuple[asyncpg.Connection, PostgresSource, Event]:
+    """Table ``t``, a connection, an open source reading ``t`` (a heartbeat every 50 ms) and the
+    last of two rows it read."""
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
+    await src.open(None)
+    await _insert(pg, 1, 2)
+    return conn, src, (await read_n(src, 2))[-1]
+
+
 @pytest.mark.parametrize("slot", ["past the last transaction", "where the server left it"])
 async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(slot: str) -> None:
     """The copy is taken while the pipeline idles, after its last transaction; the server's WAL then
@@ -162,12 +174,7 @@ async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(s
     moves the slot to the checkpoint, and the server keeps that); otherwise where the server last
     saved it (PostgreSQL 15 does not save a confirmation alone at shutdown)."""
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
-        await src.open(None)
-        await _insert(pg, 1, 2)
-        last = (await read_n(src, 2))[-1]
+        conn, src, last = await _two_rows_read(pg)
         idle = await _beat_past(pg, src, 0)
         await src.close()
         if slot == "past the last transaction":
@@ -181,7 +188,7 @@ async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(s
         await src.open(idle.checkpoint)
         beat = await _beat_past(pg, src, 1 << 20)
         await src.close()
-        cp = beat.checkpoint
+        cp: PgPosition = beat.checkpoint  # type: ignore[assignment]
         assert cp.quiet == 1 and cp.last_commit == (last.order[0], last.checkpoint.commit_ts)  # type: ignore[attr-defined]
         healthy = source(pg, "postgres", tables=["public.t"])
         await healthy.open(cp)  # the slot is past the last transaction: the quiet check runs, and passes
@@ -194,7 +201,7 @@ async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(s
         conn = await asyncpg.connect(pg.dsn())
         while await conn.fetchval(
             "SELECT pg_current_wal_flush_lsn() <= $1::text::pg_lsn", format_lsn(cp.lsn)
-        ):  # type: ignore[attr-defined]
+        ):
             await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
         if slot == "past the last transaction":
             assert await slot_lsn(conn, "s_postgres") > last.order[0]
@@ -212,17 +219,12 @@ async def test_a_quiet_heartbeat_names_the_transactions_deltaforge_does_not_hand
     message) are commits the slot shows too: a quiet heartbeat's last transaction is the last of
     any, or a healthy server would be taken for a restored one."""
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        src = source(pg, "postgres", tables=["public.t"], heartbeat_ms=50)
-        await src.open(None)
-        await _insert(pg, 1, 2)
-        last = (await read_n(src, 2))[-1]
+        conn, src, last = await _two_rows_read(pg)
         await conn.execute("SELECT pg_logical_emit_message(true, 'another.app', 'hello')")
         beat = await _beat_past(pg, src, 0)
         await src.close()
-        cp = beat.checkpoint
-        assert cp.quiet == 1 and cp.last_commit[0] > last.order[0]  # type: ignore[attr-defined]
+        cp: PgPosition = beat.checkpoint  # type: ignore[assignment]
+        assert cp.quiet == 1 and cp.last_commit is not None and cp.last_commit[0] > last.order[0]
         again = source(pg, "postgres", tables=["public.t"])
         await again.open(cp)
         await again.close()
