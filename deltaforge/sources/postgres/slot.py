@@ -100,8 +100,9 @@ async def check_same_commit(
     passed it (it is then still in the slot's WAL). A quiet heartbeat's (see ``PgPosition.quiet``)
     says more: no transaction committed after that one and before the heartbeat, so the slot is
     read up to the heartbeat, and any commit after that one is a transaction deltaforge never saw.
-    That finds a copy taken while the source was idle, after the slot had passed the last
-    transaction. Not checked: positions without a commit time (written before it was kept).
+    That finds a copy taken while the source idled after its last transaction, which holds that
+    transaction with its time, whether or not the copy's slot had passed it. Not checked:
+    positions without a commit time (written before it was kept).
     """
     last = checkpoint.last_commit
     if last is None or (confirmed > last[0] and not checkpoint.quiet):
