@@ -79,6 +79,26 @@ async def test_a_checkpoint_past_the_end_of_a_restored_servers_wal_is_position_l
         assert [e.after["id"] for e in got if e.after] == [100, 101]
 
 
+async def _other_wal_until(conn: asyncpg.Connection, lsn: int) -> int:
+    """Rows of a table the source does not read (pgoutput sends none of those transactions) until
+    the server's WAL reaches ``lsn``; where it ends."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS other (id int, pad text)")
+    while (now := int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))) < lsn:
+        await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
+    return now
+
+
+async def _beat_past(pg: Postgres, src: PostgresSource, wal: int) -> Event:
+    """At least ``wal`` bytes of WAL of a table the source does not read, then the source's first
+    heartbeat past it: an idle pipeline's checkpoint."""
+    conn = await asyncpg.connect(pg.dsn())
+    now = await _other_wal_until(conn, int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()")) + wal)
+    while not (beats := [e for e in await src.read() if e.op == "h" and e.checkpoint.lsn > now]):  # type: ignore[attr-defined]
+        await conn.execute("INSERT INTO other VALUES (0, '')")  # moves the WAL's end: a heartbeat follows
+    await conn.close()
+    return beats[-1]
+
+
 async def _heartbeat_after(pg: Postgres, resume: Event, first: int, n: int) -> Event:
     """Like ``_read_after``, then WAL of a table the source does not read, until a heartbeat: its
     checkpoint is what an idle pipeline holds."""
@@ -87,11 +107,7 @@ async def _heartbeat_after(pg: Postgres, resume: Event, first: int, n: int) -> E
     try:
         await _insert(pg, first, n)
         got = await read_n(src, n)
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE IF NOT EXISTS other (id int)")
-        while not (beats := [e for e in await src.read() if e.op == "h" and e.order > got[-1].order]):
-            await conn.execute("INSERT INTO other VALUES (1)")  # moves the WAL's end: a heartbeat follows
-        await conn.close()
+        beats = [await _beat_past(pg, src, 0)]
     finally:
         await src.close()
     beat = beats[-1].checkpoint
@@ -135,20 +151,6 @@ async def test_a_restored_server_whose_new_wal_passed_the_checkpoint_is_position
                            r"[0-9A-F/]+, committed 20[-0-9T:.+]+\) and its checkpoint [0-9A-F/]+, where the server "
                            r"had none): it lost WAL .*Re-snapshot required\.$"):  # fmt: skip
             await again.open(last.checkpoint)
-
-
-async def _beat_past(pg: Postgres, src: PostgresSource, wal: int) -> Event:
-    """At least ``wal`` bytes of WAL of a table the source does not read (pgoutput sends none of
-    those transactions), then the source's first heartbeat past it: an idle pipeline's checkpoint."""
-    conn = await asyncpg.connect(pg.dsn())
-    await conn.execute("CREATE TABLE IF NOT EXISTS other (id int, pad text)")
-    start = int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))
-    while (now := int(await conn.fetchval("SELECT pg_current_wal_flush_lsn()"))) < start + wal:
-        await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
-    while not (beats := [e for e in await src.read() if e.op == "h" and e.checkpoint.lsn > now]):  # type: ignore[attr-defined]
-        await conn.execute("INSERT INTO other VALUES (0, '')")  # moves the WAL's end: a heartbeat follows
-    await conn.close()
-    return beats[-1]
 
 
 async def _two_rows_read(pg: Postgres) -> tuple[asyncpg.Connection, PostgresSource, Event]:
@@ -199,10 +201,7 @@ async def test_a_server_restored_from_a_copy_taken_while_idle_is_position_lost(s
         pg.resume()
         await _insert(pg, 100, 2)  # at positions between the copy's slot and the checkpoint
         conn = await asyncpg.connect(pg.dsn())
-        while await conn.fetchval(
-            "SELECT pg_current_wal_flush_lsn() <= $1::text::pg_lsn", format_lsn(cp.lsn)
-        ):
-            await conn.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
+        await _other_wal_until(conn, cp.lsn + 1)
         if slot == "past the last transaction":
             assert await slot_lsn(conn, "s_postgres") > last.order[0]
         await conn.close()
