@@ -181,8 +181,9 @@ _EVENT_ID = "\x00deltaforge.event_id\x00"
 """Stand-ins for the fields a run of rows of one origin differ in; no name or value of a source
 holds a NUL."""
 
+_AFTER_JSON = orjson.dumps(_AFTER)
 _STAND_INS = re.compile(
-    b"(" + re.escape(orjson.dumps(_AFTER)) + b"|" + re.escape(orjson.dumps(_EVENT_ID)[1:-1]) + b")"
+    b"(" + re.escape(_AFTER_JSON) + b"|" + re.escape(orjson.dumps(_EVENT_ID)[1:-1]) + b")"
 )
 
 
@@ -208,15 +209,14 @@ def _template(
     probe = replace(ev, after=cast(Row, _AFTER), event_id=_EVENT_ID)  # a str where a row goes
     raw = orjson.dumps(fn(probe, source), default=_default, option=option)
     pieces = _STAND_INS.split(raw)
-    after = orjson.dumps(_AFTER)
-    if pieces[1::2].count(after) != 1:
+    if pieces[1::2].count(_AFTER_JSON) != 1:
         return None
     ns: dict[str, Any] = {"_dumps": orjson.dumps, "_default": _default, "_op": ev.op, "_tx": ev.tx_id,
                           "_tenant": ev.tenant, "_end": ev.tx_end, "_last": ev.event_id.endswith(":last")}  # fmt: skip
     parts = []
     for j, piece in enumerate(pieces):
         if j % 2:
-            parts.append("a" if piece == after else "i")
+            parts.append("a" if piece == _AFTER_JSON else "i")
         else:
             ns[f"_p{j}"] = piece
             parts.append(f"_p{j}")

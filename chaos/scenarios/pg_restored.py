@@ -41,7 +41,8 @@ def run_idle(ctx: RunContext) -> None:
         for _ in range(20):
             rig.workload.transaction()
         wait_for(lambda: len(rig.delivered()) == len(rig.workload.committed), 60, "every change delivered")
-        idle = _wal_lsn(rig.pg.dsn())
+        with psycopg.connect(rig.pg.dsn(), autocommit=True) as conn:
+            idle = _wal_lsn(conn)
         wait_for(lambda: _checkpoint_lsn(rig) >= idle, 60, "serve's checkpoint at the idle WAL's end")
         rig.pg.halt()  # serve is degraded meanwhile, and reconnects by itself
         copy = rig.pg.copy_files()
@@ -69,9 +70,8 @@ def run_idle(ctx: RunContext) -> None:
         ctx.figures["reason"] = reasons[reasons.find("the server's WAL") :][:160]
 
 
-def _wal_lsn(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return parse_lsn(str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()[0][0]))
+def _wal_lsn(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    return parse_lsn(str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()[0][0]))
 
 
 def _elsewhere(dsn: str, lsn: int) -> int:
@@ -79,7 +79,7 @@ def _elsewhere(dsn: str, lsn: int) -> int:
     them); where it ends."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS filler (id int, pad text)")
-        while (now := _wal_lsn(dsn)) < lsn:
+        while (now := _wal_lsn(conn)) < lsn:
             conn.execute("INSERT INTO filler SELECT g, repeat('p', 200) FROM generate_series(1, 500) g")
     return now
 
@@ -115,7 +115,7 @@ def _insert_past(dsn: str, lsn: int, first: int) -> int:
     """Transactions until the server's WAL reaches past ``lsn``; how many."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         key = first
-        while parse_lsn(str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()[0][0])) <= lsn:
+        while _wal_lsn(conn) <= lsn:
             conn.execute("INSERT INTO items (id, ver, payload) VALUES (%s, 1, 'after')", (key,))
             key += 1
     return key - first
