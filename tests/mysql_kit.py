@@ -13,9 +13,33 @@ from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.servers.mariadb import MariaDB
+from tests.servers.mariadb import CDC_PASSWORD, CDC_USER, MariaDB
 
 _db_counter = itertools.count(1)
+
+
+def binlog_reader(
+    server: MariaDB, file: str, pos: int, only_events: list[type], server_id: int = 4242
+) -> Any:
+    """python-mysql-replication's own reader of ``server``'s binlog from ``file:pos``, as the CDC
+    user, checking each event's checksum; it stops at the binlog's end (not blocking)."""
+    from pymysqlreplication import BinLogStreamReader
+
+    return BinLogStreamReader(
+        connection_settings={
+            "host": "127.0.0.1",
+            "port": server.port,
+            "user": CDC_USER,
+            "password": CDC_PASSWORD,
+        },
+        server_id=server_id,
+        blocking=False,
+        resume_stream=True,
+        log_file=file,
+        log_pos=pos,
+        only_events=only_events,
+        verify_checksum=True,
+    )
 
 
 def fresh_db(server: MariaDB) -> str:

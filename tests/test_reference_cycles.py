@@ -9,7 +9,6 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
-from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import XidEvent
 from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
@@ -18,8 +17,8 @@ from deltaforge.sources.mysql.binlog import each_once
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
-from tests.mysql_kit import fresh_db
-from tests.servers.mariadb import CDC_PASSWORD, CDC_USER, MariaDB
+from tests.mysql_kit import binlog_reader, fresh_db
+from tests.servers.mariadb import MariaDB
 
 TRANSACTIONS = 300
 
@@ -33,23 +32,6 @@ def cyclic_garbage(run: Any) -> int:
         return gc.collect()
     finally:
         gc.enable()
-
-
-def binlog_events(server: MariaDB, file: str, pos: int) -> BinLogStreamReader:
-    return BinLogStreamReader(
-        connection_settings={
-            "host": "127.0.0.1",
-            "port": server.port,
-            "user": CDC_USER,
-            "password": CDC_PASSWORD,
-        },
-        server_id=4242,
-        blocking=False,
-        resume_stream=True,
-        log_file=file,
-        log_pos=pos,
-        only_events=[WriteRowsEvent, XidEvent, TableMapEvent],
-    )
 
 
 def test_the_binlog_decoder_frees_each_event_by_reference_counting(mariadb: MariaDB) -> None:
@@ -68,8 +50,9 @@ def test_the_binlog_decoder_frees_each_event_by_reference_counting(mariadb: Mari
                 rows += len(ev.rows)
         assert rows == TRANSACTIONS
 
-    plain = binlog_events(mariadb, file, pos)
-    cut = binlog_events(mariadb, file, pos)
+    events = [WriteRowsEvent, XidEvent, TableMapEvent]
+    plain = binlog_reader(mariadb, file, pos, events)
+    cut = binlog_reader(mariadb, file, pos, events)
     try:
         # The premise: pymysqlreplication's events and their packets refer to each other.
         assert cyclic_garbage(lambda: read(iter(plain))) > 10 * TRANSACTIONS

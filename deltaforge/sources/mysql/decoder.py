@@ -110,6 +110,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         WriteRowsEvent,
     )
 
+    from deltaforge.sources.mysql.tablemaps import install as install_table_maps
+
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)  # a PartialUpdateRowsEvent is one
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
     captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
@@ -129,7 +131,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             HeartbeatLogEvent,
             NotImplementedEvent,
             XAPrepareEvent,
-            TableMapEvent,  # its column types decode the rows after it: its checksum counts too
+            # its column types decode the rows after it: its checksum counts too
+            install_table_maps(),
         ],
     )
     file = resume.file

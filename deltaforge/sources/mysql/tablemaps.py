@@ -1,0 +1,64 @@
+"""Table maps parsed once per distinct body, not once per transaction (the decoder child's).
+
+The binlog writes a table map before every rows event of a transaction, and
+python-mysql-replication parses each in full: column types, the optional metadata
+(names, charsets, keys), a ``Table`` with its columns: with one-row transactions, most of
+the decoder's time (docs/performance.md). A table map's parse depends only on its bytes
+(the metadata deltaforge requires, ``binlog_row_metadata=FULL``, carries the names), so
+a body seen before reuses the first parse. A table map that named no columns was
+completed from the server's catalogue, which may change: it is parsed every time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
+from pymysqlreplication.event import BinLogEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import TableMapEvent
+
+LIMIT = 4096
+"""Distinct table maps kept (each ALTER, and each server restart, makes new ones)."""
+
+# What BinLogEvent.__init__ sets for each event (its checksum's verdict among them): never reused.
+_OWN = frozenset(
+    {"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths", "_ctl_connection",
+     "mysql_version", "_ignore_decode_errors", "_verify_checksum", "_is_event_valid", "_processed", "complete"}
+)  # fmt: skip
+
+
+class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no type hints
+    """A ``TableMapEvent`` whose body was parsed before takes that parse; the header, the
+    checksum check and the library's ``table_map`` entry are still this event's own.
+
+    Installed for the decoder child's process by :func:`install` (the library picks an event's
+    class from a table of its own); readers must list this class in ``only_events``.
+    """
+
+    parsed: dict[bytes, dict[str, Any]] = {}
+
+    def __init__(
+        self, from_packet: Any, event_size: int, table_map: dict[int, Any], ctl: Any, **kw: Any
+    ) -> None:
+        raw = from_packet.packet  # the wrapper has read the 19-byte header: the body is next
+        body = raw._data[raw._position : raw._position + event_size]  # without the checksum
+        known = self.parsed.get(body)
+        if known is None:
+            super().__init__(from_packet, event_size, table_map, ctl, **kw)
+            if self._processed and self.optional_metadata.column_name_list:
+                if len(self.parsed) >= LIMIT:
+                    self.parsed.clear()
+                self.parsed[body] = {k: v for k, v in vars(self).items() if k not in _OWN}
+            return
+        BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl, **kw)
+        self.__dict__.update(known)
+        table_map[self.table_id] = self.table_obj
+
+
+def install() -> type[TableMapEvent]:
+    """Make the library build table maps as :class:`KnownTableMap` in this process; the class to
+    list in ``only_events``."""
+    events: dict[int, type] = BinLogPacketWrapper._BinLogPacketWrapper__event_map
+    events[TABLE_MAP_EVENT] = KnownTableMap
+    return KnownTableMap
