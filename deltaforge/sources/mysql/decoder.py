@@ -110,10 +110,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         WriteRowsEvent,
     )
 
+    from deltaforge.sources.mysql.rowimages import RowImages
     from deltaforge.sources.mysql.tablemaps import install as install_table_maps
 
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)  # a PartialUpdateRowsEvent is one
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}
+    images = RowImages()
     captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
     wanted, named, patterns = captured.wanted, captured.named, captured.patterns
     resume = BinlogPosition.from_doc(cfg["resume"])
@@ -233,7 +235,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 cols = [{"name": n, "type": t, "mod": m, "key": n in keys} for n, t, m in columns]
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             ts = int(ev.timestamp)
-            rows = ev.rows
+            rows = images.rows_of(ev, 2 if op == "u" else 1)
             absent = fill_not_logged(ev, op)
             if absent and table not in partial:
                 partial.add(table)
