@@ -237,13 +237,22 @@ async def test_mariadb_resume_continues_every_gtid_domain(mariadb: MariaDB) -> N
     assert [e.after["id"] for e in rest + more if e.after] == [4]  # nothing of domain 7 again
 
 
-async def test_an_empty_varbinary_is_empty_bytes_not_text(mariadb: MariaDB) -> None:
-    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, vb VARBINARY(10)")
+async def test_an_empty_varbinary_or_blob_is_empty_bytes_not_text(mariadb: MariaDB) -> None:
+    """As a snapshot reads them (bytes, empty or not): streamed, an empty one came out as ""."""
+    db, src = await opened_on(
+        mariadb,
+        "id INT PRIMARY KEY, vb VARBINARY(10), tb TINYBLOB, b BLOB, mb MEDIUMBLOB, lb LONGBLOB, tx TEXT",
+    )
     with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute(f"INSERT INTO {db}.t VALUES (1, x''), (2, x'00ff')")
+        cur.execute(
+            f"INSERT INTO {db}.t VALUES (1, x'', x'', x'', x'', x'', ''), (2, x'00ff', x'01', x'02', x'03', x'04', 'é')"
+        )
     events = await read_n(src, 2)
     await src.close()
-    assert [e.after for e in events] == [{"id": 1, "vb": b""}, {"id": 2, "vb": b"\x00\xff"}]
+    assert [e.after for e in events] == [
+        {"id": 1, "vb": b"", "tb": b"", "b": b"", "mb": b"", "lb": b"", "tx": ""},
+        {"id": 2, "vb": b"\x00\xff", "tb": b"\x01", "b": b"\x02", "mb": b"\x03", "lb": b"\x04", "tx": "é"},
+    ]
 
 
 async def test_a_resume_from_before_added_and_dropped_columns_decodes_each_row_with_its_columns(

@@ -23,7 +23,7 @@ from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.binlog import Captured, DecoderSettings, drained, each_once, open_reader
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import (
-    STRING_TYPES,
+    BYTES_TYPES,
     TIMESTAMP_TYPES,
     as_bytes,
     as_utc,
@@ -229,7 +229,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 instants[table] = tuple(n for n, t, _ in columns if t in TIMESTAMP_TYPES)
                 binaries[table] = tuple(
                     c.name for c in ev.columns
-                    if c.type in STRING_TYPES and getattr(c, "character_set_name", None) == "binary"
+                    if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
                 keys = primary_key(ev)
                 cols = [{"name": n, "type": t, "mod": m, "key": n in keys} for n, t, m in columns]

@@ -36,12 +36,14 @@ def primary_key(ev: Any) -> tuple[str, ...]:
 
 
 STRING_TYPES = {15, 253, 254}  # VARCHAR, VAR_STRING, STRING (BINARY/VARBINARY with charset binary)
+BYTES_TYPES = STRING_TYPES | {252}  # and BLOB (every BLOB and TEXT size): bytes with charset binary
 
 
 def as_bytes(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    """BINARY/VARBINARY values as bytes. python-mysql-replication "decodes" them with the codec
-    named "binary", which fails and keeps the bytes, except for an empty value: Python decodes
-    b"" to "" without looking the codec up, so an empty VARBINARY came out as text."""
+    """BINARY/VARBINARY/BLOB values as bytes. python-mysql-replication "decodes" them with the
+    codec named "binary", which fails and keeps the bytes, except for an empty value: Python
+    decodes b"" to "" without looking the codec up, so an empty VARBINARY or BLOB came out as
+    text (a snapshot reads it as bytes)."""
     for row in rows:
         for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
             if image is not None:
