@@ -452,6 +452,7 @@ def test_an_unknown_compression_is_refused_with_the_choices() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.outage_minute
 def test_broker_unreachable_for_a_minute_is_waited_for_and_nothing_is_lost(tmp_path: Path) -> None:
     """Tansu keeps its data in memory, so the outage is staged by a proxy the broker advertises:
     for DF_OUTAGE_S every connection is reset and new ones are refused."""

@@ -260,6 +260,7 @@ def test_sigkill_leaves_no_duplicates_within_the_window(nats_server: Nats, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.outage_minute
 def test_server_stopped_for_a_minute_is_waited_for_and_nothing_is_lost(
     nats_server: Nats, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 import yaml
 
 from tests.helpers import jsonl, wait_until_sync
@@ -93,6 +94,7 @@ def ride_through(
     assert "supervisor_escalated" not in events and "pipeline_failed" not in events
 
 
+@pytest.mark.outage_minute
 def test_postgres_stopped_mid_stream_is_waited_for_and_nothing_is_lost(tmp_path: Path) -> None:
     with Postgres() as pg:
 
@@ -115,6 +117,7 @@ def test_postgres_stopped_mid_stream_is_waited_for_and_nothing_is_lost(tmp_path:
         ride_through(tmp_path, pipeline(tmp_path, source), {"PG_DSN": pg.dsn()}, write, pg.halt, pg.resume)
 
 
+@pytest.mark.outage_minute
 def test_mariadb_stopped_mid_stream_is_waited_for_and_nothing_is_lost(tmp_path: Path) -> None:
     with MariaDB() as db:
         with db.root() as c, c.cursor() as cur:

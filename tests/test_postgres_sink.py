@@ -175,6 +175,7 @@ def test_sigkill_ends_with_exactly_one_effect_per_change(postgres: Postgres, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.outage_minute
 def test_target_stopped_for_a_minute_is_waited_for_and_ends_equal_to_the_source(tmp_path: Path) -> None:
     with Postgres() as pg:
         db = asyncio.run(target(pg, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "

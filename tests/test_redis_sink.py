@@ -123,6 +123,7 @@ def test_exactly_once_survives_sigkill_with_one_entry_per_change(redis_server: R
 
 
 @pytest.mark.slow
+@pytest.mark.outage_minute
 def test_server_stopped_for_a_minute_is_waited_for_with_one_entry_per_change(
     redis_server: Redis, tmp_path: Path
 ) -> None:
