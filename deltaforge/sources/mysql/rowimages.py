@@ -206,9 +206,8 @@ def compile_reader(columns: list[Any], images: int) -> Reader | None:
     for key in keys:
         source += f"        {steps}\n        row[{key!r}] = {{{image}}}\n"
     source += "        rows.append(row)\n    return rows\n"
-    exec(
-        compile(source, f"<row reader: {len(columns)} columns>", "exec"), env
-    )  # text built here, names as repr
+    # The text is built here from the table map; column names enter it only as repr() literals.
+    exec(compile(source, f"<row reader: {len(columns)} columns>", "exec"), env)
     reader: Reader = env["read"]
     return reader
 
