@@ -24,8 +24,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication.row_event import RowsEvent
 
 Reader = Callable[[bytes, int, int], list[dict[str, Any]]]
 """Reads the rows from ``pos`` to ``end`` of an event's bytes."""
@@ -131,9 +131,7 @@ def _raw(value: bytes) -> bytes | str:
 def _encoding(column: Any) -> str | None:
     """The codec the library decodes ``column`` with; None if its text is left as bytes."""
     name = column.character_set_name
-    encoding = (
-        "utf-8" if name is None else (charset_by_name(name).encoding if charset_by_name(name) else name)
-    )
+    encoding = "utf-8" if name is None else RowsEvent.charset_to_encoding(name)
     try:
         return codecs.lookup(encoding).name
     except LookupError:
