@@ -264,6 +264,12 @@ class SnapshotSettings(PluginConfig):
     tables: TableNames | None = Field(None, description="Tables to snapshot (default: all captured).")
     chunk_size: PositiveInt = Field(10_000, description="Rows per chunk (one primary-key range).")
     max_parallel_tables: PositiveInt = Field(1, description="Tables whose chunks are read at the same time.")
+    stream_lag_warning_s: PositiveNumber = Field(
+        10.0,
+        description="Warn (snapshot_stream_behind) when a window waits longer than this for its high "
+        "watermark to come back through the stream: the stream reads behind what the database writes, "
+        "and the snapshot goes only as fast as the stream.",
+    )
     on_column_change: Literal["warn", "snapshot"] = Field(
         "warn",
         description="When a captured table gains a column or a column's type changes, rows already "

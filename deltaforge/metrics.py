@@ -166,6 +166,9 @@ class PipelinesCollector(Collector):
         snap_running = GaugeMetricFamily(
             "deltaforge_snapshot_running", "1 while a snapshot runs.", labels=p_labels
         )
+        snap_wait = GaugeMetricFamily("deltaforge_snapshot_window_wait_seconds", "How long the running "
+                                      "snapshot's last window waited for its high watermark to come back "
+                                      "through the stream (the stream's lag).", labels=p_labels)  # fmt: skip
         t_labels = ["pipeline", "table"]
         snap_done = GaugeMetricFamily("deltaforge_snapshot_table_rows", "Rows of the running snapshot's "
                                       "table delivered so far (checkpointed or not).", labels=t_labels)  # fmt: skip
@@ -176,6 +179,8 @@ class PipelinesCollector(Collector):
             snap = runner.ctx.snapshot
             snap_rows.add_metric([name], snap.rows_total)
             snap_running.add_metric([name], 1.0 if snap.running else 0.0)
+            if snap.running and snap.waits.last_s is not None:
+                snap_wait.add_metric([name], snap.waits.last_s)
             for table, progress in snap.tables.items():
                 snap_done.add_metric([name, table], progress.rows)
                 snap_estimate.add_metric([name, table], max(progress.estimate, progress.rows))
@@ -210,7 +215,7 @@ class PipelinesCollector(Collector):
         yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects,
                     *sink_counters.values(), sink_errors, age,
                     depth, capacity, restarts, dlq_entries, dlq_events,
-                    snap_rows, snap_running, snap_done, snap_estimate)  # fmt: skip
+                    snap_rows, snap_running, snap_done, snap_estimate, snap_wait)  # fmt: skip
 
 
 def _walk(node: NodeSnapshot) -> Iterable[NodeSnapshot]:

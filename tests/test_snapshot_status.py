@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from deltaforge.snapshot.progress import SnapshotState
-from deltaforge.snapshot.status import SnapshotStatus
+from deltaforge.snapshot.status import SnapshotStatus, WindowWaits
 from deltaforge.snapshot.terminal import SnapshotProgress
 
 
@@ -51,3 +51,26 @@ def test_progress_bar_draws_a_line_per_table_of_running_snapshots() -> None:
     assert "shop public.items" in text and "1000/2000" in text
     assert "shop public.other" in text and "0/10" in text
     assert "idle" not in text
+
+
+def test_a_window_wait_over_the_threshold_is_said_then_at_each_doubling_then_when_back() -> None:
+    waits = WindowWaits(warn_s=10.0)
+    said = [waits.seen(s) for s in (0.5, 10.0, 10.5, 19.0, 21.0, 30.0, 43.0, 9.0, 2.0, 11.0)]
+    assert said == [None, None, "behind", None, "behind", None, "behind", "caught_up", None, "behind"]
+    assert (waits.last_s, waits.max_s) == (11.0, 43.0)
+    assert waits.to_dict() == {"window_wait_ms": 11000.0, "window_wait_max_ms": 43000.0}
+
+
+def test_the_status_shows_the_windows_waits_and_a_new_snapshot_starts_them_afresh() -> None:
+    status = SnapshotStatus()
+    status.waits.warn_s = 0.5
+    status.follow(state(0, ["public.items"]))
+    assert status.to_dict()["current"]["window_wait_ms"] is None  # no window closed yet
+    assert status.waits.seen(0.25) is None and status.waits.seen(0.75) == "behind"
+    current = status.to_dict()["current"]
+    assert (current["window_wait_ms"], current["window_wait_max_ms"]) == (750.0, 750.0)
+    status.end(state(2000, []))
+    assert status.to_dict()["finished"][0]["window_wait_max_ms"] == 750.0
+    status.follow(SnapshotState("s2", "incremental", ["public.items"]))
+    assert (status.waits.warn_s, status.waits.last_s, status.waits.max_s) == (0.5, None, 0.0)
+    assert status.waits.seen(0.75) == "behind"  # said again: a new snapshot

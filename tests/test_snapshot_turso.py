@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,52 @@ async def test_a_source_down_while_a_column_change_asks_for_a_snapshot_is_waited
     assert asked > 1 and runner.failure is None and runner.ctx.stats.source_errors >= 1  # asked again
     assert len(rows) == 51 and rows.pop(51)["extra"] == 8
     assert {r["extra"] for r in rows.values()} == {7}
+
+
+async def test_a_stream_behind_the_snapshot_windows_is_said_and_its_lag_shown(tmp_path: Path) -> None:
+    """Each window's wait for its high watermark is the stream's lag: over
+    ``stream_lag_warning_s`` it is logged (``snapshot_stream_behind``, again each time it
+    doubles), and shown in the snapshot's status and in metrics while the snapshot runs. The
+    threshold here is a microsecond, so every real window is over it."""
+    from tests.kit import ScriptedSink
+    from tests.test_metrics import scrape, value
+
+    db = tmp_path / "app.db"
+    existing_rows(db, 10_000)  # far more than the mailboxes hold while the sink holds
+    d = doc(source_path=str(db), sinks=[{"type": "file", "config": {"id": "f", "path": "unused"}}],
+            batch={"max_events": 100, "max_ms": 20})  # fmt: skip
+    d["spec"]["source"]["config"].update(
+        {
+            "tables": ["items"],
+            "snapshot": {"mode": "initial", "chunk_size": 100, "stream_lag_warning_s": 1e-6},
+        }
+    )
+    held, gate = asyncio.Event(), asyncio.Event()
+
+    async def hold_from_the_third(call: int, events: list[Any]) -> None:
+        if call >= 3:  # the snapshot runs on, with windows closed, while the sink holds
+            held.set()
+            await gate.wait()
+
+    sink = ScriptedSink("f", script=hold_from_the_third)
+    runner = PipelineRunner(parse_pipeline(d, env={}), store=MemoryCheckpointStore(), sinks={"f": sink})
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await held.wait()
+        status = runner.ctx.snapshot
+        assert status.running and status.waits.last_s is not None
+        shown = status.to_dict()["current"]
+        samples = await scrape({"t": runner})
+        assert value(samples, "deltaforge_snapshot_window_wait_seconds", pipeline="t") > 0
+        assert 0 < shown["window_wait_ms"] <= shown["window_wait_max_ms"]
+        gate.set()
+        await wait_until(lambda: bool(status.finished), timeout=60, what="snapshot finished")
+        await runner.drain()
+        await task
+    said = [e for e in logs if e["event"] == "snapshot_stream_behind"]
+    assert said and all(e["log_level"] == "warning" and e["warn_s"] == 1e-6 for e in said)
+    waits = [e["waited_s"] for e in said]
+    # each said at least twice the one before (give or take the log's rounding to a millisecond)
+    assert all(later >= 2 * earlier - 0.001 for earlier, later in itertools.pairwise(waits))
+    assert status.finished[0]["window_wait_max_ms"] >= 1000 * max(waits) - 1
+    assert not any(e["event"] == "snapshot_stream_caught_up" for e in logs)

@@ -57,6 +57,7 @@ class SnapshotDriver:
         (``ChunkReader.bounded``)."""
         self.log = log
         self.status = ctx.snapshot
+        self.status.waits.warn_s = self.settings.stream_lag_warning_s
 
     @property
     def recovers(self) -> bool:
@@ -314,10 +315,12 @@ class SnapshotDriver:
         if state.done and out:
             out[-1] = replace(out[-1], event_id=f"{out[-1].event_id}:last")
         self.status.rows_total += n
+        waited = time.monotonic() - window.read_at
         self.log.debug("snapshot_chunk", snapshot=state.id, rows=n, removed=window.removed,
-                       waited_ms=round((time.monotonic() - window.read_at) * 1000, 1))  # fmt: skip
+                       waited_ms=round(waited * 1000, 1))  # fmt: skip
         await self.progress.mark(closing.order, state)
         self.status.follow(state)
+        self._said(state, waited)
         if state.done:
             self.log.info(
                 "snapshot_finished", snapshot=state.id, kind=state.kind, rows=sum(state.rows.values())
@@ -325,6 +328,20 @@ class SnapshotDriver:
             self.status.end(state)
             self.state = None
         return [*out, closing]
+
+    def _said(self, state: SnapshotState, waited: float) -> None:
+        """A window's wait for its high watermark, said when the stream falls behind (or is back)."""
+        waits = self.status.waits
+        said = waits.seen(waited)
+        if said == "behind":
+            self.log.warning(
+                "snapshot_stream_behind", snapshot=state.id, waited_s=round(waited, 3), warn_s=waits.warn_s,
+                reason="a snapshot window waited this long for its high watermark to come back through "
+                "the stream: the stream reads behind what the database writes, and each chunk waits "
+                "for it (the snapshot is as slow as the stream; nothing is lost)",
+            )  # fmt: skip
+        elif said == "caught_up":
+            self.log.info("snapshot_stream_caught_up", snapshot=state.id, waited_s=round(waited, 3))
 
     async def confirm(self, durable: Position) -> None:
         if self.reader is not None:

@@ -34,6 +34,40 @@ class TableProgress:
 
 
 @dataclass
+class WindowWaits:
+    """How long each window waited for its high watermark to come back through the stream: the
+    stream's lag behind the database. A wait over ``warn_s`` says the stream reads behind what
+    the database writes, and a snapshot goes only as fast as its windows close; it is said once,
+    then again each time the wait doubles, and once more when a wait is back under ``warn_s``.
+
+        >>> waits = WindowWaits(warn_s=10.0)
+        >>> [waits.seen(s) for s in (0.2, 12.0, 15.0, 25.0, 0.3)]
+        [None, 'behind', None, 'behind', 'caught_up']
+    """
+
+    warn_s: float
+    last_s: float | None = None
+    max_s: float = 0.0
+    said_s: float = 0.0
+    """The wait last said to be behind (0: none is, since the snapshot began or caught up)."""
+
+    def seen(self, waited_s: float) -> str | None:
+        """Take a window's wait; what to say of it, if anything: ``behind`` or ``caught_up``."""
+        self.last_s, self.max_s = waited_s, max(self.max_s, waited_s)
+        if waited_s > self.warn_s and waited_s >= 2 * self.said_s:
+            self.said_s = waited_s
+            return "behind"
+        if waited_s <= self.warn_s and self.said_s:
+            self.said_s = 0.0
+            return "caught_up"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        last = None if self.last_s is None else round(self.last_s * 1000, 1)
+        return {"window_wait_ms": last, "window_wait_max_ms": round(self.max_s * 1000, 1)}
+
+
+@dataclass
 class SnapshotStatus:
     """The running snapshot (if any) and the last ones finished in this process."""
 
@@ -45,6 +79,8 @@ class SnapshotStatus:
     """Snapshot rows emitted by this process, all snapshots together (a counter for metrics)."""
     started_at_start: bool = False
     """``mode: always`` took its snapshot in this process (a reconnect is not a start)."""
+    waits: WindowWaits = field(default_factory=lambda: WindowWaits(warn_s=10.0))
+    """The running snapshot's windows' waits (the driver sets ``warn_s`` from the settings)."""
 
     @property
     def running(self) -> bool:
@@ -54,6 +90,7 @@ class SnapshotStatus:
         """Show ``state`` (a snapshot started or resumed)."""
         if self.id != state.id:
             self.id, self.kind, self.tables = state.id, state.kind, {}
+            self.waits = WindowWaits(warn_s=self.waits.warn_s)
         for name in [*state.rows, *state.pending]:
             t = self.tables.setdefault(name, TableProgress())
             t.rows = state.rows.get(name, 0)
@@ -70,7 +107,12 @@ class SnapshotStatus:
     def to_dict(self) -> dict[str, Any]:
         now = time.time()
         current = (
-            {"id": self.id, "kind": self.kind, "tables": {k: v.to_dict(now) for k, v in self.tables.items()}}
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "tables": {k: v.to_dict(now) for k, v in self.tables.items()},
+                **self.waits.to_dict(),
+            }
             if self.running
             else None
         )
