@@ -166,3 +166,23 @@ def test_a_standby_that_lagged_behind_the_checkpoint_halts_as_position_lost(
         [record] = serve.get("/pipelines/shop/reconcile").json()
         assert record["kind"] == "failover" and record["result"] == "position_lost"
     assert _ids(tmp_path) == list(range(1, 61))  # all of the old primary's, nothing from the new one
+
+
+def test_a_standby_whose_port_was_taken_meanwhile_starts_on_another() -> None:
+    """The harness: a standby's port is picked before its base backup, and another worker's
+    server may bind it meanwhile (a CI run's setup failed so once, with no log to tell). It
+    starts on another free port instead, and streams from its primary there."""
+    import socket
+
+    with Postgres() as a:
+        _sql(a.dsn(), "CREATE TABLE items (id int PRIMARY KEY, v text)")
+        standby = Standby(a)
+        taken = standby.port
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", taken))
+            squatter.listen()
+            with standby as b:
+                assert b.port != taken
+                _insert(a.dsn(), range(3))
+                wait_until_sync(lambda: _sql(b.dsn(), "SELECT count(*) FROM items")[0] == 3,
+                                timeout=30, what="the standby replaying the primary")  # fmt: skip

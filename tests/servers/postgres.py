@@ -50,18 +50,24 @@ class Postgres(ServerProcess):
                 "wal_level = logical\nmax_replication_slots = 40\nmax_wal_senders = 40\nfsync = off\n"
                 "synchronous_commit = on\nfull_page_writes = off\n"
             )
+        self._start_on_a_free_port()
+        return self
+
+    def _start_on_a_free_port(self) -> None:
+        """``pg_ctl start``, on another free port if this one was taken between picking it and
+        the server binding it (by another worker's server); any other failure with the server's
+        log, which goes with its temp dir."""
         for _ in range(3):
             try:
                 self._as_postgres(
                     _bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start"
                 )
-                return self
+                return
             except RuntimeError as exc:
                 log = self.dir / "log"
                 tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
                 if "Address already in use" not in tail:
                     raise RuntimeError(f"{exc}\nserver log: {tail}") from None
-                # the free port was taken between picking it and the server binding it: another
                 self.port = free_port()
                 with open(self.data / "postgresql.conf", "a") as f:  # the last setting wins
                     f.write(f"port = {self.port}\n")
@@ -113,7 +119,8 @@ class Standby(Postgres):
                           "-D", str(self.data), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(f"port = {self.port}\nunix_socket_directories = '{self.dir}'\n")
-        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+        # Its port was picked before the base backup: the longer window of the two for a race.
+        self._start_on_a_free_port()
         return self
 
     def promote(self) -> None:
