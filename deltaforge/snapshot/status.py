@@ -6,7 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.snapshot.progress import SnapshotState
+
+_WARN_S: float = SnapshotSettings().stream_lag_warning_s
+"""The setting's default, until a driver sets the pipeline's own."""
 
 
 @dataclass
@@ -79,7 +83,7 @@ class SnapshotStatus:
     """Snapshot rows emitted by this process, all snapshots together (a counter for metrics)."""
     started_at_start: bool = False
     """``mode: always`` took its snapshot in this process (a reconnect is not a start)."""
-    waits: WindowWaits = field(default_factory=lambda: WindowWaits(warn_s=10.0))
+    waits: WindowWaits = field(default_factory=lambda: WindowWaits(warn_s=_WARN_S))
     """The running snapshot's windows' waits (the driver sets ``warn_s`` from the settings)."""
 
     @property
