@@ -2,6 +2,11 @@
 
 A subclass says how to start (``command``), how to tell it is ready (``ready``; by
 default: its port accepts connections) and, if it needs more, overrides ``start``/``stop``.
+
+A server is up only once its own process holds the listening socket: between ``free_port()``
+and the server's bind, another xdist worker's server can take the port, and a ``ready`` that
+only connects would then pass against that other server. A first start whose port was taken
+starts again on another free port (the port was the harness's choice, nobody holds it yet).
 """
 
 from __future__ import annotations
@@ -20,6 +25,43 @@ from typing import Self
 from tests.serve_proc import free_port
 
 
+class PortTaken(RuntimeError):
+    """The server's port is held by another process."""
+
+
+def _listeners(port: int) -> set[str]:
+    """The ``socket:[inode]`` names of the sockets listening on ``port`` (any address)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def holds_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` has a socket listening on ``port`` among its file descriptors."""
+    listeners = _listeners(port)
+    if not listeners:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in listeners:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
 class ServerProcess:
     """One private server process; ``with Server() as s:`` starts it and removes it afterwards."""
 
@@ -29,7 +71,10 @@ class ServerProcess:
     def __init__(self, port: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=f"df-{self.name}-"))
         self.port = port or free_port()
+        self.port_chosen = port is None
+        """The harness picked the port, so a first start may move it; a caller's port stays."""
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = False
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -45,18 +90,42 @@ class ServerProcess:
         """What to show when it does not start (a log tail)."""
         return ""
 
-    def start(self) -> Self:
+    def launch(self) -> None:
+        """Start the process without waiting for it."""
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.wait_for(self.ready, self.start_timeout)
-        return self
+
+    def start(self) -> Self:
+        # A restart (an outage's end) keeps its port: proxies and sinks point at it.
+        movable = self.port_chosen and not self.started
+        for _ in range(3):
+            self.launch()
+            try:
+                self.wait_for(self.ready, self.start_timeout)
+            except PortTaken:
+                self.kill()
+                if not movable:
+                    raise
+                self.port = free_port()
+                continue
+            self.started = True
+            return self
+        raise PortTaken(f"{self.name} did not start: its port was taken three times")
 
     def wait_for(self, ready: Callable[[], bool], timeout: float) -> None:
-        """Poll ``ready`` until it holds; fail at once if the process died."""
+        """Poll until ``ready`` holds and this server's own process holds its port; fail at once
+        if the process died (:class:`PortTaken` if another process holds the port)."""
         deadline = time.monotonic() + timeout
-        while not ready():
-            if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
+        while not (self._holds_port() and ready()):  # never asks another server
+            if self.proc is not None and self.proc.poll() is not None:
+                if _listeners(self.port):
+                    raise PortTaken(f"{self.name}: port {self.port} is held by another process")
+                raise RuntimeError(f"{self.name} did not start {self.failure_detail()}".rstrip())
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not start {self.failure_detail()}".rstrip())
             time.sleep(0.05)
+
+    def _holds_port(self) -> bool:
+        return self.proc is None or holds_port(self.proc.pid, self.port)
 
     def kill(self, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
         """Stop the process by PID (SIGKILL when it ignores ``sig`` past ``timeout``); the data stays."""

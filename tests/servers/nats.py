@@ -8,7 +8,6 @@ import json
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,10 +58,6 @@ class ClusterNode(Nats):
     def command(self) -> list[str]:
         return [*super().command(), "-n", self.node, "--cluster_name", "df",
                 "--cluster", f"nats://127.0.0.1:{self.cluster_port}", "--routes", self.routes]  # fmt: skip
-
-    def launch(self) -> None:
-        """Start the process without waiting for it (see :meth:`NatsCluster.start`)."""
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def ready(self) -> bool:
         """Up, and JetStream's meta group has a leader (until then stream requests go unanswered)."""
@@ -120,6 +115,7 @@ class NatsCluster:
                 node.launch()
             for node in self.nodes:
                 node.wait_for(node.ready, node.start_timeout)
+                node.started = True  # a node started again keeps its port: the others route to it
         except BaseException:
             self.stop()
             raise

@@ -22,7 +22,7 @@ class Redis(ServerProcess):
     def ready(self) -> bool:
         try:
             return bool(self.client().ping())
-        except redis.exceptions.ConnectionError:
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             return False
 
     def client(self) -> redis.Redis:

@@ -22,7 +22,12 @@ class Tansu(ServerProcess):
 
     def __init__(self, port: int | None = None, advertise: int | None = None) -> None:
         super().__init__(port)
-        self.advertise = advertise or self.port
+        self._advertise = advertise
+
+    @property
+    def advertise(self) -> int:
+        """Its own port unless told otherwise: a first start may move to another free port."""
+        return self._advertise or self.port
 
     @property
     def bootstrap(self) -> str:

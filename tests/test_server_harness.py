@@ -1,0 +1,60 @@
+"""The private test servers' harness: a server is up only once its own process holds its port.
+
+Between ``free_port()`` and a server's bind, another xdist worker's server can take the port.
+A readiness check that only connects then passed against that other server, and the test ran
+against it (``tests/servers/base.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.servers.base import PortTaken, holds_port
+from tests.servers.redis import Redis
+
+
+def server_pid(server: Redis) -> int:
+    return int(server.client().info("server")["process_id"])
+
+
+@contextmanager
+def listening(port: int) -> Iterator[socket.socket]:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield s
+
+
+def test_holds_port_names_the_process_that_listens() -> None:
+    with listening(0) as s:
+        port = s.getsockname()[1]
+        assert holds_port(os.getpid(), port)
+        assert not holds_port(os.getppid(), port)
+    assert not holds_port(os.getpid(), port)
+
+
+def test_a_server_whose_port_another_server_took_starts_on_another() -> None:
+    with Redis() as first:
+        second = Redis()
+        second.port = first.port  # taken by the first between picking it and binding it
+        with second:
+            assert second.port != first.port
+            assert second.proc is not None and server_pid(second) == second.proc.pid
+            assert first.proc is not None and server_pid(first) == first.proc.pid
+
+
+def test_a_server_started_again_keeps_its_port_and_says_it_is_taken() -> None:
+    with Redis() as server:
+        port = server.port
+        server.kill()
+        with listening(port), pytest.raises(PortTaken, match=f"port {port} is held by another process"):
+            server.start()
+        assert server.port == port
+        server.start()  # free again: the same port
+        assert server.port == port and server.proc is not None and server_pid(server) == server.proc.pid
