@@ -799,3 +799,53 @@ async def progress(stats: Any, more: int) -> None:
     """Until ``more`` events past those committed now are committed."""
     committed = stats.events_committed
     await wait_until(lambda: stats.events_committed > committed + more, timeout=90, what="progress")
+
+
+class CallsRecorded:
+    """A producer whose calls are noted in order (name, first argument), then made as they were."""
+
+    def __init__(self, producer: Producer, calls: list[tuple[str, Any]]) -> None:
+        self._producer = producer
+        self._calls = calls
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._producer, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append((name, args[0] if args else None))
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["default", "exactly_once"])
+async def test_a_new_producer_asks_for_its_topics_metadata_before_it_waits_for_acknowledgements(
+    tansu: Tansu, exactly_once: bool
+) -> None:
+    """Left to itself librdkafka learned where a new topic's partitions lead up to a second after
+    the first record was queued, and a new producer's first batch waited that long for its
+    acknowledgements (docs/performance.md). The sink asks as soon as the records are queued."""
+    sink = KafkaSink(parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=exactly_once), env={}).sinks[0])
+    sink.pipeline = "learn"
+    await sink.open()
+    calls: list[tuple[str, Any]] = []
+    sink._producer = CallsRecorded(sink._producer, calls)  # type: ignore[assignment]
+    await sink.deliver([make_event(i) for i in range(1, 51)], SeqPosition(50))
+    names = [name for name, _ in calls]
+    wait = names.index("flush")  # both modes wait for the records before anything else
+    learned = {arg for name, arg in calls[:wait] if name == "list_topics"}
+    assert learned == ({"cdc.t", "deltaforge.offsets"} if exactly_once else {"cdc.t"})
+    first_produce, first_ask = names.index("produce"), names.index("list_topics")
+    assert first_produce < first_ask < wait  # asked once the records are queued, before the wait
+    calls.clear()
+    await sink.deliver([make_event(i) for i in range(51, 101)], SeqPosition(100))
+    names = [name for name, _ in calls]
+    assert "list_topics" not in names[: names.index("flush")]  # learned once per producer
+    await sink.close()
+    got = consume(tansu.bootstrap, "cdc.t", 100)
+    assert {int(d["event_id"]) for _, _, d, _ in got} == set(range(1, 101))

@@ -65,6 +65,8 @@ _NON_RETRYABLE = {
 _ABORT_WAIT_S = 5.0
 """How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
+_LEARN_S = 5.0
+"""How long asking for a new topic's metadata may hold a batch (the flush after it says what is wrong)."""
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -115,6 +117,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.encode = encoder(config.envelope)
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)
+        self._learned: set[str] = set()
+        """Topics the current producer was asked the metadata of (see _learn)."""
         self.commits = 0
         self.aborts = 0
         self._reopened = False
@@ -159,6 +163,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # which fences the producer: give outages room (15 min, brokers' default maximum).
             conf.setdefault("transaction.timeout.ms", 900_000)
         producer = Producer(conf)
+        self._learned = set()
         if self.exactly_once:
             try:
                 producer.init_transactions(self.timeout)
@@ -232,6 +237,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                     producer.begin_transaction()
                 for rec in records:
                     self._produce(producer, rec, on_delivery)
+                self._learn(producer, records)
                 if self.exactly_once:
                     if position is not None:
                         # In the same transaction: a read_committed reader (this sink, after a crash)
@@ -299,6 +305,23 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             if not self.exactly_once:
                 drop_unsent(producer)
             raise
+
+    def _learn(self, producer: Producer, records: list[Record]) -> None:
+        """Ask for the metadata of the topics this producer has not sent to before, once their
+        records are queued. Left to itself librdkafka learned where a new topic's partitions lead
+        about a second after the first record was queued: each new producer (a start, a restart,
+        the retry after an outage) waited that second for its first acknowledgement (measured
+        against Tansu: a first batch's flush took 1.01 s, 60 ms with this; docs/performance.md).
+        An exactly_once producer learns its offsets topic with the first batch's."""
+        topics = {rec[0] for rec in records} - self._learned
+        if self.exactly_once and self.settings.offsets_topic not in self._learned:
+            topics.add(self.settings.offsets_topic)
+        for topic in sorted(topics):
+            self._learned.add(topic)
+            try:
+                producer.list_topics(topic, timeout=min(self.timeout, _LEARN_S))
+            except KafkaException:
+                pass  # the broker does not answer now: the flush that follows says so
 
     def _commit(self, producer: Producer) -> None:
         """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
