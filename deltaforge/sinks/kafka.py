@@ -237,7 +237,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                     producer.begin_transaction()
                 for rec in records:
                     self._produce(producer, rec, on_delivery)
-                self._learn(producer, records)
+                topics = {rec[0] for rec in records}
+                self._learn(producer, topics)
                 if self.exactly_once:
                     if position is not None:
                         # In the same transaction: a read_committed reader (this sink, after a crash)
@@ -270,7 +271,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         )
                 if errors:
                     raise self._classify(errors[0])
-                topics = {rec[0] for rec in records}
                 self._topics.after_batch(producer, topics)
                 self.ends.produced_to(topics)
             except SystemError as exc:
@@ -306,14 +306,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 drop_unsent(producer)
             raise
 
-    def _learn(self, producer: Producer, records: list[Record]) -> None:
+    def _learn(self, producer: Producer, topics: set[str]) -> None:
         """Ask for the metadata of the topics this producer has not sent to before, once their
         records are queued. Left to itself librdkafka learned where a new topic's partitions lead
         about a second after the first record was queued: each new producer (a start, a restart,
         the retry after an outage) waited that second for its first acknowledgement (measured
         against Tansu: a first batch's flush took 1.01 s, 60 ms with this; docs/performance.md).
         An exactly_once producer learns its offsets topic with the first batch's."""
-        topics = {rec[0] for rec in records} - self._learned
+        topics = topics - self._learned
         if self.exactly_once and self.settings.offsets_topic not in self._learned:
             topics.add(self.settings.offsets_topic)
         for topic in sorted(topics):
