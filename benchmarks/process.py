@@ -10,12 +10,15 @@ reader back, whatever is waiting in the binlog.
 First event after a restart: serve is stopped (SIGTERM), one row is committed, serve starts
 again on its checkpoint; the time from starting the process to that row being in the file
 (interpreter start-up and imports included), median of eleven restarts, with the quartiles.
+Then the same to Kafka (Tansu): to that row being read by a consumer that polls the topic
+throughout, so the new producer's connection, metadata and first acknowledgement are included.
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import os
 import statistics
 import subprocess
@@ -28,19 +31,30 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks import Figure
 from benchmarks import mysql_backlog as my
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
+from tests.servers.tansu import Tansu
 
 RESTARTS = 11
 
 
-def spec(server: MariaDB, tmp: Path) -> dict[str, Any]:
+TOPIC = "restart"
+
+
+def spec(server: MariaDB, tmp: Path, broker: Tansu | None = None) -> dict[str, Any]:
+    """To a JSONL file, or with ``broker`` to its topic ``restart``."""
+    sink = (
+        {"type": "kafka", "config": {"id": "k", "brokers": broker.bootstrap, "topic": TOPIC}}
+        if broker is not None
+        else {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}
+    )
     return {
         "source": {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}},
-        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}],
+        "sinks": [sink],
         "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
     }
 
@@ -96,19 +110,59 @@ def byte_compiled() -> None:
     subprocess.run([sys.executable, "-c", "import deltaforge.cli"], env=env, check=True)
 
 
-def first_event_after_restart() -> list[float]:
-    """Seconds from spawning serve to a row committed while it was down being in the file, one per
-    restart, in ascending order."""
+POLL_S = 0.002
+"""How often the output is looked at: the figure's resolution."""
+
+
+class InFile:
+    """Whether a row is in the file sink's output yet (looked at every :data:`POLL_S`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, needle: bytes) -> bool:
+        if self.path.exists() and needle in self.path.read_bytes():
+            return True
+        time.sleep(POLL_S)
+        return False
+
+
+class InTopic:
+    """Whether a row has been read from the topic yet, by a consumer that polls it throughout
+    (assigned to every partition from the start: no group rebalance in the way)."""
+
+    def __init__(self, broker: Tansu) -> None:
+        broker.create_topic(TOPIC)
+        self.consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bench-restart",
+                                  "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
+        parts = self.consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+        self.consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in parts])
+        self.seen: set[bytes] = set()
+
+    def __call__(self, needle: bytes) -> bool:
+        msg = self.consumer.poll(POLL_S)
+        if msg is not None and msg.error() is None and (value := msg.value()):
+            self.seen.add(value)
+        return any(needle in v for v in self.seen)
+
+
+def first_event_after_restart(to_kafka: bool = False) -> list[float]:
+    """Seconds from spawning serve to a row committed while it was down being in the file (or
+    read from Kafka), one per restart, in ascending order."""
     byte_compiled()
     times = []
-    with MariaDB() as server, tempfile.TemporaryDirectory() as tmp_s:
+    with MariaDB() as server, tempfile.TemporaryDirectory() as tmp_s, contextlib.ExitStack() as stack:
         tmp = Path(tmp_s)
+        broker = stack.enter_context(Tansu()) if to_kafka else None
         my.fill(server, "narrow", 10)
-        out = tmp / "events.jsonl"
-        with serve_pipeline(tmp, spec(server, tmp), name="bench") as first:  # writes its config
+        with serve_pipeline(tmp, spec(server, tmp, broker), name="bench") as first:  # writes its config
             while committed(first) < 10:  # and a checkpoint to restart from
                 time.sleep(0.05)
             first.terminate()
+        arrived: InFile | InTopic = InFile(tmp / "events.jsonl")
+        if broker is not None:
+            arrived = InTopic(broker)
+            stack.callback(arrived.consumer.close)  # before the broker stops
         cfg = tmp / "bench.yaml"
         for n in range(RESTARTS):
             row = 1_000_000 + n
@@ -118,22 +172,31 @@ def first_event_after_restart() -> list[float]:
             t0 = time.perf_counter()
             # serve as users run it: the API on
             serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"))
-            while not out.exists() or needle not in out.read_bytes():
+            while not arrived(needle):
                 if serve.proc.poll() is not None:
                     raise RuntimeError(f"serve exited: {(tmp / 'serve.err').read_text()[-2000:]}")
-                time.sleep(0.002)  # the polling period: the figure's resolution
             times.append(time.perf_counter() - t0)
             serve.terminate()
     return sorted(times)
+
+
+def restart_figure(starts: list[float], to_kafka: bool) -> Figure:
+    quartiles = statistics.quantiles(starts, n=4)
+    return Figure(
+        "serve as a process",
+        f"first event after a restart{', to Kafka' if to_kafka else ''}",
+        round(statistics.median(starts) * 1000),
+        "ms",
+        f"process start to the row {'read from Kafka' if to_kafka else 'in the file'}, median of "
+        f"{RESTARTS} (p25 {quartiles[0] * 1000:.0f}, p75 {quartiles[2] * 1000:.0f} ms)",
+        "≤ 500 ms",
+    )
 
 
 def run(rows: int) -> list[Figure]:
     group = "serve as a process"
     small_peak, _ = peak_rss(rows // 4)
     peak, rate = peak_rss(rows)
-    starts = first_event_after_restart()
-    start = statistics.median(starts)
-    quartiles = statistics.quantiles(starts, n=4)
     return [
         Figure(
             group,
@@ -150,15 +213,8 @@ def run(rows: int) -> list[Figure]:
             f"serve + decoder child, {rate:,.0f} events/s to a file",
             "≤ 200 MB, flat",
         ),
-        Figure(
-            group,
-            "first event after a restart",
-            round(start * 1000),
-            "ms",
-            f"process start to the row in the file, median of {RESTARTS} "
-            f"(p25 {quartiles[0] * 1000:.0f}, p75 {quartiles[2] * 1000:.0f} ms)",
-            "≤ 500 ms",
-        ),
+        restart_figure(first_event_after_restart(), to_kafka=False),
+        restart_figure(first_event_after_restart(to_kafka=True), to_kafka=True),
     ]
 
 
