@@ -67,6 +67,8 @@ _ABORT_WAIT_S = 5.0
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
 _LEARN_S = 5.0
 """How long asking for a new topic's metadata may hold a batch (the flush after it says what is wrong)."""
+_ASKS = 3
+"""How often one topic's metadata is asked while only a bootstrap connection answers (see _learn)."""
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -312,16 +314,27 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         about a second after the first record was queued: each new producer (a start, a restart,
         the retry after an outage) waited that second for its first acknowledgement (measured
         against Tansu: a first batch's flush took 1.01 s, 60 ms with this; docs/performance.md).
-        An exactly_once producer learns its offsets topic with the first batch's."""
+        An exactly_once producer learns its offsets topic with the first batch's.
+
+        An answer from the bootstrap connection is asked again, up to :data:`_ASKS` times. An
+        idempotent producer may send nothing before it has a producer id. librdkafka asks for one
+        when a metadata answer arrives, and only from a broker the cluster named whose connection
+        is up; failing that, it tries again on a 500 ms timer, and nothing else wakes it. The
+        bootstrap connection answers before the named brokers' connections are up, and it closes
+        once they are known. So an answer from it left a new producer's records waiting that
+        500 ms, about one start in four against Tansu."""
         topics = topics - self._learned
         if self.exactly_once and self.settings.offsets_topic not in self._learned:
             topics.add(self.settings.offsets_topic)
         for topic in sorted(topics):
             self._learned.add(topic)
-            try:
-                producer.list_topics(topic, timeout=min(self.timeout, _LEARN_S))
-            except KafkaException:
-                pass  # the broker does not answer now: the flush that follows says so
+            for _ in range(_ASKS):
+                try:
+                    answer = producer.list_topics(topic, timeout=min(self.timeout, _LEARN_S))
+                except KafkaException:
+                    break  # the broker does not answer now: the flush that follows says so
+                if answer.orig_broker_id >= 0:  # a named broker (bootstrap connections are -1)
+                    break
 
     def _commit(self, producer: Producer) -> None:
         """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
