@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, with_images
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -895,3 +895,37 @@ async def test_a_metadata_answer_from_the_bootstrap_connection_is_asked_again(ta
     await sink.close()
     got = consume(tansu.bootstrap, "cdc.t", 20)
     assert {int(d["event_id"]) for _, _, d, _ in got} == set(range(1, 21))
+
+
+async def test_the_default_mode_producer_is_made_when_the_delivery_worker_starts(tansu: Tansu) -> None:
+    """Its connection, metadata and producer id are then under way while the source reads its
+    first batch (a restart's first event to Kafka: docs/performance.md)."""
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap), env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(0))
+    sink = runner.sinks["k"]
+    assert isinstance(sink, KafkaSink)
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: sink._producer is not None or task.done(), what="the producer made")
+    assert runner.ctx.stats.sinks["k"].batches == 0  # before any batch
+    prepared = sink._producer
+    await sink.open()  # the first batch's open keeps it
+    assert sink._producer is prepared
+    await runner.drain()
+    await task
+    assert runner.state == "stopped", runner.failure
+
+
+async def test_preparing_waits_for_no_broker_and_leaves_refused_settings_to_the_first_batch() -> None:
+    nobody = f"127.0.0.1:{free_port()}"  # nothing listens there
+    sink = KafkaSink(parse_pipeline(kafka_doc(nobody), env={}).sinks[0])
+    await sink.prepare()  # librdkafka connects in its own threads: nothing here waits for it
+    assert sink._producer is not None
+    await sink.close()
+    transactional = KafkaSink(parse_pipeline(kafka_doc(nobody, exactly_once=True), env={}).sinks[0])
+    await transactional.prepare()  # init_transactions would wait for the broker: left to open
+    assert transactional._producer is None
+    refused = KafkaSink(parse_pipeline(kafka_doc(nobody, producer={"linger.ms": "soon"}), env={}).sinks[0])
+    await refused.prepare()
+    assert refused._producer is None
+    with pytest.raises(NonRetryableSinkError, match=r"kafka sink 'k': producer settings: Invalid value.*"):
+        await refused.open()

@@ -72,7 +72,9 @@ class DeliveryWorker(Actor):
         (the sink may have started over on a new connection, to a server that lost it)."""
         # The sink connects on the first batch, not here: a worker is "up" once it can take
         # batches, so a sink that is down does not hold back the start of the pipeline (its
-        # first batch fails instead, and the coordinator retries it).
+        # first batch fails instead, and the coordinator retries it). One whose client connects
+        # in the background starts to now (prepare never waits).
+        await self.sink.prepare()
 
     async def _open(self) -> None:
         if not self.opened:

@@ -80,6 +80,11 @@ class Sink(ABC, Generic[K]):
     """True for a sink that stores where the source stands together with each batch, atomically
     (:meth:`stored_position` reads it back): after a crash it is what the sink truly holds."""
 
+    async def prepare(self) -> None:
+        """Begin connecting, without waiting for the server or failing when it is down: called
+        when the delivery worker starts, so that the connection is under way while the source
+        reads its first batch. :meth:`open` then finishes it (or connects, by default)."""
+
     async def open(self) -> None:
         """Connect."""
 

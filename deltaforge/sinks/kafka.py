@@ -28,6 +28,7 @@ delete before the insert it deletes, and keep the row.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Literal
 
@@ -137,8 +138,18 @@ class KafkaSink(Sink[KafkaSinkConfig]):
     def transactional_id(self) -> str:
         return f"deltaforge-{self.pipeline}-{self.id}"
 
+    async def prepare(self) -> None:
+        """The default mode's producer, made now: librdkafka connects in its own threads, so the
+        broker's connection, metadata and producer id are under way while the source reads.
+        Making it waits for nothing (an exactly_once producer's ``init_transactions`` does
+        wait, so that one is made by :meth:`open`)."""
+        if not self.exactly_once:
+            with contextlib.suppress(SinkError):
+                await self.open()  # refused settings: the first batch's open says so
+
     async def open(self) -> None:
-        await self._thread.run(self._open)
+        if self._producer is None:  # prepared, or a batch since: the producer stays
+            await self._thread.run(self._open)
 
     def _open(self) -> None:
         conf: dict[str, Any] = {
@@ -164,7 +175,12 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
             # which fences the producer: give outages room (15 min, brokers' default maximum).
             conf.setdefault("transaction.timeout.ms", 900_000)
-        producer = Producer(conf)
+        try:
+            producer = Producer(conf)
+        except KafkaException as exc:  # a setting librdkafka refuses (producer:): no retry fixes it
+            raise NonRetryableSinkError(
+                f"kafka sink {self.id!r}: producer settings: {exc.args[0].str()}"
+            ) from None
         self._learned = set()
         if self.exactly_once:
             try:
