@@ -929,3 +929,14 @@ async def test_preparing_waits_for_no_broker_and_leaves_refused_settings_to_the_
     assert refused._producer is None
     with pytest.raises(NonRetryableSinkError, match=r"kafka sink 'k': producer settings: Invalid value.*"):
         await refused.open()
+
+
+async def test_a_producer_setting_librdkafka_refuses_stops_the_pipeline_naming_it() -> None:
+    """Retrying cannot fix it (it was retried as an unknown error, forever, before)."""
+    doc = kafka_doc(f"127.0.0.1:{free_port()}", producer={"linger.ms": "soon"})
+    runner = PipelineRunner(
+        parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), source=SyntheticSource(10)
+    )
+    await asyncio.wait_for(runner.run(), 30)
+    assert runner.state == "failed"
+    assert runner.failure is not None and "kafka sink 'k': producer settings: Invalid value" in runner.failure
