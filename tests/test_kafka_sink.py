@@ -839,9 +839,9 @@ async def recorded_sink(
 async def test_a_new_producer_asks_for_its_topics_metadata_before_it_waits_for_acknowledgements(
     tansu: Tansu, exactly_once: bool
 ) -> None:
-    """Left to itself librdkafka learned where a new topic's partitions lead up to a second after
-    the first record was queued, and a new producer's first batch waited that long for its
-    acknowledgements (docs/performance.md). The sink asks as soon as the records are queued."""
+    """A metadata answer is what wakes librdkafka's request for an idempotent producer's id; left to
+    itself a new producer's first batch waited up to a second for its acknowledgements, on the
+    request's 500 ms timer (docs/performance.md). The sink asks as soon as the records are queued."""
     sink, calls = await recorded_sink(tansu, CallsRecorded, exactly_once)
     await sink.deliver([make_event(i) for i in range(1, 51)], SeqPosition(50))
     names = [name for name, _ in calls]

@@ -326,19 +326,18 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
     def _learn(self, producer: Producer, topics: set[str]) -> None:
         """Ask for the metadata of the topics this producer has not sent to before, once their
-        records are queued. Left to itself librdkafka learned where a new topic's partitions lead
-        about a second after the first record was queued: each new producer (a start, a restart,
-        the retry after an outage) waited that second for its first acknowledgement (measured
-        against Tansu: a first batch's flush took 1.01 s, 60 ms with this; docs/performance.md).
-        An exactly_once producer learns its offsets topic with the first batch's.
+        records are queued; an exactly_once producer its offsets topic too.
 
-        An answer from the bootstrap connection is asked again, up to :data:`_ASKS` times. An
-        idempotent producer may send nothing before it has a producer id. librdkafka asks for one
-        when a metadata answer arrives, and only from a broker the cluster named whose connection
-        is up; failing that, it tries again on a 500 ms timer, and nothing else wakes it. The
-        bootstrap connection answers before the named brokers' connections are up, and it closes
-        once they are known. So an answer from it left a new producer's records waiting that
-        500 ms, about one start in four against Tansu."""
+        An idempotent producer sends nothing before it has a producer id. librdkafka asks for
+        one when a metadata answer arrives, and only from a broker the cluster named whose
+        connection is up; failing that, it tries again on a 500 ms timer, and nothing else wakes
+        it. Left to itself, a new producer (a start, a restart, the retry after an outage) often
+        waited that timer, once or twice, for its first acknowledgement (against Tansu: a first
+        batch's flush took up to 1.01 s, 60 ms with this; docs/performance.md).
+
+        An answer from the bootstrap connection is asked again, up to :data:`_ASKS` times: it
+        answers before the named brokers' connections are up (and closes once they are known),
+        so it woke nothing, and about one start in four still waited 500 ms."""
         topics = topics - self._learned
         if self.exactly_once and self.settings.offsets_topic not in self._learned:
             topics.add(self.settings.offsets_topic)
