@@ -10,8 +10,10 @@ reader back, whatever is waiting in the binlog.
 First event after a restart: serve is stopped (SIGTERM), one row is committed, serve starts
 again on its checkpoint; the time from starting the process to that row being in the file
 (interpreter start-up and imports included), median of eleven restarts, with the quartiles.
-Then the same to Kafka (Tansu): to that row being read by a consumer that polls the topic
-throughout, so the new producer's connection, metadata and first acknowledgement are included.
+Then the same to Kafka (Tansu), in the default mode and ``exactly_once``: to that row being read
+by a consumer that polls the topic throughout, so the new producer's connection, metadata and
+first acknowledgement (and for ``exactly_once`` its transactional id's initialisation and the
+position record read back) are included.
 """
 
 from __future__ import annotations
@@ -45,10 +47,17 @@ RESTARTS = 11
 TOPIC = "restart"
 
 
-def spec(server: MariaDB, tmp: Path, broker: Tansu | None = None) -> dict[str, Any]:
+def spec(
+    server: MariaDB, tmp: Path, broker: Tansu | None = None, exactly_once: bool = False
+) -> dict[str, Any]:
     """To a JSONL file, or with ``broker`` to its topic ``restart``."""
+    kafka = (
+        {"id": "k", "brokers": broker.bootstrap, "topic": TOPIC, "exactly_once": exactly_once}
+        if broker
+        else {}
+    )
     sink = (
-        {"type": "kafka", "config": {"id": "k", "brokers": broker.bootstrap, "topic": TOPIC}}
+        {"type": "kafka", "config": kafka}
         if broker is not None
         else {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}
     )
@@ -146,16 +155,19 @@ class InTopic:
         return any(needle in v for v in self.seen)
 
 
-def first_event_after_restart(to_kafka: bool = False) -> list[float]:
+def first_event_after_restart(to_kafka: bool = False, exactly_once: bool = False) -> list[float]:
     """Seconds from spawning serve to a row committed while it was down being in the file (or
-    read from Kafka), one per restart, in ascending order."""
+    read from Kafka, written in the default mode or ``exactly_once``), one per restart, in
+    ascending order."""
     byte_compiled()
     times = []
     with MariaDB() as server, tempfile.TemporaryDirectory() as tmp_s, contextlib.ExitStack() as stack:
         tmp = Path(tmp_s)
         broker = stack.enter_context(Tansu()) if to_kafka else None
         my.fill(server, "narrow", 10)
-        with serve_pipeline(tmp, spec(server, tmp, broker), name="bench") as first:  # writes its config
+        with serve_pipeline(
+            tmp, spec(server, tmp, broker, exactly_once), name="bench"
+        ) as first:  # writes its config
             while committed(first) < 10:  # and a checkpoint to restart from
                 time.sleep(0.05)
             first.terminate()
@@ -180,11 +192,11 @@ def first_event_after_restart(to_kafka: bool = False) -> list[float]:
     return sorted(times)
 
 
-def restart_figure(starts: list[float], to_kafka: bool) -> Figure:
+def restart_figure(starts: list[float], to_kafka: bool, exactly_once: bool = False) -> Figure:
     quartiles = statistics.quantiles(starts, n=4)
     return Figure(
         "serve as a process",
-        f"first event after a restart{', to Kafka' if to_kafka else ''}",
+        f"first event after a restart{', to Kafka' if to_kafka else ''}{' exactly_once' if exactly_once else ''}",
         round(statistics.median(starts) * 1000),
         "ms",
         f"process start to the row {'read from Kafka' if to_kafka else 'in the file'}, median of "
@@ -215,6 +227,9 @@ def run(rows: int) -> list[Figure]:
         ),
         restart_figure(first_event_after_restart(), to_kafka=False),
         restart_figure(first_event_after_restart(to_kafka=True), to_kafka=True),
+        restart_figure(
+            first_event_after_restart(to_kafka=True, exactly_once=True), to_kafka=True, exactly_once=True
+        ),
     ]
 
 

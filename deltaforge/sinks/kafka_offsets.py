@@ -21,6 +21,12 @@ from deltaforge.sinks.base import RetryableSinkError
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 
 
+_WAIT_S = 0.01
+"""How long one ``consume`` call waits: it returns early only with all 500 records it may take,
+so the wait is paid on every call that gets fewer (0.2 s had paced a restart's first
+exactly_once batch by about 200 ms per call; docs/performance.md)."""
+
+
 def read_position(reach: Mapping[str, Any], topic: str, key: bytes, timeout: float) -> PositionDoc | None:
     """The last committed position recorded under ``key`` in ``topic`` (read_committed), if any.
     ``reach``: how to reach the brokers (``bootstrap.servers``, the sink's security settings)."""
@@ -33,6 +39,9 @@ def read_position(reach: Mapping[str, Any], topic: str, key: bytes, timeout: flo
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
+            # a partition read to its end: the broker answers at once instead of holding the
+            # fetch open for more (500 ms by default), so its end is reported without that wait
+            "fetch.wait.max.ms": 10,
         }
     )
     try:
@@ -64,7 +73,7 @@ def read_to_end(consumer: Consumer, partitions: set[int], timeout: float) -> Ite
             raise RetryableSinkError(
                 f"kafka: partitions {sorted(reading)} not read to their end in {timeout:g} s"
             )
-        for m in consumer.consume(500, 0.2):
+        for m in consumer.consume(500, _WAIT_S):
             err = m.error()
             if err is None:
                 yield m
