@@ -111,3 +111,18 @@ def test_on_a_server_that_folds_names_a_truncate_in_any_case_is_delivered() -> N
     with MariaDB(extra_args=["--lower-case-table-names=1"], server_id=13) as server:
         events = asyncio.run(scenario(server))
     assert events == [("c", "shop", "orders"), ("t", "shop", "orders"), ("c", "shop", "orders")]
+
+
+def test_an_unquoted_name_is_every_code_point_mysql_allows_and_no_other() -> None:
+    """MySQL's unquoted identifiers are ``[0-9A-Za-z_$\\u0080-\\uffff]``. The decoder's patterns
+    spell that class as its complement, which compiles in a fraction of the time (the range
+    made the decoder's start 130 ms slower); checked for every code point, in any case."""
+    from deltaforge.sources.mysql.statements import _IDENT, truncated
+
+    allowed = re.compile(r"[0-9A-Za-z_$\u0080-\uffff]+")
+    name = re.compile(_IDENT, re.I)  # as the patterns use it
+    for point in range(0x110000):
+        ch = chr(point)
+        assert bool(name.fullmatch(ch)) == bool(allowed.fullmatch(ch)), hex(point)
+    assert name.fullmatch("`a``b c`") and not name.fullmatch("a b")
+    assert truncated("TRUNCATE café.`naï``ve`", "x") == ("café", "naï`ve")
