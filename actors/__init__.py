@@ -18,7 +18,7 @@ from actors.errors import ActorError, ActorStopped, AskTimeout
 from actors.message import Ask, message
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
-from actors.threads import BlockingRunner
+from actors.threads import Begun, BlockingRunner
 
 __all__ = [
     "Actor",
@@ -28,6 +28,7 @@ __all__ = [
     "ActorStopped",
     "Ask",
     "AskTimeout",
+    "Begun",
     "BlockingRunner",
     "NodeSnapshot",
     "message",

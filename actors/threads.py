@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -35,3 +36,43 @@ class BlockingRunner:
     def busy(self) -> int:
         """Threads in use now."""
         return int(self.limiter.borrowed_tokens)
+
+
+class Begun(Generic[T]):
+    """A blocking call started now, in a thread of its own, whose result is awaited later.
+
+    For work a later message needs but an actor's start must not wait for: a Kafka sink's
+    exactly-once producer initialises its transactions while the source reads the first batch.
+    Whoever begins one awaits it before letting go of it (the call may hold a connection).
+
+        >>> import anyio
+        >>> async def main() -> int:
+        ...     begun = Begun(sum, [1, 2, 3])  # running already
+        ...     return await begun.result()
+        >>> anyio.run(main)
+        6
+    """
+
+    def __init__(self, fn: Callable[..., T], *args: object) -> None:
+        self._done = threading.Event()
+        self._outcome: tuple[T] | BaseException | None = None
+        name = f"begun-{getattr(fn, '__name__', 'call')}"
+        threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[..., T], args: tuple[object, ...]) -> None:
+        try:
+            self._outcome = (fn(*args),)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the result
+            self._outcome = exc
+        finally:
+            self._done.set()
+
+    async def result(self) -> T:
+        """What the call returned, or raises what it raised. Waits in a worker thread; a
+        cancelled caller stops waiting at once (the call goes on to its end)."""
+        await anyio.to_thread.run_sync(self._done.wait, abandon_on_cancel=True)
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome[0]

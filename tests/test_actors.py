@@ -286,3 +286,30 @@ async def test_blocking_calls_run_off_the_loop_with_a_capacity_limit() -> None:
     assert await cell.ref.ask(Echo(0.0)) != loop_thread
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_begun_call_runs_before_it_is_awaited_and_hands_over_its_result_or_error() -> None:
+    from actors import Begun
+
+    started, release = threading.Event(), threading.Event()
+
+    def work(x: int) -> int:
+        started.set()
+        release.wait(30)
+        return 2 * x
+
+    begun = Begun(work, 21)
+    assert await anyio.to_thread.run_sync(started.wait, 30)  # running before anyone awaits it
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(begun.result)
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()  # a cancelled waiter stops waiting while the call goes on
+    assert not release.is_set()
+    release.set()
+    assert await begun.result() == 42
+
+    def fail() -> None:
+        raise ValueError("no")
+
+    with pytest.raises(ValueError, match="no"):
+        await Begun(fail).result()

@@ -13,6 +13,7 @@ from deltaforge import logsetup
 MODULES = [
     "actors.actor",
     "actors.message",
+    "actors.threads",
     "supervision.supervisor",
     "deltaforge.configmodel",
     "deltaforge.position",

@@ -30,25 +30,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Literal
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from pydantic import Field
 
-from actors import BlockingRunner
-from deltaforge.configmodel import Bool, PositiveNumber, SinkConfig, SinkSettings, Text
+from actors import Begun, BlockingRunner
+from deltaforge.configmodel import SinkConfig
 from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
-from deltaforge.sinks.kafka_names import TopicTemplate, topic_renderer
+from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, check_sizes, moves_key, row_key
-from deltaforge.sinks.kafka_settings import ProducerSettings, ProducerValue, connection_settings
-from deltaforge.sinks.templates import Template, compile_template
+from deltaforge.sinks.kafka_settings import KafkaSinkConfig, ProducerValue, connection_settings
+from deltaforge.sinks.templates import compile_template
 from supervision import Fatal
 
 _POISON = {  # the event's fault: to the DLQ, with this kind
@@ -71,36 +70,8 @@ _LEARN_S = 5.0
 _ASKS = 3
 """How often one topic's metadata is asked while only a bootstrap connection answers (see _learn)."""
 _FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-
-
-class KafkaSinkConfig(SinkSettings):
-    """Kafka (or a Kafka-protocol broker): one record per event, idempotent producer."""
-
-    brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
-    topic: TopicTemplate = Field(description="Topic per event, e.g. cdc.${source.table}.")
-    key: Template | None = Field(
-        None, description='Record key per event (default: the primary key as JSON, {"id": 1}).'
-    )
-    tombstones: Bool = Field(
-        False, description="After a delete, a record with the same key and a null value."
-    )
-    exactly_once: Bool = Field(
-        False, description="One Kafka transaction per batch (read_committed sees it whole)."
-    )
-    timeout_s: PositiveNumber = Field(30.0, description="How long a batch may take to be acknowledged.")
-    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
-        "none", description="Record batch compression (compression.type)."
-    )
-    offsets_topic: Text = Field(
-        "deltaforge.offsets",
-        description="exactly_once: where each batch's source position is written in its transaction "
-        "(make it compacted).",
-    )
-    producer: ProducerSettings = Field(
-        default_factory=dict,
-        description="More librdkafka producer settings, passed as given (not acks, enable.idempotence "
-        "or transactional.id: deltaforge sets them).",
-    )
+Ahead = tuple[PositionDoc | None] | None
+"""The position record as read ahead (in a 1-tuple: the record may be absent), or not read."""
 
 
 class KafkaSink(Sink[KafkaSinkConfig]):
@@ -120,6 +91,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.encode = encoder(config.envelope)
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)
+        self._opening: Begun[tuple[Producer, Ahead]] | None = None
+        """exactly_once: the producer being made since :meth:`prepare`, for :meth:`open` to take."""
+        self._ahead: Ahead = None
+        """exactly_once: the position record as read right after that producer's init, for the
+        first :meth:`stored_position` (nothing else writes it then: the init fenced the rest)."""
         self._learned: set[str] = set()
         """Topics the current producer was asked the metadata of (see _learn)."""
         self.commits = 0
@@ -139,19 +115,45 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         return f"deltaforge-{self.pipeline}-{self.id}"
 
     async def prepare(self) -> None:
-        """The default mode's producer, made now: librdkafka connects in its own threads, so the
-        broker's connection, metadata and producer id are under way while the source reads.
-        Making it waits for nothing (an exactly_once producer's ``init_transactions`` does
-        wait, so that one is made by :meth:`open`)."""
-        if not self.exactly_once:
-            with contextlib.suppress(SinkError):
-                await self.open()  # refused settings: the first batch's open says so
+        """The producer, begun now, so that the broker's connection, metadata and producer id
+        are under way while the source reads. The default mode's is made here: librdkafka
+        connects in its own threads, so making it waits for nothing. An exactly_once producer's
+        ``init_transactions`` does wait: it runs in a thread of its own, followed by the read
+        back of the position record, and the first batch's :meth:`open` and
+        :meth:`stored_position` take them (a restart's first event: docs/performance.md)."""
+        if self.exactly_once:
+            if self._opening is None and self._producer is None:
+                self._opening = Begun(self._open_ahead)
+            return
+        with contextlib.suppress(SinkError):
+            await self.open()  # refused settings: the first batch's open says so
 
     async def open(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            # Failed (the broker away then, say): made again just below, which says why if it
+            # still cannot be, rather than failing the batch with what was true at the start.
+            with contextlib.suppress(SinkError):
+                self._producer, self._ahead = await opening.result()
+                self._learned = set()
         if self._producer is None:  # prepared, or a batch since: the producer stays
             await self._thread.run(self._open)
 
     def _open(self) -> None:
+        self._producer = self._made()
+        self._learned = set()
+
+    def _open_ahead(self) -> tuple[Producer, Ahead]:
+        producer = self._made()
+        try:
+            ahead: Ahead = (
+                read_position(self.reach, self.settings.offsets_topic, self.position_key, self.timeout),
+            )
+        except SinkError:
+            ahead = None  # read again by stored_position, which says why if it still fails
+        return producer, ahead
+
+    def _made(self) -> Producer:
         conf: dict[str, Any] = {
             "bootstrap.servers": self.brokers,
             "enable.idempotence": True,
@@ -181,7 +183,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             raise NonRetryableSinkError(
                 f"kafka sink {self.id!r}: producer settings: {exc.args[0].str()}"
             ) from None
-        self._learned = set()
         if self.exactly_once:
             try:
                 # A named broker's connection up first: without it init_transactions took 500 ms
@@ -191,7 +192,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 producer.init_transactions(self.timeout)
             except KafkaException as exc:
                 raise self._classify(exc.args[0]) from None
-        self._producer = producer
+        return producer
 
     async def reachable(self) -> None:
         if self._producer is None:
@@ -208,6 +209,14 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
     async def close(self) -> None:
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
+        opening, self._opening = self._opening, None
+        self._ahead = None
+        if opening is not None:
+            # Waited for, not left running: its init, finishing after a new producer's, would
+            # fence that one (as a rival would)
+            with contextlib.suppress(Exception):
+                made, _ = await opening.result()
+                await self._thread.run(discard, made)
         producer, self._producer = self._producer, None
         if producer is not None:
             await self._thread.run(discard, producer)
@@ -233,6 +242,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         """exactly_once: the position recorded in the offsets topic by the last committed batch."""
         if not self.exactly_once:
             return None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            return ahead[0]
         topic = self.settings.offsets_topic
         return await self._thread.run(read_position, self.reach, topic, self.position_key, self.timeout)
 

@@ -1,4 +1,5 @@
-"""The librdkafka settings a Kafka sink passes on as given (``producer``), and those it may not.
+"""A Kafka sink's settings (:class:`KafkaSinkConfig`), and of them the librdkafka settings it
+passes on as given (``producer``), and those it may not.
 
 deltaforge checkpoints a batch once the broker has acknowledged every record of it with
 ``acks=all`` from an idempotent producer (or once its transaction commits). A setting that
@@ -8,11 +9,13 @@ a retry would write: refused when the config is read, naming it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
-from deltaforge.configmodel import fail
+from deltaforge.configmodel import Bool, PositiveNumber, SinkSettings, Text, fail
+from deltaforge.sinks.kafka_names import TopicTemplate
+from deltaforge.sinks.templates import Template
 
 ProducerValue = str | int | float | bool
 
@@ -75,3 +78,33 @@ def connection_settings(settings: dict[str, ProducerValue]) -> dict[str, Produce
     {'security.protocol': 'SASL_SSL', 'sasl.username': 'u'}
     """
     return {k: v for k, v in settings.items() if k.startswith(_CONNECTION)}
+
+
+class KafkaSinkConfig(SinkSettings):
+    """Kafka (or a Kafka-protocol broker): one record per event, idempotent producer."""
+
+    brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
+    topic: TopicTemplate = Field(description="Topic per event, e.g. cdc.${source.table}.")
+    key: Template | None = Field(
+        None, description='Record key per event (default: the primary key as JSON, {"id": 1}).'
+    )
+    tombstones: Bool = Field(
+        False, description="After a delete, a record with the same key and a null value."
+    )
+    exactly_once: Bool = Field(
+        False, description="One Kafka transaction per batch (read_committed sees it whole)."
+    )
+    timeout_s: PositiveNumber = Field(30.0, description="How long a batch may take to be acknowledged.")
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none", description="Record batch compression (compression.type)."
+    )
+    offsets_topic: Text = Field(
+        "deltaforge.offsets",
+        description="exactly_once: where each batch's source position is written in its transaction "
+        "(make it compacted).",
+    )
+    producer: ProducerSettings = Field(
+        default_factory=dict,
+        description="More librdkafka producer settings, passed as given (not acks, enable.idempotence "
+        "or transactional.id: deltaforge sets them).",
+    )
