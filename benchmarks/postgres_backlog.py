@@ -27,9 +27,9 @@ import asyncpg
 import structlog
 
 from benchmarks.drain import drain_rate
-from deltaforge.sources.postgres.decoder import SESSION
 from deltaforge.sources.postgres.pgoutput import Change, decode
 from deltaforge.sources.postgres.replication import LogicalStream
+from deltaforge.sources.postgres.values import SESSION
 from tests.servers.postgres import Postgres
 
 

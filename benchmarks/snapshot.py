@@ -27,7 +27,7 @@ import asyncpg
 import structlog
 
 from benchmarks.drain import drain_rate
-from deltaforge.sources.postgres.decoder import SESSION
+from deltaforge.sources.postgres.values import SESSION
 from tests.servers.mariadb import CDC_USER, MariaDB
 from tests.servers.postgres import Postgres
 

@@ -30,8 +30,20 @@ LATER = ("psycopg", "pymysqlreplication", "uvicorn", "starlette", "rich")
 
 
 def test_the_cli_and_the_sources_load_none_of_what_comes_later(tmp_path: Path) -> None:
+    """Nor does a pipeline built as ``serve`` builds it: its snapshot chunk readers included (the
+    PostgreSQL one had imported the decoder module for two constants, and with it psycopg)."""
     code = (
         "import sys, deltaforge.cli, deltaforge.sources.postgres.source, deltaforge.sources.mysql.source\n"
+        "from deltaforge.config import parse_pipeline\n"
+        "from deltaforge.pipeline.runner import PipelineRunner\n"
+        "sources = [('postgres', {'dsn': 'postgresql://u@127.0.0.1:9/d', 'tables': ['public.t']}),\n"
+        "           ('mysql', {'dsn': 'mysql://u@127.0.0.1:9/d', 'tables': ['d.t']})]\n"
+        "for kind, config in sources:\n"
+        "    spec = {'source': {'type': kind, 'config': {'id': 's', **config}},\n"
+        "            'sinks': [{'type': 'stdout', 'config': {'id': 'o'}}],\n"
+        "            'storage': {'type': 'sqlite', 'path': kind + '.db'}}\n"
+        "    doc = {'apiVersion': 'deltaforge/v1', 'kind': 'Pipeline', 'metadata': {'name': kind}, 'spec': spec}\n"
+        "    PipelineRunner(parse_pipeline(doc, env={}))\n"
         f"print(sorted(m for m in {LATER!r} if m in sys.modules))"
     )
     out = subprocess.run(

@@ -30,6 +30,7 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childproc import child_setup, log_crash, read_frame, write_frame
+from deltaforge.sources.postgres.names import PRIMARY_KEY
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -44,27 +45,10 @@ from deltaforge.sources.postgres.pgoutput import (
 )
 from deltaforge.sources.postgres.position import PgPosition
 from deltaforge.sources.postgres.replication import LogicalStream, StreamError
-from deltaforge.sources.postgres.values import converter
-
-# pgoutput sends values as their output functions print them, which depends on the decoding
-# session's settings: pin the ones values.py parses, whatever the server or database default.
-SESSION = {
-    "DateStyle": "ISO, YMD",
-    "IntervalStyle": "postgres",
-    "TimeZone": "UTC",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-}
-
+from deltaforge.sources.postgres.values import SESSION, converter
 
 NOT_LOGGED = "__not_logged__"
 """The key of the marker ``{"__not_logged__": True}``: a value the change does not carry."""
-
-PRIMARY_KEY = (
-    "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-    "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::oid AND i.indisprimary "
-    "ORDER BY array_position(i.indkey::int2[], a.attnum)"
-)
 
 
 def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:

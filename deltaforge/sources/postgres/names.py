@@ -22,3 +22,11 @@ def qualified(name: str) -> str:
 def quote_table(name: str) -> str:
     schema, table = split(name)
     return f"{quote_ident(schema)}.{quote_ident(table)}"
+
+
+PRIMARY_KEY = (
+    "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+    "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::oid AND i.indisprimary "
+    "ORDER BY array_position(i.indkey::int2[], a.attnum)"
+)
+"""A table's primary-key columns in key order, by its OID (``%s``)."""

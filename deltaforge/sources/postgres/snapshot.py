@@ -27,10 +27,9 @@ from deltaforge.snapshot.chunks import (
 )
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
-from deltaforge.sources.postgres.decoder import PRIMARY_KEY, SESSION
 from deltaforge.sources.postgres.errors import describe, is_unavailable
-from deltaforge.sources.postgres.names import qualified, quote_ident, quote_table
-from deltaforge.sources.postgres.values import converter
+from deltaforge.sources.postgres.names import PRIMARY_KEY, qualified, quote_ident, quote_table
+from deltaforge.sources.postgres.values import SESSION, converter
 
 if TYPE_CHECKING:
     from deltaforge.sources.postgres.source import PostgresSource

@@ -9,6 +9,17 @@ from typing import Any
 
 import orjson
 
+# pgoutput sends values as their output functions print them, which depends on the decoding
+# session's settings: pin the ones this module parses, whatever the server or database default
+# (the snapshot's connections too: its rows must read as the stream's do).
+SESSION = {
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
+
 
 def _bool(s: str) -> bool:
     return s == "t"
