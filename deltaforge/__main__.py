@@ -5,6 +5,11 @@ import gc
 # (docs/performance.md). What they loaded is then frozen out of the collector's sight, as
 # serve's own settings do (gctune.py), so no later collection scans it either.
 gc.disable()
+import sys  # noqa: E402
+
+from deltaforge import earlystart  # noqa: E402
+
+earlystart.decoders(sys.argv[1:])  # serve's decoder children start while the rest is imported
 from deltaforge.cli import main  # noqa: E402
 
 gc.freeze()

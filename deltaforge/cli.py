@@ -154,6 +154,13 @@ def _api_token(args: argparse.Namespace) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        return _serve_configured(args)
+    finally:
+        childproc.discard_prestarted()  # those no decoder took (``earlystart`` may guess wrong)
+
+
+def _serve_configured(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level, args.log_file, stderr=not args.quiet)
     try:
         if args.config:
@@ -182,8 +189,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
         print(redact(str(exc)), file=sys.stderr)
         return 2
-    finally:
-        childproc.discard_prestarted()
 
 
 _WEB_STACK = (
@@ -203,14 +208,18 @@ def _load_web_stack() -> None:
 
 
 def _prestart_decoders(configs: list[PipelineConfig]) -> None:
-    """Start the decoder child of every pipeline whose source has one, now: each takes about
-    100 ms to start Python and import its libraries, which then overlaps serve's own start-up
+    """Start the decoder child of every pipeline whose source has one, now, unless ``python -m
+    deltaforge`` started it already from the YAML alone (``earlystart.py``): each takes 100 ms
+    or more to start Python and import its libraries, which then overlaps serve's own start-up
     instead of delaying the first event after it. From the main thread (PR_SET_PDEATHSIG)."""
     wanted = Counter(SOURCES[c.source.type].decoder for c in configs)
     for module, count in wanted.items():
         if module is not None:
-            pids = childproc.prestart(module, count)
-            structlog.get_logger().info("decoders_prestarted", actor="cli", module=module, pids=pids)
+            early = childproc.prestarted(module)[:count]
+            pids = early + childproc.prestart(module, count - len(early))
+            structlog.get_logger().info(
+                "decoders_prestarted", actor="cli", module=module, pids=pids, before_imports=len(early)
+            )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

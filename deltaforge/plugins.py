@@ -14,6 +14,7 @@ from typing import Any
 from deltaforge.configmodel import SinkConfig, SourceConfig
 from deltaforge.sinks.base import Sink
 from deltaforge.sources.base import Source
+from deltaforge.sources.childproc import DECODERS
 from deltaforge.transform.spec import PROCESSORS as PROCESSORS
 
 
@@ -58,13 +59,13 @@ SOURCES: dict[str, Plugin] = {
         "deltaforge.sources.mysql.source",
         "MySQLSourceConfig",
         "MySQLSource",
-        "deltaforge.sources.mysql.decoder",
+        DECODERS["mysql"],
     ),
     "postgres": _Source(
         "deltaforge.sources.postgres.source",
         "PostgresSourceConfig",
         "PostgresSource",
-        "deltaforge.sources.postgres.decoder",
+        DECODERS["postgres"],
     ),
     "kafka": _Source("deltaforge.sources.kafka.source", "KafkaSourceConfig", "KafkaSource"),
 }

@@ -105,6 +105,39 @@ def test_serve_starts_each_decoder_child_before_its_pipeline_and_the_source_read
         serve.terminate()
     assert started["module"] == module
     assert decoders == started["pids"]  # the one started ahead, and no other beside it
+    assert started["before_imports"] == 1  # by ``earlystart``, from the YAML alone
     if kind == "postgres":
         with psycopg.connect(server.dsn(), autocommit=True) as conn:  # the session's slots are few
             conn.execute("SELECT pg_drop_replication_slot(%s)", (source["config"]["slot"],))
+
+
+def test_python_m_deltaforge_serve_starts_the_decoder_children_its_config_names_before_its_imports(
+    tmp_path: Path,
+) -> None:
+    """``earlystart`` reads the YAML alone: the children start before the config models (pydantic)
+    and the rest of serve are imported. A config it cannot read starts nothing (serve says why)."""
+    (tmp_path / "a.yaml").write_text(
+        "metadata: {name: a}\nspec: {source: {type: postgres}}\n---\nspec: {source: {type: mysql}}\n"
+    )
+    (tmp_path / "b.yml").write_text("spec:\n  source: {type: postgres}\n")
+    (tmp_path / "bad.yaml.txt").write_text("spec: {source: {type: mysql}}\n")  # not a config file
+    code = (
+        "import sys\n"
+        "from deltaforge import earlystart\n"
+        "from deltaforge.sources import childproc\n"
+        "earlystart.decoders(sys.argv[1:])\n"
+        "print({m: len(childproc.prestarted(m)) for m in childproc.DECODERS.values()}, 'pydantic' in sys.modules)\n"
+        "childproc.discard_prestarted()\n"
+    )
+
+    def started(*argv: str) -> str:
+        run = [sys.executable, "-c", code, *argv]
+        return subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()
+
+    both = "{'deltaforge.sources.mysql.decoder': %d, 'deltaforge.sources.postgres.decoder': %d} False"
+    assert started("serve", "--config", str(tmp_path)) == both % (1, 2)
+    assert started("serve", f"--config={tmp_path / 'b.yml'}", "--quiet") == both % (0, 1)
+    (tmp_path / "c.yaml").write_text("spec: {source: [")  # does not read: nothing is guessed
+    assert started("serve", "--config", str(tmp_path)) == both % (0, 0)
+    assert started("validate", str(tmp_path / "b.yml")) == both % (0, 0)
+    assert started("serve") == both % (0, 0)  # the default pipeline: Turso, no decoder

@@ -117,6 +117,10 @@ def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
 
 Handler = Callable[[tuple[Any, ...]], "list[Event] | None"]
 
+DECODERS = {"mysql": "deltaforge.sources.mysql.decoder", "postgres": "deltaforge.sources.postgres.decoder"}
+"""The decoder child module of each source type that has one (``plugins.py`` registers them from
+here; ``earlystart.py`` reads them before the registry is imported)."""
+
 _started: dict[str, list[subprocess.Popen[bytes]]] = {}
 """Children started ahead of their decoders (:func:`prestart`), by module, not yet taken."""
 
@@ -144,6 +148,11 @@ def prestart(module: str, count: int = 1) -> list[int]:
     procs = [_popen(module) for _ in range(count)]
     _started.setdefault(module, []).extend(procs)
     return [p.pid for p in procs]
+
+
+def prestarted(module: str) -> list[int]:
+    """The pids of the children of ``module`` started ahead and not yet taken."""
+    return [p.pid for p in _started.get(module, [])]
 
 
 def discard_prestarted() -> None:

@@ -1,0 +1,63 @@
+"""Run by ``python -m deltaforge`` before anything else is imported: ``serve --config <path>``
+starts its pipelines' decoder children at once, from the YAML alone.
+
+A decoder child takes 100 ms or more to start (Python, then psycopg or python-mysql-replication),
+and ``serve`` itself about 250 ms to import its modules and read its configs before it can start
+one (``cli._prestart_decoders``). A PostgreSQL child started then was still importing when its
+source sent it the settings: on the way to the first event after a restart (docs/performance.md).
+Nothing is checked here: a config that does not read, or names no source with a decoder, starts
+nothing, and ``serve`` reads and checks every config again before anything runs. Children it
+starts that no pipeline takes are stopped when ``serve`` ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def decoders(argv: Sequence[str]) -> None:
+    """Start the decoder children ``argv`` (the command line after ``python -m deltaforge``) will
+    want, if it is ``serve`` with ``--config``."""
+    path = _config_path(argv)
+    if path is None:
+        return
+    from deltaforge.sources import childproc
+
+    try:
+        import yaml
+
+        wanted = Counter(
+            module
+            for doc in _documents(Path(path), yaml)
+            if (module := childproc.DECODERS.get(_source_type(doc))) is not None
+        )
+    except Exception:  # noqa: BLE001 - serve reads it again and says what is wrong
+        return
+    for module, count in wanted.items():
+        childproc.prestart(module, count)
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    if not argv or argv[0] != "serve":
+        return None
+    args = list(argv[1:])
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.partition("=")[2]
+    return None
+
+
+def _documents(path: Path, yaml: Any) -> list[Any]:
+    files = sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) if path.is_dir() else [path]
+    return [doc for f in files for doc in yaml.safe_load_all(f.read_text())]
+
+
+def _source_type(doc: Any) -> str:
+    source = doc.get("spec", {}).get("source", {}) if isinstance(doc, dict) else {}
+    kind = source.get("type") if isinstance(source, dict) else None
+    return kind if isinstance(kind, str) else ""
