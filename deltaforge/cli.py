@@ -8,7 +8,6 @@ import deltaforge.leanstart  # noqa: F401  (before anything imports structlog)
 # isort: on
 import argparse
 import asyncio
-import importlib
 import json
 import os
 import signal
@@ -84,11 +83,7 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     manager.start_all()
-    if bound:
-        # The web stack (uvicorn, Starlette, the app) takes tens of milliseconds to import. In a
-        # thread, the event loop meanwhile goes on opening the store and the sources (which
-        # mostly wait on servers); on the loop, every step of theirs waited for the import.
-        await asyncio.to_thread(_load_web_stack)
+    await asyncio.sleep(0)  # the pipelines begin opening their sources before the web stack loads
     from deltaforge.api import build_app, build_metrics_app
     from deltaforge.api.server import serve_on
 
@@ -189,22 +184,6 @@ def _serve_configured(args: argparse.Namespace) -> int:
         structlog.get_logger().error("pipeline_cannot_start", actor="cli", reason=str(exc))
         print(redact(str(exc)), file=sys.stderr)
         return 2
-
-
-_WEB_STACK = (
-    *(f"starlette.{m}" for m in ("applications", "middleware", "requests", "responses", "routing")),
-    "uvicorn",
-    "uvicorn.lifespan.on",  # these two: what uvicorn's own start-up imports
-    "uvicorn.protocols.http.auto",
-)
-
-
-def _load_web_stack() -> None:
-    """The third-party part only: deltaforge's own modules are imported on the event loop's
-    thread, so the two threads never import the same cycle of modules (Python's import locks
-    would fail one of them with a deadlock error)."""
-    for name in _WEB_STACK:
-        importlib.import_module(name)
 
 
 def _prestart_decoders(configs: list[PipelineConfig]) -> None:
