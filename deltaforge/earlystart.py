@@ -1,10 +1,10 @@
 """Run by ``python -m deltaforge`` before anything else is imported: ``serve --config <path>``
 starts its pipelines' decoder children at once, from the YAML alone.
 
-A decoder child takes 100 ms or more to start (Python, then psycopg or python-mysql-replication),
-and ``serve`` itself about 250 ms to import its modules and read its configs before it can start
-one (``cli._prestart_decoders``). A PostgreSQL child started then was still importing when its
-source sent it the settings: on the way to the first event after a restart (docs/performance.md).
+A decoder child takes a while to start (Python, then psycopg or python-mysql-replication), and
+``serve`` imports its modules and reads its configs before it can start one
+(``cli._prestart_decoders``). A PostgreSQL child started then was still importing when its source
+sent it the settings: on the way to the first event after a restart (docs/performance.md).
 Nothing is checked here: a config that does not read, or names no source with a decoder, starts
 nothing, and ``serve`` reads and checks every config again before anything runs. Children it
 starts that no pipeline takes are stopped when ``serve`` ends.
