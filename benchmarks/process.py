@@ -13,7 +13,8 @@ again on its checkpoint; the time from starting the process to that row being in
 Then the same to Kafka (Tansu), in the default mode and ``exactly_once``: to that row being read
 by a consumer that polls the topic throughout, so the new producer's connection, metadata and
 first acknowledgement (and for ``exactly_once`` its transactional id's initialisation and the
-position record read back) are included.
+position record read back) are included. And the same from PostgreSQL to the file: its decoder
+child (psycopg) and its checks differ from MariaDB's.
 """
 
 from __future__ import annotations
@@ -27,18 +28,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
+import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks import Figure
 from benchmarks import mysql_backlog as my
 from tests.serve_proc import Serve, serve_pipeline
 from tests.servers.mariadb import MariaDB
+from tests.servers.postgres import Postgres
 from tests.servers.tansu import Tansu
 
 RESTARTS = 11
@@ -51,15 +55,54 @@ def spec(
     server: MariaDB, tmp: Path, broker: Tansu | None = None, exactly_once: bool = False
 ) -> dict[str, Any]:
     """To a JSONL file, or with ``broker`` to its topic ``restart``."""
+    source = {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}}
+    return pipeline_spec(source, tmp, broker, exactly_once)
+
+
+def pipeline_spec(
+    source: dict[str, Any], tmp: Path, broker: Tansu | None = None, exactly_once: bool = False
+) -> dict[str, Any]:
     sink: dict[str, Any] = {"type": "file", "config": {"id": "f", "path": str(tmp / "events.jsonl")}}
     if broker is not None:
         sink = {"type": "kafka", "config": {"id": "k", "brokers": broker.bootstrap, "topic": TOPIC,
                                             "exactly_once": exactly_once}}  # fmt: skip
-    return {
-        "source": {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}},
-        "sinks": [sink],
-        "storage": {"type": "sqlite", "path": str(tmp / "cp.db")},
-    }
+    return {"source": source, "sinks": [sink], "storage": {"type": "sqlite", "path": str(tmp / "cp.db")}}
+
+
+Insert = Callable[[int], None]
+"""Commits one row of the restart table with this id."""
+
+
+@contextlib.contextmanager
+def database(kind: str) -> Iterator[tuple[dict[str, Any], Insert]]:
+    """A private MariaDB (ten rows already in its binlog) or PostgreSQL: the source's spec, and
+    how to commit a row."""
+    if kind == "mariadb":
+        with MariaDB() as server:
+            my.fill(server, "narrow", 10)
+
+            def insert_my(row: int) -> None:
+                with server.root() as c, c.cursor() as cur:
+                    cur.execute(f"INSERT INTO bench.narrow VALUES ({row}, 0, 'restart')")
+
+            yield (
+                {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}},
+                insert_my,
+            )
+        return
+    pg = Postgres().start()
+    try:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE narrow (id int PRIMARY KEY, v int, s text)")
+
+        def insert_pg(row: int) -> None:
+            with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+                conn.execute("INSERT INTO narrow VALUES (%s, 0, 'restart')", (row,))
+
+        yield {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "slot": "restart",
+                                              "publication": "restart", "tables": ["public.narrow"]}}, insert_pg  # fmt: skip
+    finally:
+        pg.stop()
 
 
 def tree_rss(proc: psutil.Process) -> int:
@@ -147,19 +190,27 @@ class InTopic:
         return msg is not None and msg.error() is None and needle in (msg.value() or b"")
 
 
-def first_event_after_restart(to_kafka: bool = False, exactly_once: bool = False) -> list[float]:
+def first_event_after_restart(
+    to_kafka: bool = False, exactly_once: bool = False, kind: str = "mariadb"
+) -> list[float]:
     """Seconds from spawning serve to a row committed while it was down being in the file (or
     read from Kafka, written in the default mode or ``exactly_once``), one per restart, in
-    ascending order."""
+    ascending order; from MariaDB, or with ``kind="postgres"`` from PostgreSQL."""
     byte_compiled()
     times = []
-    with MariaDB() as server, tempfile.TemporaryDirectory() as tmp_s, contextlib.ExitStack() as stack:
+    with (
+        database(kind) as (source, insert),
+        tempfile.TemporaryDirectory() as tmp_s,
+        contextlib.ExitStack() as stack,
+    ):
         tmp = Path(tmp_s)
         broker = stack.enter_context(Tansu()) if to_kafka else None
-        my.fill(server, "narrow", 10)
         with serve_pipeline(
-            tmp, spec(server, tmp, broker, exactly_once), name="bench"
+            tmp, pipeline_spec(source, tmp, broker, exactly_once), name="bench"
         ) as first:  # writes its config
+            first.wait_source_open("bench")  # PostgreSQL: the slot, from which the rows below are read
+            for row in range(100, 110):
+                insert(row)
             while committed(first) < 10:  # and a checkpoint to restart from
                 time.sleep(0.05)
             first.terminate()
@@ -170,8 +221,7 @@ def first_event_after_restart(to_kafka: bool = False, exactly_once: bool = False
         cfg = tmp / "bench.yaml"
         for n in range(RESTARTS):
             row = 1_000_000 + n
-            with server.root() as c, c.cursor() as cur:
-                cur.execute(f"INSERT INTO bench.narrow VALUES ({row}, 0, 'restart')")
+            insert(row)
             needle = f'"id":{row},'.encode()
             t0 = time.perf_counter()
             # serve as users run it: the API on
@@ -184,11 +234,14 @@ def first_event_after_restart(to_kafka: bool = False, exactly_once: bool = False
     return sorted(times)
 
 
-def restart_figure(starts: list[float], to_kafka: bool, exactly_once: bool = False) -> Figure:
+def restart_figure(
+    starts: list[float], to_kafka: bool, exactly_once: bool = False, kind: str = "mariadb"
+) -> Figure:
     quartiles = statistics.quantiles(starts, n=4)
     return Figure(
         "serve as a process",
-        f"first event after a restart{', to Kafka' if to_kafka else ''}{' exactly_once' if exactly_once else ''}",
+        f"first event after a restart{', to Kafka' if to_kafka else ''}{' exactly_once' if exactly_once else ''}"
+        f"{', PostgreSQL' if kind == 'postgres' else ''}",
         round(statistics.median(starts) * 1000),
         "ms",
         f"process start to the row {'read from Kafka' if to_kafka else 'in the file'}, median of "
@@ -222,6 +275,7 @@ def run(rows: int) -> list[Figure]:
         restart_figure(
             first_event_after_restart(to_kafka=True, exactly_once=True), to_kafka=True, exactly_once=True
         ),
+        restart_figure(first_event_after_restart(kind="postgres"), to_kafka=False, kind="postgres"),
     ]
 
 
