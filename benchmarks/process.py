@@ -55,8 +55,11 @@ def spec(
     server: MariaDB, tmp: Path, broker: Tansu | None = None, exactly_once: bool = False
 ) -> dict[str, Any]:
     """To a JSONL file, or with ``broker`` to its topic ``restart``."""
-    source = {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}}
-    return pipeline_spec(source, tmp, broker, exactly_once)
+    return pipeline_spec(mysql_source(server), tmp, broker, exactly_once)
+
+
+def mysql_source(server: MariaDB) -> dict[str, Any]:
+    return {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}}
 
 
 def pipeline_spec(
@@ -86,7 +89,7 @@ def database(kind: str) -> Iterator[tuple[dict[str, Any], Insert]]:
                     cur.execute(f"INSERT INTO bench.narrow VALUES ({row}, 0, 'restart')")
 
             yield (
-                {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(), "tables": ["bench.narrow"]}},
+                mysql_source(server),
                 insert_my,
             )
         return

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from deltaforge import plugins
+from deltaforge.configfiles import config_files
 from deltaforge.configmodel import (
     Bool,
     Invalid,
@@ -378,7 +379,7 @@ def parse_pipeline(
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> list[PipelineConfig]:
     """Every pipeline in a YAML file (several documents allowed) or a folder of them."""
     p = Path(path)
-    files = sorted([*p.glob("*.yaml"), *p.glob("*.yml")]) if p.is_dir() else [p]
+    files = config_files(p)
     if not files:
         raise ConfigError([f"{p}: no *.yaml or *.yml files in this folder"], str(p))
     pipelines: list[PipelineConfig] = []

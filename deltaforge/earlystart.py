@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from deltaforge.configfiles import config_files
+
 
 def decoders(argv: Sequence[str]) -> None:
     """Start the decoder children ``argv`` (the command line after ``python -m deltaforge``) will
@@ -53,8 +55,7 @@ def _config_path(argv: Sequence[str]) -> str | None:
 
 
 def _documents(path: Path, yaml: Any) -> list[Any]:
-    files = sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) if path.is_dir() else [path]
-    return [doc for f in files for doc in yaml.safe_load_all(f.read_text())]
+    return [doc for f in config_files(path) for doc in yaml.safe_load_all(f.read_text())]
 
 
 def _source_type(doc: Any) -> str:
