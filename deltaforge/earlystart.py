@@ -45,13 +45,13 @@ def decoders(argv: Sequence[str]) -> None:
 def _config_path(argv: Sequence[str]) -> str | None:
     if not argv or argv[0] != "serve":
         return None
-    args = list(argv[1:])
-    for i, arg in enumerate(args):
+    args, path = list(argv[1:]), None
+    for i, arg in enumerate(args):  # the last one given, as argparse takes it
         if arg == "--config" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--config="):
-            return arg.partition("=")[2]
-    return None
+            path = args[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.partition("=")[2]
+    return path
 
 
 def _documents(path: Path, yaml: Any) -> list[Any]:

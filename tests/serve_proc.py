@@ -23,10 +23,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PYTHON_M = (sys.executable, "-m", "deltaforge")
+CONSOLE_SCRIPT = (str(Path(sys.executable).parent / "deltaforge"),)
+"""The two ways a user starts deltaforge: ``python -m deltaforge`` and the installed script."""
+
+
 class Serve:
     """A serve process with its cwd, logs and (optionally) API port."""
 
-    def __init__(self, cwd: Path, *args: str, api: bool = True, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        *args: str,
+        api: bool = True,
+        env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = PYTHON_M,
+    ) -> None:
         self.cwd = cwd
         self.port = free_port() if api else None
         addr = f"127.0.0.1:{self.port}" if api else "off"
@@ -35,7 +47,7 @@ class Serve:
         self.stderr = open(cwd / "serve.err", "ab")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deltaforge", "serve", "--api-addr", addr, *args],
+            [*launcher, "serve", "--api-addr", addr, *args],
             cwd=cwd,
             stdout=self.stdout,
             stderr=self.stderr,
@@ -106,7 +118,11 @@ class Serve:
 
 
 def serve_pipeline(
-    tmp: Path, spec: dict[str, Any], name: str = "shop", env: dict[str, str] | None = None
+    tmp: Path,
+    spec: dict[str, Any],
+    name: str = "shop",
+    env: dict[str, str] | None = None,
+    launcher: tuple[str, ...] = PYTHON_M,
 ) -> Serve:
     """Write a one-pipeline document into ``tmp``, start serve on it (logging to ``log.jsonl``) and
     wait until its source is open; a start that fails kills serve rather than leave it behind."""
@@ -115,7 +131,7 @@ def serve_pipeline(
     doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name}, "spec": spec}
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"), env=env)
+    serve = Serve(tmp, "--config", str(cfg), "--log-file", str(tmp / "log.jsonl"), env=env, launcher=launcher)
     try:
         serve.wait_api()
         serve.wait_source_open(name)

@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import jsonl, wait_until_sync
 from tests.mysql_kit import fresh_db as my_fresh_db
 from tests.postgres_kit import fresh_db as pg_fresh_db
-from tests.serve_proc import serve_pipeline
+from tests.serve_proc import CONSOLE_SCRIPT, PYTHON_M, serve_pipeline
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
 
@@ -83,12 +83,17 @@ def _postgres_pipeline(server: Postgres, tmp: Path) -> tuple[dict[str, Any], Cal
     return {"type": "postgres", "config": config}, insert
 
 
-@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+@pytest.mark.parametrize(
+    ("kind", "launcher"),
+    [("mysql", PYTHON_M), ("postgres", PYTHON_M), ("mysql", CONSOLE_SCRIPT)],
+    ids=["mysql", "postgres", "mysql-console-script"],
+)
 def test_serve_starts_each_decoder_child_before_its_pipeline_and_the_source_reads_through_it(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+    kind: str, launcher: tuple[str, ...], request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """The child's start-up (Python, its libraries) overlaps serve's own instead of following it
-    on the way to the first event (docs/performance.md, "Restart")."""
+    on the way to the first event (docs/performance.md, "Restart"); ``deltaforge serve`` (the
+    installed script) starts as ``python -m deltaforge serve`` does."""
     server = request.getfixturevalue("mariadb" if kind == "mysql" else "postgres")
     source, insert = (_mariadb_pipeline if kind == "mysql" else _postgres_pipeline)(server, tmp_path)
     spec = {
@@ -96,7 +101,7 @@ def test_serve_starts_each_decoder_child_before_its_pipeline_and_the_source_read
         "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
     }
     module = f"deltaforge.sources.{kind}.decoder"
-    with serve_pipeline(tmp_path, spec) as serve:
+    with serve_pipeline(tmp_path, spec, launcher=launcher) as serve:
         insert("through the child")
         wait_until_sync(lambda: any(e["after"]["v"] == "through the child" for e in jsonl(tmp_path / "out.jsonl")),
                         timeout=30, what="the row in the file")  # fmt: skip
@@ -137,6 +142,9 @@ def test_python_m_deltaforge_serve_starts_the_decoder_children_its_config_names_
     both = "{'deltaforge.sources.mysql.decoder': %d, 'deltaforge.sources.postgres.decoder': %d} False"
     assert started("serve", "--config", str(tmp_path)) == both % (1, 2)
     assert started("serve", f"--config={tmp_path / 'b.yml'}", "--quiet") == both % (0, 1)
+    # given twice, the last is the one serve reads (argparse's rule)
+    assert started("serve", "--config", str(tmp_path), f"--config={tmp_path / 'b.yml'}") == both % (0, 1)
+    assert started("serve", "--config", str(tmp_path / "b.yml"), "--config", str(tmp_path)) == both % (1, 2)
     (tmp_path / "c.yaml").write_text("spec: {source: [")  # does not read: nothing is guessed
     assert started("serve", "--config", str(tmp_path)) == both % (0, 0)
     assert started("validate", str(tmp_path / "b.yml")) == both % (0, 0)
