@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--duration", type=float, default=None, help="seconds, for scenarios that take one")
     run.add_argument("--report", type=Path, default=None, help="write the results as JSON here")
-    run.add_argument("--workdir", type=Path, default=None, help="keep each scenario's logs here")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep each scenario's logs here (a scenario's folder is emptied when it starts)",
+    )
     args = parser.parse_args(argv)
     if args.command == "proxy":
         from chaos.proxy.api import serve

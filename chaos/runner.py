@@ -4,6 +4,7 @@ error) when a guarantee does not hold."""
 
 from __future__ import annotations
 
+import shutil
 import time
 import traceback
 from collections.abc import Callable
@@ -71,13 +72,23 @@ class Result:
     logs: str = ""
 
 
+def scenario_dir(root: Path, name: str) -> Path:
+    """``root/name``, made empty: what an earlier run of the scenario left there (its checkpoints
+    above all, which the new run's ``serve`` would resume from, against servers started afresh)
+    must not be read as this run's."""
+    workdir = root / name
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    return workdir
+
+
 def run_one(
     scenario: Scenario, root: Path, proxies: ProxyServer, seed: int, duration: float | None
 ) -> Result:
     if scenario.run is None:
         return Result(scenario.name, "pending", 0.0, {}, scenario.pending or "")
-    workdir = root / scenario.name
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = scenario_dir(root, scenario.name)
     ctx = RunContext(workdir, proxies, seed, duration)
     start = time.monotonic()
     try:

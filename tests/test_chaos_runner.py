@@ -8,6 +8,7 @@ from pathlib import Path
 import chaos.scenarios
 from chaos.harness import checks, lost_changes, order_violations
 from chaos.proxy.toxics import TYPES
+from chaos.runner import scenario_dir
 from chaos.scenarios import SCENARIOS
 
 COMMITTED = [("c", 1, 1), ("c", 2, 1), ("u", 1, 2), ("d", 2, 1), ("u", 1, 3)]
@@ -83,3 +84,18 @@ def test_the_kafka_reader_reads_the_last_record_batch_whole() -> None:
         write(broker.bootstrap)
         got = kafka_changes(broker.bootstrap, "cdc")
     assert sorted(key for _, key, _ in got) == list(range(1004))
+
+
+def test_a_scenario_runs_in_a_folder_emptied_of_what_an_earlier_run_left(tmp_path: Path) -> None:
+    """Run twice with one ``--workdir``, a scenario's second ``serve`` would otherwise resume from
+    the first run's checkpoints, against servers started afresh, and halt as position lost."""
+    first = scenario_dir(tmp_path, "crash_recovery")
+    (first / "checkpoints.db").write_bytes(b"the first run's")
+    (first / "serve").mkdir()
+    (first / "serve" / "log.jsonl").write_text("{}\n")
+    (tmp_path / "sink_outage").mkdir()
+    (tmp_path / "sink_outage" / "log.jsonl").write_text("{}\n")
+    again = scenario_dir(tmp_path, "crash_recovery")
+    assert again == tmp_path / "crash_recovery"
+    assert again.is_dir() and not any(again.iterdir())
+    assert (tmp_path / "sink_outage" / "log.jsonl").exists()  # another scenario's folder is left alone
