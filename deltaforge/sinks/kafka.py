@@ -39,9 +39,10 @@ from deltaforge.configmodel import SinkConfig
 from deltaforge.envelopes import encode, encoder
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.position import Position, PositionDoc
-from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
+from deltaforge.sinks.kafka_errors import POISON, classify
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent
@@ -50,26 +51,12 @@ from deltaforge.sinks.kafka_settings import KafkaSinkConfig, ProducerValue, conn
 from deltaforge.sinks.templates import compile_template
 from supervision import Fatal
 
-_POISON = {  # the event's fault: to the DLQ, with this kind
-    KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
-    KafkaError.INVALID_RECORD: "invalid_record",
-    KafkaError.TOPIC_EXCEPTION: "routing",  # an invalid topic name: a template produced it
-}
-_NON_RETRYABLE = {
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    KafkaError.SASL_AUTHENTICATION_FAILED,
-    KafkaError._AUTHENTICATION,
-}
 _ABORT_WAIT_S = 5.0
 """How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
-_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 _LEARN_S = 5.0
 """How long asking for a new topic's metadata may hold a batch (the flush after it says what is wrong)."""
 _ASKS = 3
 """How often one topic's metadata is asked while only a bootstrap connection answers (see _learn)."""
-_FATAL = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 Ahead = tuple[PositionDoc | None] | None
 """The position record as read ahead (in a 1-tuple: the record may be absent), or not read."""
 
@@ -324,7 +311,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 # again (around a poison record, pipeline/delivery.py), so sending it now would
                 # only duplicate it.
                 drop_unsent(producer)
-                if err.code() in _POISON:
+                if err.code() in POISON:
                     producer.flush(self.timeout)
             raise self._classify(err) from None
         except SinkError:
@@ -444,27 +431,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             self._producer = None
 
     def _classify(self, err: KafkaError) -> Exception:
-        text = f"kafka sink {self.id!r}: {err.name()}: {err.str()}"
-        if self.exactly_once and self._reopened and err.code() in _FATAL:
-            # Our own transaction from before the outage, timed out by the broker, bumped the
-            # epoch after this producer's init: start once more (a real rival fences us again).
+        """The batch's error for ``err`` (:func:`classify`); a producer that is finished is let go,
+        so the retry starts another."""
+        verdict = classify(err, self.id, self.exactly_once, self._reopened, self.transactional_id)
+        if verdict.forgave_fence:
             self._reopened = False
+        if verdict.new_producer:
             self._producer = None
-            return RetryableSinkError(f"{text} (right after reconnecting: producer recreated once)")
-        if self.exactly_once and (err.code() in _FATAL or err.fatal()):
-            return Fatal(f"{text} (another producer with transactional.id {self.transactional_id!r}?)")
-        if err.fatal() or err.code() in _FATAL or (err.code() == _TIMED_OUT and not self.exactly_once):
-            # An idempotent producer's fatal state (e.g. the broker lost its producer id after a
-            # restart) ends that producer only: start a new one and retry the batch. So does a
-            # fence: after its messages time out librdkafka bumps the epoch, and Tansu then
-            # fences every produce of that producer; without a transactional id no rival exists.
-            # So do records that timed out: a producer whose id the broker no longer knows (one
-            # back without its data) bumps its epoch and sends again under that id until they
-            # time out, at every retry (Tansu refuses each bumped epoch as UNKNOWN_PRODUCER_ID).
-            self._producer = None
-            return RetryableSinkError(f"{text} (producer recreated)")
-        if err.code() in _POISON:
-            return PoisonEvent(text, _POISON[err.code()])
-        if err.code() in _NON_RETRYABLE:
-            return NonRetryableSinkError(text)
-        return RetryableSinkError(text)
+        return verdict.error

@@ -1,0 +1,67 @@
+"""What a librdkafka error means for a Kafka sink's batch: the event's fault (to the DLQ), a
+refusal no retry fixes, a stop (another producer took over), or a retry, with a new producer
+when the one that failed is finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError
+
+from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError
+from supervision import Fatal
+
+POISON = {  # the event's fault: to the DLQ, with this kind
+    KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
+    KafkaError.INVALID_RECORD: "invalid_record",
+    KafkaError.TOPIC_EXCEPTION: "routing",  # an invalid topic name: a template produced it
+}
+NON_RETRYABLE = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._AUTHENTICATION,
+}
+FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+_TIMED_OUT = KafkaError._MSG_TIMED_OUT
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The batch's error, and what the sink does about its producer before the retry."""
+
+    error: Exception
+    new_producer: bool = False
+    """The producer is finished: the retry starts another."""
+    forgave_fence: bool = False
+    """A fence right after reconnecting was taken for our own old epoch's (once per reconnect)."""
+
+
+def classify(
+    err: KafkaError, sink: str, exactly_once: bool, reopened: bool, transactional_id: str
+) -> Verdict:
+    """``reopened``: the producer was made after a close (an outage, a restart of the worker)."""
+    text = f"kafka sink {sink!r}: {err.name()}: {err.str()}"
+    code = err.code()
+    if exactly_once and reopened and code in FENCED:
+        # Our own transaction from before the outage, timed out by the broker, bumped the
+        # epoch after this producer's init: start once more (a real rival fences us again).
+        return Verdict(RetryableSinkError(f"{text} (right after reconnecting: producer recreated once)"),
+                       new_producer=True, forgave_fence=True)  # fmt: skip
+    if exactly_once and (code in FENCED or err.fatal()):
+        return Verdict(Fatal(f"{text} (another producer with transactional.id {transactional_id!r}?)"))
+    if err.fatal() or code in FENCED or (code == _TIMED_OUT and not exactly_once):
+        # An idempotent producer's fatal state (e.g. the broker lost its producer id after a
+        # restart) ends that producer only: start a new one and retry the batch. So does a
+        # fence: after its messages time out librdkafka bumps the epoch, and Tansu then
+        # fences every produce of that producer; without a transactional id no rival exists.
+        # So do records that timed out: a producer whose id the broker no longer knows (one
+        # back without its data) bumps its epoch and sends again under that id until they
+        # time out, at every retry (Tansu refuses each bumped epoch as UNKNOWN_PRODUCER_ID).
+        return Verdict(RetryableSinkError(f"{text} (producer recreated)"), new_producer=True)
+    if code in POISON:
+        return Verdict(PoisonEvent(text, POISON[code]))
+    if code in NON_RETRYABLE:
+        return Verdict(NonRetryableSinkError(text))
+    return Verdict(RetryableSinkError(text))
