@@ -1,5 +1,6 @@
-"""Run by ``python -m deltaforge`` before anything else is imported: ``serve --config <path>``
-starts its pipelines' decoder children at once, from the YAML alone.
+"""Run by ``launch.py`` (``python -m deltaforge`` and the ``deltaforge`` command) before anything
+else is imported: ``serve --config <path>`` starts its pipelines' decoder children at once, from
+the YAML alone.
 
 A decoder child takes a while to start (Python, then psycopg or python-mysql-replication), and
 ``serve`` imports its modules and reads its configs before it can start one
