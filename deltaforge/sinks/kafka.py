@@ -37,7 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from actors import Begun, BlockingRunner
 from deltaforge.configmodel import SinkConfig
 from deltaforge.envelopes import encode, encoder
-from deltaforge.events import Event, new_event, with_images
+from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
@@ -46,7 +46,7 @@ from deltaforge.sinks.kafka_errors import POISON, classify
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent
-from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, check_sizes, moves_key, row_key
+from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, RecordMaker, check_sizes
 from deltaforge.sinks.kafka_settings import KafkaSinkConfig, ProducerValue, connection_settings
 from deltaforge.sinks.templates import compile_template
 from supervision import Fatal
@@ -68,14 +68,16 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         super().__init__(config)
         cfg = self.settings
         self.brokers = cfg.brokers
-        self.topic_of = topic_renderer(cfg.topic, self.id)
-        self.key_of = compile_template(cfg.key) if cfg.key else None
-        self.tombstones = cfg.tombstones
         self.exactly_once = cfg.exactly_once
         self.timeout = cfg.timeout_s
         self.extra: dict[str, ProducerValue] = dict(cfg.producer)
         self.max_bytes = int(self.extra.get("message.max.bytes", MESSAGE_MAX_BYTES))
-        self.encode = encoder(config.envelope)
+        self.records_of = RecordMaker(
+            topic_renderer(cfg.topic, self.id),
+            encoder(config.envelope),
+            compile_template(cfg.key) if cfg.key else None,
+            cfg.tombstones,
+        )
         self._producer: Producer | None = None
         self._thread = BlockingRunner(1)
         self._opening: Begun[tuple[Producer, Ahead]] | None = None
@@ -248,7 +250,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         # fails the batch before anything of it is sent. Encoding while producing was tried and
         # undone: records before a poison one were already in flight when it was met, and the retry
         # around it sent them twice; measured again (docs/performance.md), it gained nothing.
-        records = [rec for e in events for rec in self._records(e)]
+        records = self.records_of(events)
         check_sizes(records, self.max_bytes, self.id)
         if not self.exactly_once:
             self.lost_acknowledged += self.ends.check()
@@ -378,30 +380,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                     raise RetryableSinkError(
                         f"kafka sink {self.id!r}: commit not confirmed: {err.name()}: {err.str()}"
                     ) from None
-
-    def _records(self, e: Event) -> list[Record]:
-        """One record per event; two for a primary-key move (see the module)."""
-        if e.op != "u" or self.key_of is not None or not moves_key(e):
-            return [self._record(e)]
-        gone = new_event("d", e.before, None, e.source, e.tx_id, e.tx_end, f"{e.event_id}:old", e.order,
-                         e.checkpoint, e.tenant, e.size)  # fmt: skip
-        came = with_images(e, "c", None, e.after)
-        old, new = row_key(gone), row_key(came)
-        return [
-            self._record(gone, ("__debezium.newkey", new)),
-            self._record(came, ("__debezium.oldkey", old)),
-        ]
-
-    def _record(self, e: Event, moved: tuple[str, bytes | str | None] | None = None) -> Record:
-        """Topic, value, key, headers, and whether a tombstone follows."""
-        key = self.key_of(e) if self.key_of is not None else row_key(e)
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("idempotency_key", e.idempotency_key.encode()),
-            ("event_id", e.event_id.encode()),
-        ]
-        if moved is not None:
-            headers.append(moved)
-        return self.topic_of(e), self.encode(e), key, headers, e.op == "d" and self.tombstones
 
     def _produce(self, producer: Producer, record: Record, on_delivery: Any) -> None:
         topic, value, key, headers, tombstone = record
