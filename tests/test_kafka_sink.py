@@ -264,6 +264,30 @@ async def test_a_batch_with_a_value_that_cannot_be_encoded_sends_none_of_itself(
     assert [d["event_id"] for _, _, d, _ in consume(tansu.bootstrap, "cdc.t", 1, timeout=10)] == ["5"]
 
 
+async def test_a_batch_larger_than_the_producers_queue_waits_for_room_and_arrives_whole_in_order(
+    tansu: Tansu,
+) -> None:
+    """librdkafka's queue holds 7 messages here: producing a batch of 60 (and a tombstone after
+    each of its 20 deletes) meets a full queue again and again, waits for deliveries, and goes on
+    where it was: nothing is skipped or sent twice, and each tombstone follows its delete."""
+    tansu.create_topic("cdc.t", partitions=1)
+    doc = kafka_doc(tansu.bootstrap, tombstones=True, producer={"queue.buffering.max.messages": 7})
+    sink = KafkaSink(parse_pipeline(doc, env={}).sinks[0])
+    await sink.open()
+    batch = [
+        with_images(make_event(i), "d", {"id": i}, None) if i % 3 == 0 else make_event(i)
+        for i in range(1, 61)
+    ]
+    await sink.deliver(batch)
+    await sink.close()
+    got = [
+        (d["event_id"], d["op"]) if d else (h["event_id"].decode(), None)
+        for _, _, d, h in consume(tansu.bootstrap, "cdc.t", 80)
+    ]
+    want = [(str(i), op) for i in range(1, 61) for op in (("d", None) if i % 3 == 0 else ("c",))]
+    assert got == want
+
+
 async def test_a_topic_name_kafka_does_not_allow_is_poison_before_anything_of_the_batch_is_sent(
     tansu: Tansu,
 ) -> None:
