@@ -45,8 +45,8 @@ from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_errors import POISON, classify
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
-from deltaforge.sinks.kafka_queue import discard, drop_unsent
-from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, Record, RecordMaker, check_sizes
+from deltaforge.sinks.kafka_queue import discard, drop_unsent, queue
+from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, RecordMaker, check_sizes
 from deltaforge.sinks.kafka_settings import KafkaSinkConfig, ProducerValue, connection_settings
 from deltaforge.sinks.templates import compile_template
 from supervision import Fatal
@@ -258,7 +258,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             try:
                 if self.exactly_once:
                     producer.begin_transaction()
-                self._produce(producer, records, on_delivery)
+                queue(producer, records, on_delivery)
                 topics = {rec[0] for rec in records}
                 self._learn(producer, topics)
                 if self.exactly_once:
@@ -379,28 +379,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                     raise RetryableSinkError(
                         f"kafka sink {self.id!r}: commit not confirmed: {err.name()}: {err.str()}"
                     ) from None
-
-    def _produce(self, producer: Producer, records: list[Record], on_delivery: Any) -> None:
-        """Queue ``records`` in order, waiting for room when librdkafka's queue is full.
-
-        Positional arguments: confluent-kafka parses keyword ones at nearly twice the cost of the
-        whole call (docs/performance.md). The order is ``topic, value, key, partition, callback,
-        on_delivery, timestamp, headers``; partition -1 lets the partitioner choose, timestamp 0
-        means now, as their defaults do."""
-        produce = producer.produce
-        for topic, value, key, headers, tombstone in records:
-            while True:
-                try:
-                    produce(topic, value, key, -1, on_delivery, None, 0, headers)
-                    break
-                except BufferError:
-                    producer.poll(0.1)  # queue full: let deliveries drain, then go on
-            while tombstone:  # compaction then forgets the key: the null value after the delete
-                try:
-                    produce(topic, None, key, -1, on_delivery, None, 0, headers)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
 
     def _abort(self, producer: Producer, err: KafkaError | None) -> None:
         """Abort only what can be aborted: our own failure before the commit, or an error that
