@@ -16,7 +16,8 @@ from deltaforge.api import build_app
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import PoisonEvent
-from deltaforge.state.checkpoints import MemoryCheckpointStore, SqliteCheckpointStore, sink_key
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
+from deltaforge.state.sqlite_store import SqliteCheckpointStore
 from tests.helpers import file_size_limit, restarts, wait_until
 from tests.kit import ScriptedSink, SyntheticSource, config, make_event, sink_doc
 from tests.test_metrics import scrape, value

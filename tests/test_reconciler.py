@@ -15,7 +15,8 @@ from deltaforge.pipeline.reconciler import FailoverReconciler, identity_key
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.position import Position
 from deltaforge.sources.base import DeclaredTable, PositionLost, SourceMisconfigured, Undeterminable
-from deltaforge.state.checkpoints import MemoryCheckpointStore, SqliteCheckpointStore
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from deltaforge.state.sqlite_store import SqliteCheckpointStore
 from supervision import Unavailable
 from tests.helpers import file_size_limit, restarts, wait_until
 from tests.kit import ScriptedSink, SeqPosition, SyntheticSource, config, sink_doc

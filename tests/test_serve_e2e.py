@@ -108,7 +108,7 @@ def test_lost_position_halts_with_message_and_health_503(tmp_path: Path) -> None
     """A checkpoint beyond what the database holds (database replaced) halts; nothing is skipped."""
     import asyncio
 
-    from deltaforge.state.checkpoints import SqliteCheckpointStore
+    from deltaforge.state.sqlite_store import SqliteCheckpointStore
 
     async def seed() -> None:
         store = SqliteCheckpointStore(tmp_path / "data" / "deltaforge.db")

@@ -18,13 +18,8 @@ from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.snapshot.progress import progress_key
-from deltaforge.state.checkpoints import (
-    CheckpointStore,
-    FileCheckpointStore,
-    MemoryCheckpointStore,
-    SqliteCheckpointStore,
-    sink_key,
-)
+from deltaforge.state.checkpoints import CheckpointStore, FileCheckpointStore, MemoryCheckpointStore, sink_key
+from deltaforge.state.sqlite_store import SqliteCheckpointStore
 from tests.helpers import file_size_limit
 from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 
@@ -73,7 +68,7 @@ async def test_reopened_store_keeps_values(tmp_path: Path, kind: int) -> None:
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from deltaforge.state.checkpoints import SqliteCheckpointStore
+    from deltaforge.state.sqlite_store import SqliteCheckpointStore
 
     async def main():
         store = SqliteCheckpointStore(sys.argv[1])

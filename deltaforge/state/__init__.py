@@ -4,11 +4,11 @@ from deltaforge.state.checkpoints import (
     CheckpointStore,
     FileCheckpointStore,
     MemoryCheckpointStore,
-    SqliteCheckpointStore,
     VersionInfo,
     open_store,
     sink_key,
 )
+from deltaforge.state.sqlite_store import SqliteCheckpointStore
 
 __all__ = [
     "CheckpointStore",
