@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +25,7 @@ import structlog
 
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.events import Event
 from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
@@ -45,6 +44,7 @@ from deltaforge.sources.postgres import failover
 from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.frames import Transactions
 from deltaforge.sources.postgres.names import quote_table, split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
@@ -54,9 +54,6 @@ if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child pr
     from deltaforge.sources.postgres.decoder import DecoderSettings
 
 log = structlog.get_logger()
-# A NamedTuple made without its Python-level __new__ (one per event): every field must be given.
-new_position = tuple.__new__
-PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
 
 
 class PostgresSource(Source):
@@ -82,9 +79,7 @@ class PostgresSource(Source):
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.watch = PublicationWatch(self.publication, self._listed())
-        self.db = ""
-        self._last_commit = 0  # commit LSN of the last transaction handed out
-        self._last_time: tuple[int, int] | None = None  # its commit LSN and time, when known
+        self.txs = Transactions(self.connector, tenant)
         self._seen: tuple[int, int, int] | None = None  # see DecoderSettings.seen
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
         self._decoder: ChildDecoder | None = None
@@ -160,7 +155,7 @@ class PostgresSource(Source):
             "heartbeat_s": self.heartbeat_s,
             "idle_s": self._idle,
             "silence_s": self._silence,
-            "last_commit": self._last_commit,
+            "last_commit": self.txs.last_commit,
             "seen": self._seen,
         }
         decoder.start(cfg)
@@ -175,7 +170,7 @@ class PostgresSource(Source):
                 raise
             raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
         self._conn = conn
-        self.db = str(await conn.fetchval("SELECT current_database()"))
+        self.db = self.txs.db = str(await conn.fetchval("SELECT current_database()"))
         level = await conn.fetchval("SHOW wal_level")
         if level != "logical":
             raise SourceMisconfigured(
@@ -211,8 +206,8 @@ class PostgresSource(Source):
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
-        self._last_commit = 0
-        self._last_time = None
+        self.txs.last_commit = 0
+        self.txs.last_time = None
         self._seen = None
         if resume is not None:
             safe = resume.lsn
@@ -233,13 +228,13 @@ class PostgresSource(Source):
                 await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
-            self._last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
+            self.txs.last_commit = resume.commit_lsn if resume.seq == END else resume.commit_lsn - 1
             if resume.seq == END and not self._failover:  # another server's commits are not this one's
-                self._last_time = resume.last_commit
+                self.txs.last_time = resume.last_commit
                 # A transaction's end or a quiet heartbeat: the last commit before its lsn, where
                 # the stream starts (the slot was moved there), so the decoder's heartbeats are quiet.
-                if self._last_time is not None and (resume.quiet or not resume.last_tx):
-                    self._seen = (resume.lsn, *self._last_time)
+                if resume.last_commit is not None and (resume.quiet or not resume.last_tx):
+                    self._seen = (resume.lsn, *resume.last_commit)
 
     async def filled(self, table: str, columns: list[str]) -> list[str]:
         async with self._connection() as conn:  # not the control connection: a check may be on it
@@ -340,13 +335,13 @@ class PostgresSource(Source):
     def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
         kind = frame[0]
         if kind == "txs":
-            return self._events(frame[1])
+            return self.txs.events(frame[1])
         if kind == "schema":
             with self._lock:
                 self._schema_changes.append((frame[1], frame[2], PgPosition.from_doc(frame[3])))
             return None
         if kind == "heartbeat":
-            return [self._heartbeat(int(frame[1]), frame[2])]
+            return [self.txs.heartbeat(int(frame[1]), frame[2])]
         if frame[1] == "position_lost":
             raise PositionLost(str(frame[2]))
         if frame[1] == "decode":
@@ -354,64 +349,6 @@ class PostgresSource(Source):
         if frame[1] == "unavailable":
             raise SourceUnavailable(f"postgres source {self.id!r}: {frame[2]}")
         raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
-
-    def _heartbeat(self, lsn: int, seen: tuple[int, int] | None) -> Event:
-        """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there.
-        ``seen``: the last transaction the stream sent before it, whatever it held."""
-        # It carries the last transaction's commit time: a restored server is checked against it.
-        if seen is not None:
-            cp = PgPosition(lsn, lsn - 1, END, seen[1], seen[0], quiet=1)
-        elif (last := self._last_time) is not None:
-            cp = PgPosition(lsn, lsn - 1, END, last[1], last[0])
-        else:
-            cp = PgPosition(lsn, lsn - 1, END)
-        return Event(
-            op="h",
-            before=None,
-            after=None,
-            source=SourceInfo(self.connector, self.db, "", cp, int(time.time() * 1000)),
-            tx_id="heartbeat",
-            tx_end=True,
-            event_id=f"heartbeat:{lsn}",
-            order=(lsn - 1, END),
-            checkpoint=cp,
-            tenant=self.tenant,
-            size=64,
-        )
-
-    def _events(self, txs: list[tuple[Any, ...]]) -> list[Event]:
-        out: list[Event] = []
-        connector, db, tenant = self.connector, self.db, self.tenant
-        for xid, commit_lsn, end_lsn, commit_ts, safe, changes, first in txs:
-            prefix = format_lsn(commit_lsn)
-            ts_ms = PG_EPOCH_MS + commit_ts // 1000
-            tx_id = str(xid)
-            # A piece of a transaction still being read (TxDecoder) ends nothing.
-            last = first + len(changes) - 1 if end_lsn is not None else -1
-            for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
-                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0, 0))
-                end = seq == last
-                out.append(
-                    new_event(
-                        op,
-                        before,
-                        after,
-                        new_source_info(connector, db, table, position, ts_ms, schema, tuple(key)),
-                        tx_id,
-                        end,
-                        f"{prefix}:{seq}",
-                        (commit_lsn, seq),
-                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0, 0))
-                        if end
-                        else position,
-                        tenant,
-                        128 + 32 * len(after or before or ()),
-                    )
-                )
-            if end_lsn is not None:
-                self._last_commit = commit_lsn
-                self._last_time = (commit_lsn, commit_ts)
-        return out
 
 
 class DecodeFailed(SourceError):

@@ -1,0 +1,88 @@
+"""The PostgreSQL decoder child's transactions as events, in ``serve`` (the pump thread builds
+them as frames arrive): positions made without their Python-level constructors, one per
+event, and the last transaction handed out, which heartbeats' checkpoints and the next opening
+start from."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.sources.postgres.pgoutput import format_lsn
+from deltaforge.sources.postgres.position import END, PgPosition
+
+# A NamedTuple made without its Python-level __new__ (one per event): every field must be given.
+new_position = tuple.__new__
+PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
+
+
+class Transactions:
+    """Decoded transactions of one database as events."""
+
+    def __init__(self, connector: str, tenant: str) -> None:
+        self.connector = connector
+        self.tenant = tenant
+        self.db = ""
+        self.last_commit = 0
+        """Commit LSN of the last transaction handed out."""
+        self.last_time: tuple[int, int] | None = None
+        """Its commit LSN and time, when known."""
+
+    def heartbeat(self, lsn: int, seen: tuple[int, int] | None) -> Event:
+        """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there.
+        ``seen``: the last transaction the stream sent before it, whatever it held."""
+        # It carries the last transaction's commit time: a restored server is checked against it.
+        if seen is not None:
+            cp = PgPosition(lsn, lsn - 1, END, seen[1], seen[0], quiet=1)
+        elif (last := self.last_time) is not None:
+            cp = PgPosition(lsn, lsn - 1, END, last[1], last[0])
+        else:
+            cp = PgPosition(lsn, lsn - 1, END)
+        return Event(
+            op="h",
+            before=None,
+            after=None,
+            source=SourceInfo(self.connector, self.db, "", cp, int(time.time() * 1000)),
+            tx_id="heartbeat",
+            tx_end=True,
+            event_id=f"heartbeat:{lsn}",
+            order=(lsn - 1, END),
+            checkpoint=cp,
+            tenant=self.tenant,
+            size=64,
+        )
+
+    def events(self, txs: list[tuple[Any, ...]]) -> list[Event]:
+        out: list[Event] = []
+        connector, db, tenant = self.connector, self.db, self.tenant
+        for xid, commit_lsn, end_lsn, commit_ts, safe, changes, first in txs:
+            prefix = format_lsn(commit_lsn)
+            ts_ms = PG_EPOCH_MS + commit_ts // 1000
+            tx_id = str(xid)
+            # A piece of a transaction still being read (TxDecoder) ends nothing.
+            last = first + len(changes) - 1 if end_lsn is not None else -1
+            for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
+                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0, 0))
+                end = seq == last
+                out.append(
+                    new_event(
+                        op,
+                        before,
+                        after,
+                        new_source_info(connector, db, table, position, ts_ms, schema, tuple(key)),
+                        tx_id,
+                        end,
+                        f"{prefix}:{seq}",
+                        (commit_lsn, seq),
+                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0, 0))
+                        if end
+                        else position,
+                        tenant,
+                        128 + 32 * len(after or before or ()),
+                    )
+                )
+            if end_lsn is not None:
+                self.last_commit = commit_lsn
+                self.last_time = (commit_lsn, commit_ts)
+        return out
