@@ -48,7 +48,7 @@ from deltaforge.sources.postgres.frames import Transactions
 from deltaforge.sources.postgres.names import quote_table, split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
-from deltaforge.sources.postgres.publication import PublicationWatch
+from deltaforge.sources.postgres.publication_watch import PublicationWatch
 
 if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child process needs (70 ms)
     from deltaforge.sources.postgres.decoder import DecoderSettings

@@ -1,0 +1,142 @@
+"""The publication watched for one PostgreSQL source: compared at each opening with what the
+last one noted, and asked again every few seconds while streaming (the checks themselves:
+``publication.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+import structlog
+
+from deltaforge.sources.base import PositionLost
+from deltaforge.sources.postgres.partitions import PartitionWatch
+from deltaforge.sources.postgres.publication import (
+    Memberships,
+    check_publication,
+    dropped,
+    left_out,
+    memberships,
+    out_in_between,
+)
+
+
+class PublicationWatch:
+    """What the publication covers for one source. pgoutput stops sending a table taken out of
+    the publication (or a kind of change it stops publishing), says nothing, and never sends
+    those changes later, even once it is put back: the position is lost for them. So each
+    opening compares the publication with what the last one noted (:meth:`memo`, kept beside the
+    checkpoints), and while streaming it is asked again every ``every_s``, on the control
+    connection, in a task of its own: a server that does not answer (a half-open network) must
+    not hold up reading, whose own checks notice it."""
+
+    every_s = 5.0
+
+    def __init__(self, publication: str, listed: list[str]) -> None:
+        self.publication = publication
+        self.listed = listed
+        """The tables the publication must have (none: it publishes all tables)."""
+        self.at_open: Memberships | None = None
+        self._task: asyncio.Task[str | None] | None = None
+        self._next = 0.0
+        self.named: set[str] = set()
+        """Tables whose drop was logged (once each)."""
+        self.partitions = PartitionWatch()
+
+    async def opened(
+        self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
+    ) -> None:
+        """At open: a listed table taken out of the publication since ``noted`` (while no pipeline
+        ran; maybe put back, or about to be added again by :func:`check_publication`) had its
+        changes of that time never published, so ``resuming`` from a checkpoint is position lost
+        for it. Then the publication's own checks, and what it covers now is noted."""
+        same = resuming and noted is not None and noted.get("publication_name") == self.publication
+        if same:
+            now = await memberships(conn, self.publication, self.listed)
+            if (out := out_in_between(noted or {}, now, self.publication)) is not None:
+                raise PositionLost(f"{out} since the last run: what it left out was never published")
+        await check_publication(conn, self.publication, self.listed, create, who)
+        self.at_open = await memberships(conn, self.publication, self.listed)
+        if same and self.at_open is not None:
+            self._via_root_changed((noted or {}).get("via_root"), self.at_open["via_root"])
+        if self.at_open is not None:
+            await self.partitions.opened(
+                conn, self.at_open["oids"], (noted or {}).get("partitions") if same else None
+            )
+        if self.listed and self.at_open is not None and self.at_open["unlogged"]:
+            # (all tables: check_publication named them) published by their schema, which does not
+            # keep a table from being unlogged: nothing of it reaches the WAL
+            structlog.get_logger().warning(
+                "unlogged_tables_not_captured", actor="PostgresSource", publication=self.publication,
+                tables=self.at_open["unlogged"],
+                reason="unlogged tables are not written to the WAL, so logical decoding never sees their changes",
+            )  # fmt: skip
+        self._next = 0.0
+
+    def memo(self) -> dict[str, Any] | None:
+        """What the next opening compares with (None before an opening)."""
+        if self.at_open is None:
+            return None
+        return {"publication_name": self.publication, **self.at_open, "partitions": self.partitions.memo()}
+
+    def poll(self, conn: asyncpg.Connection | None) -> None:
+        """Raise :class:`PositionLost` when the last check found something left out; start the
+        next check when one is due."""
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            gone = None if task.cancelled() or task.exception() is not None else task.result()
+            if gone is not None:
+                raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
+        if self._task is None and time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.every_s
+            if conn is not None and not conn.is_closed():
+                self._task = asyncio.get_running_loop().create_task(self._ask(conn))
+
+    async def _ask(self, conn: asyncpg.Connection) -> str | None:
+        """What the publication left out since open (None: nothing); a listed table dropped since
+        is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE), and partitions
+        attached or detached since the last ask (see ``partitions.py``)."""
+        gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
+        if gone is None and now is not None:
+            await self.partitions.check(conn, now["oids"])
+            if self.at_open is not None and self._via_root_changed(
+                self.at_open.get("via_root"), now["via_root"]
+            ):
+                self.at_open["via_root"] = now["via_root"]
+        if gone is None and now is not None and self.at_open is not None:
+            for table in await dropped(conn, self.at_open, now, self.named):
+                self.named.add(table)
+                structlog.get_logger().warning(
+                    "captured_table_dropped", actor="PostgresSource", table=table,
+                    reason="DROP TABLE sends no change: the rows the sinks hold of it stay there",
+                )  # fmt: skip
+        return gone
+
+    def _via_root_changed(self, was: bool | None, now: bool) -> bool:
+        """``publish_via_partition_root`` switched (``was`` None: not noted): partitioned tables'
+        changes arrive under another name, so sinks routing by table put them elsewhere. Nothing
+        is lost: said, not halted on."""
+        if was is None or was == now:
+            return False
+        structlog.get_logger().warning(
+            "publication_via_root_changed", actor="PostgresSource", publication=self.publication,
+            publish_via_partition_root=now,
+            reason="changes of partitioned tables now arrive under "
+            + ("the partitioned table's name" if now else "each partition's name")
+            + "; sinks that route by table name now put them elsewhere",
+        )  # fmt: skip
+        return True
+
+    async def stop(self) -> bool:
+        """Cancel a check in flight; True when it was still waiting for its answer, which leaves
+        the connection mid-query (to be dropped, not closed politely: that would wait on it too)."""
+        task, self._task = self._task, None
+        if task is None:
+            return False
+        interrupted = not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return interrupted
