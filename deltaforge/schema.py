@@ -14,8 +14,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from deltaforge.config import (
-    SPEC_FIELDS,
+from deltaforge.config import SPEC_FIELDS
+from deltaforge.plugins import PROCESSORS, SINKS, SOURCES
+from deltaforge.sections import (
     BatchConfig,
     CommitPolicy,
     JournalConfig,
@@ -23,7 +24,6 @@ from deltaforge.config import (
     StorageConfig,
     SupervisionConfig,
 )
-from deltaforge.plugins import PROCESSORS, SINKS, SOURCES
 from deltaforge.transform.spec import SparkConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from actors import Actor, ActorRef, ActorStopped
-from deltaforge.config import CommitPolicy
 from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import (
@@ -28,6 +27,7 @@ from deltaforge.pipeline.messages import (
     Rewind,
 )
 from deltaforge.position import Position
+from deltaforge.sections import CommitPolicy
 from supervision import Backoff, Fatal
 
 if TYPE_CHECKING:

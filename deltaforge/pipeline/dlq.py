@@ -28,11 +28,11 @@ from typing import Any
 import orjson
 import structlog
 
-from deltaforge.config import JournalConfig
 from deltaforge.envelopes import encode, shape
 from deltaforge.events import Event
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.storewait import PatientWrites
+from deltaforge.sections import JournalConfig
 from deltaforge.sinks.base import PoisonEvent
 from deltaforge.state.deadletters import DeadLetterStore, Entry, Select
 
