@@ -15,7 +15,7 @@ from deltaforge.sinks.base import PoisonEvent
 
 Key = bytes | str | None
 Header = tuple[str, str | bytes | None]
-Record = tuple[str, bytes, bytes | str | None, list[Header], bool]
+Record = tuple[str, bytes, Key, list[Header], bool]
 """Topic, value, key, headers, and whether a tombstone follows."""
 
 MESSAGE_MAX_BYTES = 1_000_000
@@ -88,8 +88,9 @@ def row_key(e: Event) -> Key:
 
 class RecordMaker:
     """What a batch's events become as records: one each, two for an update that moves its primary
-    key (see ``kafka.py``). A batch at a time, in one loop: calls per event to build its record cost
-    more than its key does (docs/performance.md)."""
+    key (see ``kafka.py``). A batch at a time, in one loop that builds each record inline, as
+    :meth:`_record` builds a key move's two: calls per event to build its record cost more than
+    its key does (docs/performance.md)."""
 
     def __init__(
         self,
@@ -127,15 +128,17 @@ class RecordMaker:
                          e.checkpoint, e.tenant, e.size)  # fmt: skip
         came = with_images(e, "c", None, e.after)
         old, new = row_key(gone), row_key(came)
-        return [self.record(gone, ("__debezium.newkey", new)), self.record(came, ("__debezium.oldkey", old))]
+        return [
+            self._record(gone, ("__debezium.newkey", new)),
+            self._record(came, ("__debezium.oldkey", old)),
+        ]
 
-    def record(self, e: Event, moved: Header | None = None) -> Record:
+    def _record(self, e: Event, moved: Header) -> Record:
         """Topic, value, key, headers, and whether a tombstone follows."""
         key = row_key(e) if self.key_of is None else self.key_of(e)
         headers: list[Header] = [
             ("idempotency_key", e.idempotency_key.encode()),
             ("event_id", e.event_id.encode()),
+            moved,
         ]
-        if moved is not None:
-            headers.append(moved)
         return self.topic_of(e), self.value_of(e), key, headers, e.op == "d" and self.tombstones
