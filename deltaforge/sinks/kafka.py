@@ -43,6 +43,7 @@ from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sin
 from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_errors import POISON, classify
+from deltaforge.sinks.kafka_metadata import ask, learn
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent, queue
@@ -53,10 +54,6 @@ from supervision import Fatal
 
 _ABORT_WAIT_S = 5.0
 """How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
-_LEARN_S = 5.0
-"""How long asking for a new topic's metadata may hold a batch (the flush after it says what is wrong)."""
-_ASKS = 3
-"""How often one topic's metadata is asked while only a bootstrap connection answers (see _learn)."""
 Ahead = tuple[PositionDoc | None] | None
 """The position record as read ahead (in a 1-tuple: the record may be absent), or not read."""
 
@@ -86,7 +83,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         """exactly_once: the position record as read right after that producer's init, for the
         first :meth:`stored_position` (nothing else writes it then: the init fenced the rest)."""
         self._learned: set[str] = set()
-        """Topics the current producer was asked the metadata of (see _learn)."""
+        """Topics the current producer was asked the metadata of (see kafka_metadata.learn)."""
+        self._own_topics = {cfg.offsets_topic} if self.exactly_once else set()
         self.commits = 0
         self.aborts = 0
         self._reopened = False
@@ -175,9 +173,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if self.exactly_once:
             try:
                 # A named broker's connection up first: without it init_transactions took 500 ms
-                # longer in 5 of 22 restarts (librdkafka's id-request timer, as in _learn, by its
+                # longer in 5 of 22 restarts (librdkafka's id-request timer, as in learn, by its
                 # length; not seen in its logs)
-                self._ask(producer, None)
+                ask(producer, None, self.timeout)
                 producer.init_transactions(self.timeout)
             except KafkaException as exc:
                 raise self._classify(exc.args[0]) from None
@@ -260,7 +258,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                     producer.begin_transaction()
                 queue(producer, records, on_delivery)
                 topics = {rec[0] for rec in records}
-                self._learn(producer, topics)
+                # an exactly_once producer's offsets topic too: its position record follows
+                learn(producer, topics | self._own_topics, self._learned, self.timeout)
                 if self.exactly_once:
                     if position is not None:
                         # In the same transaction: a read_committed reader (this sink, after a crash)
@@ -327,36 +326,6 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             if not self.exactly_once:
                 drop_unsent(producer)
             raise
-
-    def _learn(self, producer: Producer, topics: set[str]) -> None:
-        """Ask for the metadata of the topics this producer has not sent to before, once their
-        records are queued; an exactly_once producer its offsets topic too.
-
-        An idempotent producer sends nothing before it has a producer id. librdkafka asks for
-        one when a metadata answer arrives, and only from a broker the cluster named whose
-        connection is up; failing that, it tries again on a 500 ms timer, and nothing else wakes
-        it. Left to itself, a new producer (a start, a restart, the retry after an outage) often
-        waited that timer, once or twice, for its first acknowledgement (against Tansu: a first
-        batch's flush took up to 1.01 s, 60 ms with this; docs/performance.md).
-
-        An answer from the bootstrap connection is asked again, up to :data:`_ASKS` times: it
-        answers before the named brokers' connections are up (and closes once they are known),
-        so it woke nothing, and about one start in four still waited 500 ms."""
-        topics = topics - self._learned
-        if self.exactly_once and self.settings.offsets_topic not in self._learned:
-            topics.add(self.settings.offsets_topic)
-        for topic in sorted(topics):
-            self._learned.add(topic)
-            with contextlib.suppress(KafkaException):  # no answer now: the flush that follows says so
-                self._ask(producer, topic)
-
-    def _ask(self, producer: Producer, topic: str | None) -> None:
-        """A metadata request (all topics, or ``topic``), asked again while only the bootstrap
-        connection answers it, up to :data:`_ASKS` times (see :meth:`_learn`)."""
-        for _ in range(_ASKS):
-            answer = producer.list_topics(topic, timeout=min(self.timeout, _LEARN_S))
-            if answer.orig_broker_id >= 0:  # a named broker (bootstrap connections are -1)
-                return
 
     def _commit(self, producer: Producer) -> None:
         """librdkafka's guidance: a commit that fails retriably (a timeout) is retried, since it
