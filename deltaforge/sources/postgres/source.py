@@ -86,6 +86,11 @@ class PostgresSource(Source):
         self._threads = BlockingRunner(1)
         self._failover = False  # set by reconcile(): the next open must not advance the slot
 
+    @property
+    def db(self) -> str:
+        """The database the slot reads ("" until the first opening): the events' ``source.db``."""
+        return self.txs.db
+
     def chunk_reader(self, settings: SnapshotSettings) -> ChunkReader:
         from deltaforge.sources.postgres.snapshot import PostgresChunks
 
@@ -170,7 +175,7 @@ class PostgresSource(Source):
                 raise
             raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
         self._conn = conn
-        self.db = self.txs.db = str(await conn.fetchval("SELECT current_database()"))
+        self.txs.db = str(await conn.fetchval("SELECT current_database()"))
         level = await conn.fetchval("SHOW wal_level")
         if level != "logical":
             raise SourceMisconfigured(
