@@ -146,6 +146,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
+            # Java's partitioner (murmur2), as Debezium and Kafka Streams use: a row's records land
+            # where a Java client puts its key, not where librdkafka's CRC32 default would.
+            "partitioner": "murmur2_random",
             "message.timeout.ms": int(self.timeout * 1000),
             "log_level": 3,
             "client.id": f"deltaforge-{self.pipeline}-{self.id}",
