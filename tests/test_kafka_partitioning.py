@@ -10,10 +10,13 @@ Kafka Streams join against a topic produced by a Java client.
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from confluent_kafka import Producer
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.kafka_offsets import read_position
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.kit import SyntheticSource
 from tests.servers.tansu import Tansu
@@ -84,3 +87,20 @@ async def test_each_keyed_record_lands_in_the_partition_javas_clients_choose_for
     misplaced = [(key, part) for part, key, _, _ in got if part != java_partition(key, partitions)]
     assert misplaced == []
     assert len({part for part, _, _, _ in got}) == partitions  # 97 keys spread over every partition
+
+
+@pytest.mark.parametrize(("older", "newer"), [(0, 2), (2, 0)])
+def test_a_position_record_found_in_two_partitions_is_read_back_from_the_newer(
+    tansu: Tansu, older: int, newer: int
+) -> None:
+    """An offsets topic written before the partitioner changed holds a sink's position records in
+    another partition than those written after: the newer one is where the sink left the source,
+    whichever partition is read last."""
+    tansu.create_topic("offsets", partitions=3)
+    key = b"kp/k"
+    p = Producer({"bootstrap.servers": tansu.bootstrap, "log_level": 3})
+    for partition, seq, ts in ((older, 10, 1_700_000_000_000), (newer, 20, 1_700_000_600_000)):
+        value = orjson.dumps({"position": {"seq": seq}, "order": [seq]})
+        p.produce("offsets", value, key, partition, timestamp=ts)
+    assert p.flush(10) == 0
+    assert read_position({"bootstrap.servers": tansu.bootstrap}, "offsets", key, 10) == {"seq": 20}

@@ -49,12 +49,18 @@ def read_position(reach: Mapping[str, Any], topic: str, key: bytes, timeout: flo
         if meta is None or meta.error is not None or not meta.partitions:
             return None
         consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
-        found: PositionDoc | None = None
+        last: dict[int, tuple[int, bytes]] = {}  # partition -> its last record's timestamp and value
         for m in read_to_end(consumer, set(meta.partitions), timeout):
             value = m.value()
             if m.key() == key and value is not None:
-                found = orjson.loads(value)["position"]
-        return found
+                last[m.partition() or 0] = (m.timestamp()[1], value)
+        if not last:
+            return None
+        # One partition holds a key's records, in order. Two do when the partitioner changed under
+        # the topic (deltaforge chose librdkafka's CRC32 default before Java's murmur2): the
+        # newer is then the one written later.
+        position: PositionDoc = orjson.loads(max(last.values(), key=lambda tv: tv[0])[1])["position"]
+        return position
     except KafkaException as exc:
         raise RetryableSinkError(f"cannot read positions from {topic!r}: {exc.args[0].str()}") from None
     finally:
