@@ -10,6 +10,9 @@ Kafka Streams join against a topic produced by a Java client.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
+
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -72,19 +75,32 @@ def test_the_oracle_is_kafkas_murmur2(text: str, expected: int) -> None:
     assert murmur2(text.encode()) == expected
 
 
-@pytest.mark.parametrize("exactly_once", [False, True])
+def crc32_partition(key: bytes, partitions: int) -> int:
+    """librdkafka's ``consistent_random`` (its default): CRC32 of the key, what deltaforge used before."""
+    return zlib.crc32(key) % partitions
+
+
+@pytest.mark.parametrize(
+    ("exactly_once", "partitioner", "expected"),
+    [
+        (False, None, java_partition),
+        (True, None, java_partition),
+        (False, "consistent_random", crc32_partition),  # the old placement, when asked for
+    ],
+)
 async def test_each_keyed_record_lands_in_the_partition_javas_clients_choose_for_its_key(
-    tansu: Tansu, exactly_once: bool
+    tansu: Tansu, exactly_once: bool, partitioner: str | None, expected: Callable[[bytes, int], int]
 ) -> None:
     n, partitions = 1_000, 7
     tansu.create_topic("cdc.t", partitions=partitions)
-    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=exactly_once), env={})
+    settings = {"producer": {"partitioner": partitioner}} if partitioner else {}
+    cfg = parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=exactly_once, **settings), env={})
     runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(n, chunk=200))
     await run_to(runner, n)
     got = consume(tansu.bootstrap, "cdc.t", n)
     keys = {key for _, key, _, _ in got}
     assert len(got) == n and len(keys) == 97  # the synthetic rows' 97 ids, each its own key
-    misplaced = [(key, part) for part, key, _, _ in got if part != java_partition(key, partitions)]
+    misplaced = [(key, part) for part, key, _, _ in got if part != expected(key, partitions)]
     assert misplaced == []
     assert len({part for part, _, _, _ in got}) == partitions  # 97 keys spread over every partition
 
