@@ -173,7 +173,23 @@ def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
             return done
         return dumps(fn(ev, source), default=default, option=option)
 
-    return encode_one
+    if name != "native":
+        return encode_one
+    # An event decoded in another process may come with its native envelope made there
+    # (Event.encoded): sent as it is, serve's GIL pays nothing for it (docs/performance.md).
+    if lines:
+
+        def native_line(ev: Event) -> bytes:
+            made = ev.encoded
+            return encode_one(ev) if made is None else made + b"\n"
+
+        return native_line
+
+    def native_one(ev: Event) -> bytes:
+        made = ev.encoded
+        return encode_one(ev) if made is None else made
+
+    return native_one
 
 
 _AFTER = "\x00deltaforge.after\x00"

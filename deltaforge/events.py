@@ -51,6 +51,11 @@ class Event:
     checkpoint: Position
     tenant: str = "default"
     size: int = field(default=256, compare=False)
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+    """This event's ``native`` envelope as JSON, made where it was decoded (the MySQL decoder
+    child, in a process of its own, so that ``serve``'s GIL does not pay for it): what the
+    ``native`` encoder returns for it. None where not made, and on every event derived from
+    another (:data:`with_images`, a sink's split of a key move), whose envelope differs."""
 
     @property
     def idempotency_key(self) -> str:
@@ -63,10 +68,13 @@ class Event:
         return self.source.table
 
 
-def _slot_constructor(cls: type[Any], given: tuple[str, ...] | None = None) -> Any:
+def _slot_constructor(
+    cls: type[Any], given: tuple[str, ...] | None = None, reset: tuple[str, ...] = ()
+) -> Any:
     """A function building an instance of the frozen, slotted dataclass ``cls`` without its
     frozen ``__init__``: what sources build per row, and processors per kept event. It takes
-    every field in order, or, with ``given``, an instance to copy and those fields to replace.
+    every field in order (the last of them, ``reset``, optional: None), or, with ``given``, an
+    instance to copy and those fields to replace, ``reset`` set to None.
 
     The frozen ``__init__`` sets each field through ``object.__setattr__``, a call per field.
     This builds an instance of a twin class with the same slots and no frozen ``__setattr__``,
@@ -76,8 +84,13 @@ def _slot_constructor(cls: type[Any], given: tuple[str, ...] | None = None) -> A
     names = cls.__slots__
     twin = type(f"_{cls.__name__}Slots", (), {"__slots__": names})
     ns: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    params = names if given is None else ("old", *given)
-    values = [n if given is None or n in given else f"old.{n}" for n in names]
+    params = (
+        [*(n for n in names if n not in reset), *(f"{n}=None" for n in reset)]
+        if given is None
+        else ["old", *given]
+    )
+    values = ["None" if given is not None and n in reset else n if given is None or n in given else f"old.{n}"
+              for n in names]  # fmt: skip
     body = "".join(f"    new.{n} = {v}\n" for n, v in zip(names, values, strict=True))
     head = f"def build({', '.join(params)}):\n    new = _new(_twin)\n"
     exec(f"{head}{body}    new.__class__ = _cls\n    return new\n", ns)
@@ -89,15 +102,14 @@ new_source_info: Callable[[str, str, str, Position, int, str | None, tuple[str, 
 )
 """``SourceInfo(...)``, every field given positionally, without a call per field."""
 
-new_event: Callable[
-    [str, Row | None, Row | None, SourceInfo, str, bool, str, tuple[int, ...], Position, str, int], Event
-] = _slot_constructor(Event)
-"""``Event(...)``, every field given positionally, without a call per field: what sources build per row."""
+new_event: Callable[..., Event] = _slot_constructor(Event, reset=("encoded",))
+"""``Event(...)``, every field given positionally (``encoded`` may be left out), without a call per
+field: what sources build per row."""
 
 
 with_images: Callable[[Event, str, Row | None, Row | None], Event] = _slot_constructor(
-    Event, ("op", "before", "after")
+    Event, ("op", "before", "after"), reset=("encoded",)
 )
 """``with_images(e, op, before, after)``: ``e`` with another ``op`` and row images, what
 processors produce, 10k events at a time (tests/test_transform_types.py checks that it copies
-every field)."""
+every field but ``encoded``, which it leaves None: the envelope of the images it had)."""

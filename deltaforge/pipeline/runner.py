@@ -88,6 +88,9 @@ class PipelineRunner:
         for sink in self.sinks.values():
             sink.pipeline = config.name
         self.source = source or build_source(config.source, config.tenant)
+        self.source.native_envelopes = any(
+            s.envelope == "native" and s.type != "postgres" for s in config.sinks
+        )
         self.workload = workload
         self.ctx = PipelineContext(
             config,

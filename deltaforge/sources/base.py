@@ -90,6 +90,9 @@ class Source(ABC):
     dead_letters: Callable[[Event, str], Awaitable[object]] | None = None
     """Where a record the source cannot read goes (the dead-letter queue, set by the runner when
     ``spec.journal.enabled``), with why; None: such a record halts the pipeline."""
+    native_envelopes: bool = False
+    """Whether a sink sends the ``native`` envelope: a source that decodes in a child process may
+    then have the child make each change's envelope too (``Event.encoded``; set by the runner)."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 

@@ -24,6 +24,9 @@ class DecoderSettings(TypedDict):
     schemas: list[str]
     chunk: int
     fold_case: bool
+    envelopes: dict[str, Any] | None
+    """``connector``, ``tenant`` and ``gen`` when the child makes each change's native envelope
+    (txevents.py), else None."""
 
 
 HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)

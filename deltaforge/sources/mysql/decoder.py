@@ -38,6 +38,7 @@ from deltaforge.sources.mysql.statements import (
     rows_of_statement,
     session_db,
 )
+from deltaforge.sources.mysql.txevents import frame_sender
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
@@ -119,6 +120,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
     wanted, named, patterns = captured.wanted, captured.named, captured.patterns
     resume = BinlogPosition.from_doc(cfg["resume"])
+    send = frame_sender(cfg.get("envelopes"), resume.gtid, out)
     reader = open_reader(
         cfg,
         resume,
@@ -167,7 +169,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         """``exc``, after the whole transactions read before it: they are delivered and
         checkpointed, so the halt stops right at the event that caused it."""
         if pending:
-            write_frame(out, ("txs", pending))
+            send(pending)
         return exc
 
     for ev in each_once(reader):
@@ -182,7 +184,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             continue
         if isinstance(ev, HeartbeatLogEvent):
             if pending:
-                write_frame(out, ("txs", pending))
+                send(pending)
                 pending, pending_rows = [], 0
             continue
         if isinstance(ev, RotateEvent):
@@ -257,7 +259,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 # all but the last row: the piece that ends the transaction carries it, and its end
                 pending.append((tx_gtid, None, file, None, tx_start, tx[:-1]))
                 tx = tx[-1:]
-                write_frame(out, ("txs", pending))
+                send(pending)
                 pending, pending_rows = [], 0
             continue
         if isinstance(ev, XAPrepareEvent):  # the rows wait for XA COMMIT
@@ -318,7 +320,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         pending_rows += len(tx)
         tx = []
         if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
-            write_frame(out, ("txs", pending))
+            send(pending)
             pending, pending_rows = [], 0
 
 

@@ -20,7 +20,7 @@ import structlog
 
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.events import Event, with_images
 from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
@@ -49,11 +49,11 @@ from deltaforge.sources.mysql.checks import (
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.names import matches
-from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
+from deltaforge.sources.mysql.position import BinlogPosition
+from deltaforge.sources.mysql.txevents import TxEvents
 
 T = TypeVar("T")
 log = structlog.get_logger()
-new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event
 
 
 class MySQLSource(Source):
@@ -79,9 +79,9 @@ class MySQLSource(Source):
         self.info: ServerInfo | None = None
         self._decoder: ChildDecoder | None = None
         self._gen = 0  # the failover generation of this opening's positions
-        self._committed = ""
+        self._txs = TxEvents(self.connector, tenant, 0, "", {})
+        self._made_ok = True  # envelopes the decoder child makes agree with serve's (TxEvents)
         self._schema_changes: list[SchemaChange] = []
-        self._keys: dict[str, tuple[str, ...]] = {}  # "db.table" -> primary-key columns (pump thread)
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
 
@@ -137,7 +137,7 @@ class MySQLSource(Source):
             resume = start._replace(gen=self._gen)
             if self.from_now:
                 self.start_from = resume
-        self._committed = resume.gtid
+        self._txs = TxEvents(self.connector, self.tenant, self._gen, resume.gtid, self._txs.keys)
         cfg: DecoderSettings = {
             "connection": self.settings.replication(),
             "server_id": self.server_id,
@@ -148,6 +148,9 @@ class MySQLSource(Source):
             "schemas": sorted({p[0] for p in self.patterns if not any(ch in p[0] for ch in "*?[")}),
             "chunk": self.chunk,
             "fold_case": info.names_fold_case,
+            "envelopes": {"connector": self.connector, "tenant": self.tenant, "gen": self._gen}
+            if self.native_envelopes and self._made_ok
+            else None,
         }
         decoder.start(cfg)
         self._decoder = decoder
@@ -267,7 +270,16 @@ class MySQLSource(Source):
     def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
         kind = frame[0]
         if kind == "txs":
-            events, self._committed = self._events(frame[1], self._committed)
+            made = frame[2] if len(frame) > 2 and self._made_ok else None
+            events = self._txs(frame[1], made)
+            if made is not None and (wrong := TxEvents.disagreeing(events)) is not None:
+                self._made_ok = False  # not again in this process: serve makes every envelope
+                log.error(
+                    "child_envelope_mismatch", source=self.id, table=wrong.source.table, event_id=wrong.event_id,
+                    reason="the decoder child made a native envelope other than serve's own for this change "
+                    "(a bug): serve makes every envelope itself from now on",
+                )  # fmt: skip
+                events = [with_images(e, e.op, e.before, e.after) for e in events]  # encoded: None
             return events
         if kind == "moved":
             log.warning(
@@ -292,7 +304,7 @@ class MySQLSource(Source):
             )  # fmt: skip
             return None
         if kind == "schema":
-            self._keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
+            self._txs.keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
             with self._lock:
                 at = BinlogPosition.from_doc(frame[3])._replace(gen=self._gen)
                 self._schema_changes.append((frame[1], frame[2], at))
@@ -304,52 +316,3 @@ class MySQLSource(Source):
         if frame[1] == "unavailable":
             raise SourceUnavailable(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
         raise SourceError(f"mysql source {self.id!r} ({self.settings.where}): {frame[2]}")
-
-    def _heartbeat(self, file: str, fidx: int, end_pos: int, gtid: str) -> Event:
-        gen = self._gen
-        cp = new_position(BinlogPosition, (file, end_pos, 0, gtid, 0, gen))
-        return Event(
-            "h", None, None, SourceInfo(self.connector, "", "", cp, 0), "heartbeat", True,
-            f"heartbeat:{_id(gen, fidx, end_pos, 0)}", (gen, fidx, end_pos, 0), cp, self.tenant, 64,
-        )  # fmt: skip
-
-    def _events(self, txs: list[tuple[Any, ...]], committed: str) -> tuple[list[Event], str]:
-        out: list[Event] = []
-        connector, tenant, keys, gen = self.connector, self.tenant, self._keys, self._gen
-        for gtid, state, file, end_pos, began, rows in txs:
-            fidx = binlog_index(file)
-            if not rows:  # a transaction on uncaptured tables: moves checkpoints, never delivered
-                out.append(self._heartbeat(file, fidx, end_pos, state))
-                committed = state
-                continue
-            # A piece of a transaction still being read (the decoder's piecewise) ends nothing; it
-            # has a GTID of its own, so its id is the one the rest of the transaction gets.
-            last = len(rows) - 1 if end_pos is not None else -1
-            tx_id = gtid or f"{file}:{end_pos}"
-            for n, (op, schema, table, pos, i, ts, before, after) in enumerate(rows):
-                key = keys.get(f"{schema}.{table}", ())
-                position = new_position(BinlogPosition, (file, pos, i, committed, began, gen))
-                end = n == last
-                out.append(
-                    new_event(
-                        op,
-                        before,
-                        after,
-                        new_source_info(connector, schema, table, position, ts * 1000, None, key),
-                        tx_id,
-                        end,
-                        f"{fidx}:{pos}:{i}" if not gen else _id(gen, fidx, pos, i),
-                        (gen, fidx, pos, i),
-                        new_position(BinlogPosition, (file, end_pos, 0, state, 0, gen)) if end else position,
-                        tenant,
-                        128 + 32 * len(after or before or ()),
-                    )
-                )
-            if end_pos is not None:
-                committed = state
-        return out, committed
-
-
-def _id(gen: int, fidx: int, pos: int, row: int) -> str:
-    """An event's id: its binlog coordinates, after the failover generation once there is one."""
-    return f"{fidx}:{pos}:{row}" if not gen else f"g{gen}:{fidx}:{pos}:{row}"
