@@ -12,10 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from structlog.testing import capture_logs
 
+from deltaforge.config import parse_pipeline
 from deltaforge.envelopes import encode, encoder, native
 from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from tests.kit import make_event
@@ -120,3 +123,32 @@ def test_a_native_sink_sends_the_childs_envelope_and_other_envelopes_ignore_it()
     assert orjson.loads(encoder("cloudevents")(e))["data"]["after"] == e.after
     plain = make_event(2)  # no envelope made: the sink makes it
     assert encoder("native")(plain) == encode(native(plain))
+
+
+@pytest.mark.parametrize(
+    ("sinks", "made"),
+    [
+        ([{"type": "kafka", "config": {"id": "k", "brokers": "127.0.0.1:1", "topic": "t"}}], True),
+        ([{"type": "kafka", "config": {"id": "k", "brokers": "127.0.0.1:1", "topic": "t", "envelope": "debezium"}}],
+         False),
+        ([{"type": "file", "config": {"id": "f", "path": "/dev/null"}}], False),  # the child would be the bound
+    ],
+)  # fmt: skip
+def test_the_child_makes_envelopes_only_for_a_kafka_sink_sending_the_native_one(
+    sinks: list[dict[str, Any]], made: bool
+) -> None:
+    doc = {
+        "apiVersion": "deltaforge/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "p"},
+        "spec": {
+            "source": {
+                "type": "mysql",
+                "config": {"id": "my", "dsn": "mysql://u@127.0.0.1:1/db", "tables": ["db.t"]},
+            },
+            "sinks": sinks,
+            "storage": {"type": "memory"},
+        },
+    }
+    runner = PipelineRunner(parse_pipeline(doc, env={}))
+    assert runner.source.native_envelopes is made
