@@ -91,9 +91,9 @@ class Source(ABC):
     """Where a record the source cannot read goes (the dead-letter queue, set by the runner when
     ``spec.journal.enabled``), with why; None: such a record halts the pipeline."""
     native_envelopes: bool = False
-    """Whether a Kafka sink sends the ``native`` envelope: a source that decodes in a child process
-    then has the child make each change's envelope too (``Event.encoded``; set by the runner;
-    docs/performance.md says why only for Kafka)."""
+    """Whether a Kafka sink sends the ``native`` envelope: the MySQL/MariaDB source then has its
+    decoder child make each change's envelope too (``Event.encoded``; set by the runner).
+    docs/performance.md says why only for Kafka, and why not PostgreSQL's child."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 

@@ -20,7 +20,7 @@ import structlog
 
 from actors import BlockingRunner
 from deltaforge.configmodel import SnapshotSettings
-from deltaforge.events import Event, with_images
+from deltaforge.events import Event
 from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
@@ -35,6 +35,7 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
+from deltaforge.sources.made import agree, without_made
 from deltaforge.sources.mysql import failover
 from deltaforge.sources.mysql.binlog import DecoderSettings
 from deltaforge.sources.mysql.checks import (
@@ -272,14 +273,9 @@ class MySQLSource(Source):
         if kind == "txs":
             made = frame[2] if len(frame) > 2 and self._made_ok else None
             events = self._txs(frame[1], made)
-            if made is not None and (wrong := TxEvents.disagreeing(events)) is not None:
+            if made is not None and not agree(self.id, events):
                 self._made_ok = False  # not again in this process: serve makes every envelope
-                log.error(
-                    "child_envelope_mismatch", source=self.id, table=wrong.source.table, event_id=wrong.event_id,
-                    reason="the decoder child made a native envelope other than serve's own for this change "
-                    "(a bug): serve makes every envelope itself from now on",
-                )  # fmt: skip
-                events = [with_images(e, e.op, e.before, e.after) for e in events]  # encoded: None
+                return without_made(events)
             return events
         if kind == "moved":
             log.warning(

@@ -6,7 +6,7 @@ envelope, and sends each change's envelope with the frame (``Event.encoded``): t
 then made in the child's process, not under ``serve``'s GIL, where it held the Kafka sink's thread
 (docs/performance.md). Both sides start from the same opening (connector, tenant, failover
 generation, the resume GTID state) and read the same frames in the same order, so both make the
-same events; ``serve`` still checks one envelope a frame against its own (:meth:`TxEvents.check`).
+same events; ``serve`` still checks one envelope a frame against its own (``sources/made.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any
 
-from deltaforge.envelopes import encode, native
 from deltaforge.events import Event, SourceInfo, new_event, new_source_info
 from deltaforge.sources.childproc import write_frame
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
@@ -80,15 +79,6 @@ class TxEvents:
                 committed = state
         self.committed = committed
         return out
-
-    @staticmethod
-    def disagreeing(events: list[Event]) -> Event | None:
-        """The first event with an envelope made by the child, if that envelope is not the one
-        ``serve`` makes for the event itself (a bug in keeping the two sides' states alike)."""
-        for e in events:
-            if e.encoded is not None:
-                return None if e.encoded == encode(native(e)) else e
-        return None
 
     def heartbeat(self, file: str, fidx: int, end_pos: int, gtid: str) -> Event:
         gen = self.gen
