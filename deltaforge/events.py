@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from deltaforge.position import Position
 
@@ -102,7 +102,27 @@ new_source_info: Callable[[str, str, str, Position, int, str | None, tuple[str, 
 )
 """``SourceInfo(...)``, every field given positionally, without a call per field."""
 
-new_event: Callable[..., Event] = _slot_constructor(Event, reset=("encoded",))
+
+class _NewEvent(Protocol):
+    def __call__(
+        self,
+        op: str,
+        before: Row | None,
+        after: Row | None,
+        source: SourceInfo,
+        tx_id: str,
+        tx_end: bool,
+        event_id: str,
+        order: tuple[int, ...],
+        checkpoint: Position,
+        tenant: str,
+        size: int,
+        encoded: bytes | None = None,
+        /,
+    ) -> Event: ...
+
+
+new_event: _NewEvent = _slot_constructor(Event, reset=("encoded",))
 """``Event(...)``, every field given positionally (``encoded`` may be left out), without a call per
 field: what sources build per row."""
 

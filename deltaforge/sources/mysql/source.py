@@ -81,7 +81,7 @@ class MySQLSource(Source):
         self._decoder: ChildDecoder | None = None
         self._gen = 0  # the failover generation of this opening's positions
         self._txs = TxEvents(self.connector, tenant, 0, "", {})
-        self._made_ok = True  # envelopes the decoder child makes agree with serve's (TxEvents)
+        self._made_ok = True  # envelopes the decoder child makes agree with serve's (sources/made.py)
         self._schema_changes: list[SchemaChange] = []
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
