@@ -99,6 +99,9 @@ class Rig:
     sinks: dict[str, Sink] = field(default_factory=dict)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     serve: Serve | None = None
+    mariadb: MariaDB | None = None
+    """Set by :func:`mariadb_rig`: the source is this MariaDB's ``shop.items`` (behind
+    ``source_proxy``), not the PostgreSQL (which still holds a PostgreSQL target, if added)."""
 
     @property
     def source_dsn(self) -> str:
@@ -177,10 +180,26 @@ class Rig:
     ) -> Serve:
         """Write the pipeline (``source``: more source settings; ``file``: more file sink settings;
         ``extra``: more of the spec) and start serve on it."""
+        if self.mariadb is not None:
+            dsn = self.mariadb.dsn("shop").replace(f":{self.mariadb.port}", f":{port_of(self.source_proxy)}")
+            entry = {
+                "type": "mysql",
+                "config": {"id": "my", "dsn": dsn, "tables": ["shop.items"], **(source or {})},
+            }
+        else:
+            entry = {
+                "type": "postgres",
+                "config": {
+                    "id": "pg",
+                    "dsn": self.source_dsn,
+                    "slot": "chaos",
+                    "publication": "chaos",
+                    "heartbeat_ms": 1000,
+                    **(source or {}),
+                },
+            }
         spec = {
-            "source": {"type": "postgres", "config": {"id": "pg", "dsn": self.source_dsn, "slot": "chaos",
-                                                      "publication": "chaos", "heartbeat_ms": 1000,
-                                                      **(source or {})}},
+            "source": entry,
             "sinks": [{"type": "file", "config": {"id": "file", "path": str(self.ctx.workdir / "events.jsonl"),
                                                   **(file or {})}},
                       *(s.entry for s in self.sinks.values())],
@@ -283,6 +302,25 @@ def postgres_rig(ctx: RunContext) -> Iterator[Rig]:
         pg = stack.enter_context(Postgres())
         proxy = ctx.proxies.proxy("postgres", f"127.0.0.1:{pg.port}")
         rig = Rig(ctx, pg, proxy, postgres_workload(pg.dsn(), ctx.seed))
+        stack.enter_context(rig.stack)
+        try:
+            yield rig
+        finally:
+            rig.workload.stop_quietly()
+            if rig.serve is not None and rig.serve.proc.poll() is None:
+                rig.serve.kill()
+
+
+@contextlib.contextmanager
+def mariadb_rig(ctx: RunContext) -> Iterator[Rig]:
+    """The rig with a private MariaDB as its source (the seeded workload writes ``shop.items``)."""
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(Postgres())  # for a PostgreSQL target, as in the PostgreSQL rig
+        db = stack.enter_context(MariaDB())
+        with db.root() as conn, conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+        proxy = ctx.proxies.proxy("mariadb", f"127.0.0.1:{db.port}")
+        rig = Rig(ctx, pg, proxy, mariadb_workload(lambda: db.root("shop"), ctx.seed), mariadb=db)
         stack.enter_context(rig.stack)
         try:
             yield rig
