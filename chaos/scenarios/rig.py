@@ -297,18 +297,25 @@ def _final_rows(committed: list[Change]) -> list[Change]:
 
 
 @contextlib.contextmanager
+def _running(rig: Rig) -> Iterator[None]:
+    """However a scenario ends: its workload stopped, serve killed if still running."""
+    try:
+        yield
+    finally:
+        rig.workload.stop_quietly()
+        if rig.serve is not None and rig.serve.proc.poll() is None:
+            rig.serve.kill()
+
+
+@contextlib.contextmanager
 def postgres_rig(ctx: RunContext) -> Iterator[Rig]:
     with contextlib.ExitStack() as stack:
         pg = stack.enter_context(Postgres())
         proxy = ctx.proxies.proxy("postgres", f"127.0.0.1:{pg.port}")
         rig = Rig(ctx, pg, proxy, postgres_workload(pg.dsn(), ctx.seed))
         stack.enter_context(rig.stack)
-        try:
+        with _running(rig):
             yield rig
-        finally:
-            rig.workload.stop_quietly()
-            if rig.serve is not None and rig.serve.proc.poll() is None:
-                rig.serve.kill()
 
 
 @contextlib.contextmanager
@@ -322,12 +329,8 @@ def mariadb_rig(ctx: RunContext) -> Iterator[Rig]:
         proxy = ctx.proxies.proxy("mariadb", f"127.0.0.1:{db.port}")
         rig = Rig(ctx, pg, proxy, mariadb_workload(lambda: db.root("shop"), ctx.seed), mariadb=db)
         stack.enter_context(rig.stack)
-        try:
+        with _running(rig):
             yield rig
-        finally:
-            rig.workload.stop_quietly()
-            if rig.serve is not None and rig.serve.proc.poll() is None:
-                rig.serve.kill()
 
 
 @dataclass
