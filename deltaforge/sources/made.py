@@ -1,8 +1,8 @@
 """Envelopes a decoder child made (``Event.encoded``), checked where ``serve`` receives them.
 
-A child makes each change's native envelope from the events ``serve`` makes of the same frame,
-with the same code and the same opening (MySQL: txevents.py; PostgreSQL: frames.py), so they
-agree. Were they ever not to (a bug in keeping the two sides alike), the first envelope of every
+The MySQL/MariaDB decoder child makes each change's native envelope from the events ``serve``
+makes of the same frame, with the same code and the same opening (txevents.py), so they agree.
+(PostgreSQL's child does not: making them there was slower, docs/performance.md.) Were they ever not to (a bug in keeping the two sides alike), the first envelope of every
 frame, checked against ``serve``'s own, finds it: that source then stops asking for them, and the
 frame's events go on without, the sinks making their own. No change is lost either way.
 """

@@ -1,8 +1,8 @@
 """A MySQL/MariaDB decoder frame's transactions as events.
 
 ``serve`` makes the events a source hands on from each ``("txs", ...)`` frame. The decoder child
-makes the same events from the same frame before it sends it, when a sink sends the ``native``
-envelope, and sends each change's envelope with the frame (``Event.encoded``): the envelope is
+makes the same events from the same frame before it sends it, when a Kafka sink sends the
+``native`` envelope, and sends each change's envelope with the frame (``Event.encoded``): the envelope is
 then made in the child's process, not under ``serve``'s GIL, where it held the Kafka sink's thread
 (docs/performance.md). Both sides start from the same opening (connector, tenant, failover
 generation, the resume GTID state) and read the same frames in the same order, so both make the
