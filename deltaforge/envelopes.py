@@ -144,6 +144,23 @@ _SHAPES_OF: dict[str, Callable[[Event, dict[str, Any]], dict[str, Any]]] = {
 """The shapes given their ``source`` part already made (:func:`encoder`, :func:`encode_lines`)."""
 
 
+def row_key(e: Event) -> bytes | str | None:
+    """A change's record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``),
+    from the after image or, for a delete, the before image; a table without a known key falls
+    back to its first column. Here, not with the Kafka sink, because the MySQL decoder child makes
+    it too (``Event.made``) and imports nothing of the sinks."""
+    row = e.after if e.after is not None else e.before
+    if not row:
+        return None
+    key = e.source.key
+    if len(key) == 1:  # the usual key: one column, without a comprehension's frame
+        k = key[0]
+        return encode({k: row.get(k)})
+    if key:
+        return encode({k: row.get(k) for k in key})
+    return str(next(iter(row.values())))
+
+
 def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
     """``lambda ev: encode(shape(name)(ev))`` (with a newline after each with ``lines``), for one
     sink: each has its own, used by one thread at a time (the batch it is delivering).
@@ -176,18 +193,18 @@ def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
     if name != "native":
         return encode_one
     # An event decoded in another process may come with its native envelope made there
-    # (Event.encoded): sent as it is, serve's GIL pays nothing for it (docs/performance.md).
+    # (Event.made): sent as it is, serve's GIL pays nothing for it (docs/performance.md).
     if lines:
 
         def native_line(ev: Event) -> bytes:
-            made = ev.encoded
-            return encode_one(ev) if made is None else made + b"\n"
+            made = ev.made
+            return encode_one(ev) if made is None else made[0] + b"\n"
 
         return native_line
 
     def native_one(ev: Event) -> bytes:
-        made = ev.encoded
-        return encode_one(ev) if made is None else made
+        made = ev.made
+        return encode_one(ev) if made is None else made[0]
 
     return native_one
 

@@ -27,6 +27,12 @@ class SourceInfo:
     """The table's primary-key columns, as the source knows them (empty when it does not)."""
 
 
+Made = tuple[bytes, bytes | str | None, bytes]
+"""A change's Kafka record parts made by a decoder child: its ``native`` envelope as JSON (what
+the ``native`` encoder returns for it), its default record key (:func:`deltaforge.envelopes.row_key`)
+and its idempotency key as bytes (a record header). A plain tuple: it is unpickled per change."""
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """One committed row change.
@@ -51,11 +57,11 @@ class Event:
     checkpoint: Position
     tenant: str = "default"
     size: int = field(default=256, compare=False)
-    encoded: bytes | None = field(default=None, compare=False, repr=False)
-    """This event's ``native`` envelope as JSON, made where it was decoded (the MySQL decoder
-    child, in a process of its own, so that ``serve``'s GIL does not pay for it): what the
-    ``native`` encoder returns for it. None where not made, and on every event derived from
-    another (:data:`with_images`, a sink's split of a key move), whose envelope differs."""
+    made: Made | None = field(default=None, compare=False, repr=False)
+    """This change's Kafka record as far as it was made where it was decoded (the MySQL decoder
+    child, in a process of its own, so that ``serve``'s GIL does not pay for it): see
+    :data:`Made`. None where not made, and on every event derived from another
+    (:data:`with_images`, a sink's split of a key move), whose record differs."""
 
     @property
     def idempotency_key(self) -> str:
@@ -117,19 +123,19 @@ class _NewEvent(Protocol):
         checkpoint: Position,
         tenant: str,
         size: int,
-        encoded: bytes | None = None,
+        made: Made | None = None,
         /,
     ) -> Event: ...
 
 
-new_event: _NewEvent = _slot_constructor(Event, reset=("encoded",))
-"""``Event(...)``, every field given positionally (``encoded`` may be left out), without a call per
+new_event: _NewEvent = _slot_constructor(Event, reset=("made",))
+"""``Event(...)``, every field given positionally (``made`` may be left out), without a call per
 field: what sources build per row."""
 
 
 with_images: Callable[[Event, str, Row | None, Row | None], Event] = _slot_constructor(
-    Event, ("op", "before", "after"), reset=("encoded",)
+    Event, ("op", "before", "after"), reset=("made",)
 )
 """``with_images(e, op, before, after)``: ``e`` with another ``op`` and row images, what
 processors produce, 10k events at a time (tests/test_transform_types.py checks that it copies
-every field but ``encoded``, which it leaves None: the envelope of the images it had)."""
+every field but ``made``, which it leaves None: the record of the images it had)."""

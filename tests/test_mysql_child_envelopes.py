@@ -1,5 +1,6 @@
-"""The native envelope the MySQL decoder child makes for each change (``Event.encoded``) is the one
-``serve`` makes for that change itself, byte for byte, and a sink sends it as it is.
+"""What the MySQL decoder child makes of each change's Kafka record (``Event.made``: its native
+envelope, record key and idempotency key) is what ``serve`` makes for that change itself, byte for
+byte, and a Kafka sink sends it as it is: its records are the ones it would build itself.
 
 The child makes the events of each frame with the same code as ``serve`` (txevents.py), from the
 same opening: these tests check that the two stay alike where their state moves (GTID state
@@ -16,9 +17,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
-from deltaforge.envelopes import encode, encoder, native
-from deltaforge.events import Event
+from deltaforge.envelopes import encode, encoder, native, row_key
+from deltaforge.events import Event, Made
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.kafka_names import topic_renderer
+from deltaforge.sinks.kafka_records import RecordMaker
+from deltaforge.sinks.templates import compile_template
+from deltaforge.sources.made import without_made
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from tests.kit import make_event
@@ -48,7 +53,21 @@ def workload(server: MariaDB, db: str) -> int:
     return 1 + 2 + 300 + 3 + 1 + 14
 
 
-async def test_each_change_carries_the_envelope_serve_would_make_for_it(mariadb: MariaDB) -> None:
+def own(e: Event) -> Made:
+    """What serve makes of ``e``: the parts the child sends."""
+    return encode(native(e)), row_key(e), e.idempotency_key.encode()
+
+
+def records_alike(events: list[Event]) -> None:
+    """A Kafka sink's records for ``events`` are the ones it builds for the same events with nothing
+    made by the child: default key, a key template, tombstones, the key moves' pairs."""
+    for key, tombstones in ((None, True), ("${source.table}-${after.id}", False)):
+        make = RecordMaker(topic_renderer("cdc.${source.table}", "k"), encoder("native"),
+                           compile_template(key) if key else None, tombstones)  # fmt: skip
+        assert make(events) == make(without_made(events))
+
+
+async def test_each_change_carries_the_record_serve_would_make_for_it(mariadb: MariaDB) -> None:
     db = fresh_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute(TYPES_DDL.format(db=db))
@@ -60,9 +79,11 @@ async def test_each_change_carries_the_envelope_serve_would_make_for_it(mariadb:
     events = await read_n(src, n)
     await src.close()
     assert len(events) == n and len({e.tx_id for e in events}) == 6
-    assert [e for e in events if e.encoded is None] == []
-    assert [e.event_id for e in events if e.encoded != encode(native(e))] == []
-    assert orjson.loads(events[0].encoded or b"")["after"]["bl"] == "AP8Q"  # bytes as base64, typed
+    assert [e for e in events if e.made is None] == []
+    assert [e.event_id for e in events if e.made != own(e)] == []
+    assert orjson.loads(events[0].made[0] if events[0].made else b"")["after"]["bl"] == "AP8Q"  # base64
+    assert events[0].made is not None and events[0].made[1] == b'{"id":1}'  # the primary key, as JSON
+    records_alike(events)
 
     # Resumed from inside the pieces of the large transaction, in a later failover generation:
     # the child starts from the checkpoint's GTID state, as serve does.
@@ -73,8 +94,9 @@ async def test_each_change_carries_the_envelope_serve_would_make_for_it(mariadb:
     replay = await read_n(again, n - 3)  # the first whole transactions are not read again
     await again.close()
     assert replay[0].event_id.startswith("g1:") and replay[-1].source.position.gen == 1
-    assert [e for e in replay if e.encoded is None] == []
-    assert [e.event_id for e in replay if e.encoded != encode(native(e))] == []
+    assert [e for e in replay if e.made is None] == []
+    assert [e.event_id for e in replay if e.made != own(e)] == []
+    records_alike(replay)
 
 
 async def test_without_a_native_sink_the_child_makes_no_envelopes(mariadb: MariaDB) -> None:
@@ -87,7 +109,7 @@ async def test_without_a_native_sink_the_child_makes_no_envelopes(mariadb: Maria
         cur.execute("INSERT INTO other VALUES (1, 1)")
     (event,) = await read_n(src, 1)
     await src.close()
-    assert event.encoded is None and event.after == {"id": 1, "v": 1}
+    assert event.made is None and event.after == {"id": 1, "v": 1}
 
 
 def _frame_of(n: int) -> tuple[Any, ...]:
@@ -95,32 +117,43 @@ def _frame_of(n: int) -> tuple[Any, ...]:
     return ("txs", [("0-1-7", "0-1-7", "mysql-bin.000001", 900, 50, rows)])
 
 
-def test_an_envelope_other_than_serves_own_is_dropped_with_every_later_one_and_said() -> None:
-    """Were the two sides' states ever to differ, serve finds it at the frame's first envelope:
-    that frame's events and every later frame's lose the child's envelopes (the sinks make their
-    own) and an error says so; no event is lost."""
+@pytest.mark.parametrize("part", [0, 1, 2], ids=["envelope", "key", "idempotency_key"])
+def test_a_record_other_than_serves_own_is_dropped_with_every_later_one_and_said(part: int) -> None:
+    """Were the two sides' states ever to differ, serve finds it at the frame's first change:
+    that frame's events and every later frame's lose what the child made (the sinks make their
+    own) and an error says which part differed; no event is lost."""
     src = MySQLSource(MySQLSourceConfig(id="my", dsn="mysql://u@127.0.0.1:1/db", tables=["db.t"]))
-    good = [encode(native(e)) for e in src._txs(_frame_of(3)[1])]
+    src._txs.keys["db.t"] = ("id",)
+    good = [own(e) for e in src._txs(_frame_of(3)[1])]
     src._txs.committed = ""
+    bad = list(good[0])
+    bad[part] = b'{"id":"x"}'
     with capture_logs() as logs:
         first = src._handle((*_frame_of(3), good))
-        assert first is not None and [e.encoded for e in first] == good
-        wrong = src._handle((*_frame_of(3), [b'{"op":"x"}', *good[1:]]))
+        assert first is not None and [e.made for e in first] == good
+        src._txs.committed = ""  # the same frame again: the same events, but for the one part
+        wrong = src._handle((*_frame_of(3), [tuple(bad), *good[1:]]))
         later = src._handle((*_frame_of(3), good))
     assert wrong is not None and later is not None
-    assert [e.encoded for e in wrong + later] == [None] * 6
+    assert [e.made for e in wrong + later] == [None] * 6
     assert [e.after for e in wrong] == [{"id": i} for i in range(3)]  # every change, as it was
-    assert [entry["event"] for entry in logs] == ["child_envelope_mismatch"]
+    assert [(entry["event"], entry["parts"]) for entry in logs] == [
+        ("child_envelope_mismatch", [["envelope", "key", "idempotency_key"][part]])
+    ]
 
 
 def test_a_native_sink_sends_the_childs_envelope_and_other_envelopes_ignore_it() -> None:
     made = b'{"op":"c","made":"in the child"}'
     e = make_event(1)
-    e = Event(*(getattr(e, f) for f in Event.__slots__[:-1]), made)  # type: ignore[arg-type]
+    e = Event(*(getattr(e, f) for f in Event.__slots__[:-1]), (made, b"k", b"i"))  # type: ignore[arg-type]
     assert encoder("native")(e) == made
     assert encoder("native", lines=True)(e) == made + b"\n"
     assert orjson.loads(encoder("debezium")(e))["after"] == e.after
     assert orjson.loads(encoder("cloudevents")(e))["data"]["after"] == e.after
+    record = RecordMaker(lambda _: "t", encoder("native"), None, False)([e])
+    assert record == [("t", made, b"k", [("idempotency_key", b"i"), ("event_id", b"1")], False)]
+    templated = RecordMaker(lambda _: "t", encoder("native"), compile_template("${after.id}"), False)([e])
+    assert templated[0][2] == "1"  # the sink's key template names the key, not the child
     plain = make_event(2)  # no envelope made: the sink makes it
     assert encoder("native")(plain) == encode(native(plain))
 

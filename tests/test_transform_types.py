@@ -492,15 +492,14 @@ async def test_a_failing_spark_job_is_retried_by_restarts_and_moves_no_checkpoin
 
 def test_with_images_copies_every_other_field_of_the_event() -> None:
     """The fast copy names every field: one added to Event and not to it would be left unset.
-    The envelope made where the event was decoded is not copied: it is the old images'."""
+    The record made where the event was decoded is not copied: it is the old images'."""
     source = SourceInfo("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s")
-    e = Event("u", {"id": 1}, {"id": 2}, source, "tx", True, "ev", (1, 2), {"pos": 9}, "tenant-a", 999, b"{}")
+    e = Event("u", {"id": 1}, {"id": 2}, source, "tx", True, "ev", (1, 2), {"pos": 9}, "tenant-a", 999,
+              (b"{}", b"{}", b"k"))  # fmt: skip
     new = with_images(e, "d", {"id": 3}, None)
     assert new == dataclasses.replace(e, op="d", before={"id": 3}, after=None)
-    for f in dataclasses.fields(Event):  # size and encoded do not take part in ==
-        want = {"op": "d", "before": {"id": 3}, "after": None, "encoded": None}.get(
-            f.name, getattr(e, f.name)
-        )
+    for f in dataclasses.fields(Event):  # size and made do not take part in ==
+        want = {"op": "d", "before": {"id": 3}, "after": None, "made": None}.get(f.name, getattr(e, f.name))
         assert getattr(new, f.name) == want, f.name
 
 
@@ -509,12 +508,12 @@ def test_new_event_sets_every_field_as_the_constructor_does() -> None:
     result is a real, frozen Event, equal to the constructor's."""
     source = SourceInfo("mysql", "db", "t", {"file": "f", "pos": 4}, 17, "s")
     args = ("r", None, {"id": 2}, source, "tx", True, "ev", (1, 2, 3), {"pos": 9}, "tenant-a", 999)
-    for given in (args, (*args, b'{"op":"r"}')):  # encoded given, or left out (None)
+    for given in (args, (*args, (b'{"op":"r"}', b'{"id":2}', b"k"))):  # made given, or left out (None)
         new, built = new_event(*given), Event(*given)  # type: ignore[arg-type]
         assert type(new) is Event and new == built
         with pytest.raises(dataclasses.FrozenInstanceError):
             new.op = "d"  # type: ignore[misc]
-        for f in dataclasses.fields(Event):  # size and encoded do not take part in ==
+        for f in dataclasses.fields(Event):  # size and made do not take part in ==
             assert getattr(new, f.name) == getattr(built, f.name), f.name
 
 

@@ -1,5 +1,5 @@
-"""What a Kafka record is made of: its key (the row's primary key as JSON, and whether an
-update moves it), and its size as librdkafka counts it against ``message.max.bytes``.
+"""What a Kafka record is made of: its key (the row's primary key as JSON, ``envelopes.row_key``,
+and whether an update moves it), and its size as librdkafka counts it against ``message.max.bytes``.
 
 One row's changes share a key, so they stay in one partition, in order; an update that
 changes the primary key is written as a delete and a create (``kafka.py``), each under its own key.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deltaforge.envelopes import encode
+from deltaforge.envelopes import row_key
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.sinks.base import PoisonEvent
 
@@ -70,27 +70,13 @@ def moves_key(e: Event) -> bool:
     return bool(key and before and after and any(k in before and before[k] != after.get(k) for k in key))
 
 
-def row_key(e: Event) -> Key:
-    """The record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``), from the
-    after image or, for a delete, the before image; a table without a known key falls back to
-    its first column."""
-    row = e.after if e.after is not None else e.before
-    if not row:
-        return None
-    key = e.source.key
-    if len(key) == 1:  # the usual key: one column, without a comprehension's frame
-        k = key[0]
-        return encode({k: row.get(k)})
-    if key:
-        return encode({k: row.get(k) for k in key})
-    return str(next(iter(row.values())))
-
-
 class RecordMaker:
     """What a batch's events become as records: one each, two for an update that moves its primary
     key (see ``kafka.py``). A batch at a time, in one loop that builds each record inline, as
     :meth:`_record` builds a key move's two: calls per event to build its record cost more than
-    its key does (docs/performance.md)."""
+    its key does (docs/performance.md). A change that comes with its record made by the decoder
+    child (``Event.made``) takes the key and idempotency key made there, unless the sink's own
+    ``key`` template names the key."""
 
     def __init__(
         self,
@@ -112,6 +98,11 @@ class RecordMaker:
             op = e.op
             if op == "u" and key_of is None and moves_key(e):
                 records += self._moved(e)
+                continue
+            made = e.made
+            if made is not None and key_of is None:  # the key and idempotency key made with the event
+                add((topic_of(e), value_of(e), made[1], [("idempotency_key", made[2]), ("event_id", e.event_id.encode())],
+                     op == "d" and tombstones))  # fmt: skip
                 continue
             add((
                 topic_of(e),

@@ -92,7 +92,8 @@ class Source(ABC):
     ``spec.journal.enabled``), with why; None: such a record halts the pipeline."""
     native_envelopes: bool = False
     """Whether a Kafka sink sends the ``native`` envelope: the MySQL/MariaDB source then has its
-    decoder child make each change's envelope too (``Event.encoded``; set by the runner).
+    decoder child make each change's envelope, record key and idempotency key too (``Event.made``;
+    set by the runner).
     docs/performance.md says why only for Kafka, and why not PostgreSQL's child."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""

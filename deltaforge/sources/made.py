@@ -1,39 +1,44 @@
-"""Envelopes a decoder child made (``Event.encoded``), checked where ``serve`` receives them.
+"""Records a decoder child made (``Event.made``), checked where ``serve`` receives them.
 
-The MySQL/MariaDB decoder child makes each change's native envelope from the events ``serve``
-makes of the same frame, with the same code and the same opening (txevents.py), so they agree.
-(PostgreSQL's child does not: making them there was slower, docs/performance.md.) Were they ever not to (a bug in keeping the two sides alike), the first envelope of every
-frame, checked against ``serve``'s own, finds it: that source then stops asking for them, and the
-frame's events go on without, the sinks making their own. No change is lost either way.
+The MySQL/MariaDB decoder child makes each change's native envelope, record key and idempotency
+key from the events ``serve`` makes of the same frame, with the same code and the same opening
+(txevents.py), so they agree. (PostgreSQL's child does not: making them there was slower,
+docs/performance.md.) Were they ever not to (a bug in keeping the two sides alike), the first
+change of every frame, checked against ``serve``'s own making, finds it: that source then stops
+asking for them, and the frame's events go on without, the sinks making their own. No change is
+lost either way.
 """
 
 from __future__ import annotations
 
 import structlog
 
-from deltaforge.envelopes import encode, native
+from deltaforge.envelopes import encode, native, row_key
 from deltaforge.events import Event, with_images
 
 log = structlog.get_logger()
 
 
 def agree(source: str, events: list[Event]) -> bool:
-    """Whether the first envelope made by the child among ``events`` is ``serve``'s own for its
-    event; if not, an error says which event (the caller stops asking for them and takes
-    :func:`without_made`)."""
+    """Whether the first record made by the child among ``events`` is what ``serve`` makes for
+    its event: envelope, key and idempotency key; if not, an error says which event and part (the
+    caller stops asking for them and takes :func:`without_made`)."""
     for e in events:
-        if e.encoded is not None:
-            if e.encoded == encode(native(e)):
+        if e.made is not None:
+            envelope, key, idempotency = e.made
+            wrong = [name for name, ok in (("envelope", envelope == encode(native(e))), ("key", key == row_key(e)),
+                                           ("idempotency_key", idempotency == e.idempotency_key.encode())) if not ok]  # fmt: skip
+            if not wrong:
                 return True
             log.error(
-                "child_envelope_mismatch", source=source, table=e.source.table, event_id=e.event_id,
-                reason="the decoder child made a native envelope other than serve's own for this change "
-                "(a bug): serve makes every envelope itself from now on",
+                "child_envelope_mismatch", source=source, table=e.source.table, event_id=e.event_id, parts=wrong,
+                reason="the decoder child made a record other than serve's own for this change (a bug): "
+                "serve makes every record itself from now on",
             )  # fmt: skip
             return False
     return True
 
 
 def without_made(events: list[Event]) -> list[Event]:
-    """The same events with no envelope made elsewhere: the sinks make their own."""
+    """The same events with nothing made elsewhere: the sinks make their own."""
     return [with_images(e, e.op, e.before, e.after) for e in events]

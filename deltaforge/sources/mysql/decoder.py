@@ -120,7 +120,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     captured = Captured(cfg["patterns"], bool(cfg.get("fold_case")))
     wanted, named, patterns = captured.wanted, captured.named, captured.patterns
     resume = BinlogPosition.from_doc(cfg["resume"])
-    send = frame_sender(cfg.get("envelopes"), resume.gtid, out)
+    keys: dict[str, tuple[str, ...]] = {}  # what the schema frames said, as serve's pump keeps it
+    send = frame_sender(cfg.get("envelopes"), resume.gtid, out, keys)
     reader = open_reader(
         cfg,
         resume,
@@ -233,8 +234,9 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     c.name for c in ev.columns
                     if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
-                keys = primary_key(ev)
-                cols = [{"name": n, "type": t, "mod": m, "key": n in keys} for n, t, m in columns]
+                pk = primary_key(ev)
+                cols = [{"name": n, "type": t, "mod": m, "key": n in pk} for n, t, m in columns]
+                keys[table] = tuple(n for n, _, _ in columns if n in pk)  # serve reads it from cols
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
             ts = int(ev.timestamp)
             rows = images.rows_of(ev, 2 if op == "u" else 1)

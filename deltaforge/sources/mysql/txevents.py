@@ -2,11 +2,13 @@
 
 ``serve`` makes the events a source hands on from each ``("txs", ...)`` frame. The decoder child
 makes the same events from the same frame before it sends it, when a Kafka sink sends the
-``native`` envelope, and sends each change's envelope with the frame (``Event.encoded``): the envelope is
-then made in the child's process, not under ``serve``'s GIL, where it held the Kafka sink's thread
-(docs/performance.md). Both sides start from the same opening (connector, tenant, failover
-generation, the resume GTID state) and read the same frames in the same order, so both make the
-same events; ``serve`` still checks one envelope a frame against its own (``sources/made.py``).
+``native`` envelope, and sends each change's envelope, record key and idempotency key with the
+frame (``Event.made``): they are then made in the child's process, not under ``serve``'s GIL,
+where they held the Kafka sink's thread (docs/performance.md). Both sides start from the same
+opening (connector, tenant, failover generation, the resume GTID state), learn each table's
+primary key from the same schema frames, and read the same frames in the same order, so both
+make the same events; ``serve`` still checks the first change of every frame against its own
+making (``sources/made.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any
 
-from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.events import Event, Made, SourceInfo, new_event, new_source_info
 from deltaforge.sources.childproc import write_frame
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
@@ -35,8 +37,8 @@ class TxEvents:
         self.keys = keys
         """``"db.table"`` -> primary-key columns, as the schema frames said (serve's pump thread)."""
 
-    def __call__(self, txs: list[tuple[Any, ...]], made: list[bytes | None] | None = None) -> list[Event]:
-        """The events of ``txs``; ``made``: their envelopes as the child made them, one per event."""
+    def __call__(self, txs: list[tuple[Any, ...]], made: list[Made | None] | None = None) -> list[Event]:
+        """The events of ``txs``; ``made``: their records' parts as the child made them, one per event."""
         out: list[Event] = []
         connector, tenant, keys, gen, committed = (
             self.connector,
@@ -94,21 +96,27 @@ def event_id(gen: int, fidx: int, pos: int, row: int) -> str:
     return f"{fidx}:{pos}:{row}" if not gen else f"g{gen}:{fidx}:{pos}:{row}"
 
 
-def frame_sender(made: dict[str, Any] | None, committed: str, out: IO[bytes]) -> Callable[[list[Any]], None]:
+def frame_sender(
+    made: dict[str, Any] | None, committed: str, out: IO[bytes], keys: dict[str, tuple[str, ...]]
+) -> Callable[[list[Any]], None]:
     """What writes the decoder child's ``txs`` frames. With ``made`` (``connector``, ``tenant``,
-    ``gen``: the child makes envelopes), each change's native envelope goes with the frame, made
-    from the events ``serve`` makes of it; one that cannot be encoded goes as None, and the
-    sink's own encoding says why. ``committed``: the GTID state the child resumes from."""
+    ``gen``: the child makes records), each change's native envelope, record key and idempotency
+    key go with the frame (``Event.made``), made from the events ``serve`` makes of it; a change
+    whose envelope or key cannot be encoded goes with None, and the sink's own encoding says why.
+    ``committed``: the GTID state the child resumes from; ``keys``: each table's primary-key
+    columns, as the child's schema frames have told ``serve`` so far (the decoder keeps it)."""
     if not made:
         return lambda pending: write_frame(out, ("txs", pending))
-    from deltaforge.envelopes import encoder
+    from deltaforge.envelopes import encoder, row_key
 
-    events = TxEvents(made["connector"], made["tenant"], made["gen"], committed, {})
+    events = TxEvents(made["connector"], made["tenant"], made["gen"], committed, keys)
     envelope = encoder("native")
 
-    def made_or_none(e: Event) -> bytes | None:
+    def made_or_none(e: Event) -> Made | None:
+        if e.op == "h":
+            return None
         try:
-            return None if e.op == "h" else envelope(e)
+            return envelope(e), row_key(e), e.idempotency_key.encode()
         except TypeError:  # a value JSON cannot hold (orjson's errors are TypeErrors)
             return None
 
