@@ -267,8 +267,12 @@ def test_a_source_template_names_each_table_apart_and_a_row_template_each_row() 
     from tests.kit import make_event
 
     by_table = compile_template("cdc.${source.db}.${source.table}")
+    by_one = compile_template("cdc.${source.table}")  # kept by the one field's value alone
     by_row = compile_template("t.${source.table}.${after.id}")
     a = make_event(1)
     b = replace(a, source=replace(a.source, table="other"))
-    assert [by_table(e) for e in (a, b, a, b)] == ["cdc.db.t", "cdc.db.other", "cdc.db.t", "cdc.db.other"]
+    c = replace(a, source=replace(a.source, db="elsewhere"))
+    assert [by_table(e) for e in (a, b, a, b, c)] == ["cdc.db.t", "cdc.db.other", "cdc.db.t", "cdc.db.other",
+                                                      "cdc.elsewhere.t"]  # fmt: skip
+    assert [by_one(e) for e in (a, b, a, b, c)] == ["cdc.t", "cdc.other", "cdc.t", "cdc.other", "cdc.t"]
     assert [by_row(e) for e in (make_event(1), make_event(2), b)] == ["t.t.1", "t.t.2", "t.other.1"]

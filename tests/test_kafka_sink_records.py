@@ -103,3 +103,26 @@ def test_a_key_template_keys_every_record_and_a_key_move_stays_one_record() -> N
     [(_, _, key, headers, _)] = maker(key="${after.region}")([e])
     assert key == "us"
     assert [name for name, _ in headers] == ["idempotency_key", "event_id"]
+
+
+def test_a_topic_from_source_fields_is_checked_when_first_made_and_an_illegal_one_every_time() -> None:
+    """``cdc.${source.table}`` keeps each table's topic once it is found legal; a table whose
+    name makes an illegal topic is refused on every event (poison, ``routing``), never kept."""
+    from dataclasses import replace
+
+    import pytest
+
+    from deltaforge.sinks.kafka_names import IllegalTopic, topic_renderer
+    from tests.kit import make_event
+
+    render = topic_renderer("cdc.${source.table}", "k")
+    good = make_event(1)
+    bad = replace(good, source=replace(good.source, table="east coast"))
+    assert [render(good), render(good)] == ["cdc.t", "cdc.t"]
+    for _ in range(3):
+        with pytest.raises(
+            IllegalTopic, match=r"topic 'cdc\.east coast' is not a legal Kafka topic name"
+        ) as refused:
+            render(bad)
+        assert refused.value.kind == "routing"
+    assert render(good) == "cdc.t"

@@ -18,7 +18,7 @@ from pydantic import AfterValidator
 from deltaforge.configmodel import fail
 from deltaforge.events import Event
 from deltaforge.sinks.base import PoisonEvent
-from deltaforge.sinks.templates import Template, compile_template, is_fixed
+from deltaforge.sinks.templates import Template, compile_template, from_source_only, is_fixed
 
 _LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -50,9 +50,19 @@ TopicTemplate = Annotated[Template, AfterValidator(_check_fixed)]
 
 def topic_renderer(template: str, sink_id: str) -> Callable[[Event], str]:
     """The topic per event: a fixed name as it is (the config check has passed it), a rendered
-    one checked against Kafka's rule."""
-    render = compile_template(template)
-    return render if is_fixed(template) else CheckedTopic(render, sink_id)
+    one checked against Kafka's rule: a name from source fields once, when the template first
+    renders it (it keeps the names it checked), one from row values by :class:`CheckedTopic`."""
+    if is_fixed(template):
+        return compile_template(template)
+
+    def refuse_illegal(name: str) -> None:
+        problem = topic_problem(name)
+        if problem:
+            raise IllegalTopic(f"kafka sink {sink_id!r}: topic {problem}")
+
+    if from_source_only(template):
+        return compile_template(template, refuse_illegal)
+    return CheckedTopic(compile_template(template), sink_id)
 
 
 class CheckedTopic:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
@@ -47,8 +48,13 @@ def is_fixed(text: str) -> bool:
     return _PART.search(text) is None
 
 
-def compile_template(text: str) -> Callable[[Event], str]:
-    """A function from event to name; a text without ``${...}`` is returned as is (fast path)."""
+def compile_template(text: str, check: Callable[[str], object] | None = None) -> Callable[[Event], str]:
+    """A function from event to name; a text without ``${...}`` is returned as is (fast path).
+
+    A template of source fields only (:func:`from_source_only`) renders each name once and keeps
+    it, after ``check`` (if given) has seen it: ``check`` may raise to refuse a name, which is
+    then rendered and checked again for the next event. Other templates render per event and
+    never call ``check``."""
     parts = _PART.split(text)
     if len(parts) == 1:
         return lambda e: text
@@ -59,21 +65,37 @@ def compile_template(text: str) -> Callable[[Event], str]:
     def render(e: Event) -> str:
         return "".join(g if isinstance(g, str) else str(g(e)) for g in getters)
 
-    if any(p.partition(".")[0] != "source" for p in parts[1::2]):
+    if not from_source_only(text):
         return render
     # Names from source fields only (the usual ``cdc.${source.table}``): one per table, kept.
-    # Rendering per event was a third of the Kafka sink's record building.
-    names: dict[tuple[str, str, str | None, str], str] = {}
+    # Rendering per event was a third of the Kafka sink's record building; looking the kept
+    # name up by a tuple of the four fields, and checking it in a second call, still 0.9 µs of
+    # its 2.8 µs a record (docs/performance.md): one field is looked up by its value alone.
+    fields = list(dict.fromkeys(p.partition(".")[2] for p in parts[1::2]))
+    key_of = attrgetter(f"source.{fields[0]}") if len(fields) == 1 else _source_fields
+    names: dict[Any, str] = {}
 
-    def by_table(e: Event) -> str:
-        s = e.source
-        key = (s.connector, s.db, s.schema, s.table)
-        name = names.get(key)
+    def by_source(e: Event) -> str:
+        name = names.get(key_of(e))
         if name is None:
-            name = names[key] = render(e)
+            name = render(e)
+            if check is not None:
+                check(name)
+            names[key_of(e)] = name
         return name
 
-    return by_table
+    return by_source
+
+
+def _source_fields(e: Event) -> tuple[str, str, str | None, str]:
+    s = e.source
+    return s.connector, s.db, s.schema, s.table
+
+
+def from_source_only(text: str) -> bool:
+    """Whether every placeholder of ``text`` names a source field: one name per table at most."""
+    parts = _PART.split(text)
+    return len(parts) > 1 and all(p.partition(".")[0] == "source" for p in parts[1::2])
 
 
 def check_template(text: str) -> str | None:
