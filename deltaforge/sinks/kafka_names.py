@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -54,15 +55,16 @@ def topic_renderer(template: str, sink_id: str) -> Callable[[Event], str]:
     renders it (it keeps the names it checked), one from row values by :class:`CheckedTopic`."""
     if is_fixed(template):
         return compile_template(template)
-
-    def refuse_illegal(name: str) -> None:
-        problem = topic_problem(name)
-        if problem:
-            raise IllegalTopic(f"kafka sink {sink_id!r}: topic {problem}")
-
     if from_source_only(template):
-        return compile_template(template, refuse_illegal)
+        return compile_template(template, partial(refuse_illegal, sink_id))
     return CheckedTopic(compile_template(template), sink_id)
+
+
+def refuse_illegal(sink_id: str, name: str) -> None:
+    """Raise :class:`IllegalTopic` for a rendered topic name Kafka does not allow."""
+    problem = topic_problem(name)
+    if problem:
+        raise IllegalTopic(f"kafka sink {sink_id!r}: topic {problem}")
 
 
 class CheckedTopic:
@@ -78,9 +80,7 @@ class CheckedTopic:
         name = self.render(e)
         if name in self._legal:
             return name
-        problem = topic_problem(name)
-        if problem:
-            raise IllegalTopic(f"kafka sink {self.sink_id!r}: topic {problem}")
+        refuse_illegal(self.sink_id, name)
         if len(self._legal) >= 4096:  # names from row values (cdc.${after.region}) must not pile up
             self._legal.clear()
         self._legal.add(name)

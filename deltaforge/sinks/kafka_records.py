@@ -99,16 +99,13 @@ class RecordMaker:
             if op == "u" and key_of is None and moves_key(e):
                 records += self._moved(e)
                 continue
-            made = e.made
-            if made is not None and key_of is None:  # the key and idempotency key made with the event
-                add((topic_of(e), value_of(e), made[1], [("idempotency_key", made[2]), ("event_id", e.event_id.encode())],
-                     op == "d" and tombstones))  # fmt: skip
-                continue
+            made = e.made  # the key and idempotency key made with the event, if they were
             add((
                 topic_of(e),
                 value_of(e),
-                row_key(e) if key_of is None else key_of(e),
-                [("idempotency_key", e.idempotency_key.encode()), ("event_id", e.event_id.encode())],
+                key_of(e) if key_of is not None else row_key(e) if made is None else made[1],
+                [("idempotency_key", e.idempotency_key.encode() if made is None else made[2]),
+                 ("event_id", e.event_id.encode())],
                 op == "d" and tombstones,
             ))  # fmt: skip
         return records

@@ -65,7 +65,7 @@ def compile_template(text: str, check: Callable[[str], object] | None = None) ->
     def render(e: Event) -> str:
         return "".join(g if isinstance(g, str) else str(g(e)) for g in getters)
 
-    if not from_source_only(text):
+    if not _source_only(parts):
         return render
     # Names from source fields only (the usual ``cdc.${source.table}``): one per table, kept.
     # Rendering per event was a third of the Kafka sink's record building; looking the kept
@@ -94,7 +94,11 @@ def _source_fields(e: Event) -> tuple[str, str, str | None, str]:
 
 def from_source_only(text: str) -> bool:
     """Whether every placeholder of ``text`` names a source field: one name per table at most."""
-    parts = _PART.split(text)
+    return _source_only(_PART.split(text))
+
+
+def _source_only(parts: list[str]) -> bool:
+    """``text`` split by :data:`_PART`: placeholders at odd indexes."""
     return len(parts) > 1 and all(p.partition(".")[0] == "source" for p in parts[1::2])
 
 
