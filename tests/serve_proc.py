@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,10 +18,37 @@ from tests.helpers import wait_until_sync
 LOG_TAIL = 60  # lines of serve's log printed when a test fails inside ``with Serve(...)``
 
 
+# Not the `random` module's state, which a test may have seeded alike in every worker.
+_pick = random.SystemRandom()
+_LOWEST = 10000  # below: ports that services here listen on by default (3306, 5432, 6379, 9092, …)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing holds now, for a server a test is about to start.
+
+    Chosen at random below the kernel's ephemeral range, not by binding port 0: the kernel hands
+    its ephemeral ports to every outgoing connection's source side too, so one a parallel test
+    opens between this call and the server's bind can take the port (seen in CI: ``Address already
+    in use``). A port below the range is only ever taken by another bind. The harnesses still start
+    a server again on another port when its port was taken (``Serve.wait_api``,
+    ``ServerProcess.start``)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _pick.randrange(_LOWEST, low) if low - _LOWEST >= 1000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held, or lingering in TIME_WAIT
+            return int(s.getsockname()[1])
+    raise RuntimeError("no free port below the ephemeral range after 200 tries")
 
 
 PYTHON_M = (sys.executable, "-m", "deltaforge")

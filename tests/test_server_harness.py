@@ -11,9 +11,11 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from tests.serve_proc import free_port
 from tests.servers.base import PortTaken, holds_port
 from tests.servers.redis import Redis
 
@@ -58,3 +60,19 @@ def test_a_server_started_again_keeps_its_port_and_says_it_is_taken() -> None:
         assert server.port == port
         server.start()  # free again: the same port
         assert server.port == port and server.proc is not None and server_pid(server) == server.proc.pid
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connection_lands() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    # An outgoing connection's source port: the kind of taker free_port() keeps out of its way.
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.create_connection(server.getsockname()) as c,
+    ):
+        assert c.getsockname()[1] >= low
+        ports = {free_port() for _ in range(50)}
+    assert all(10000 <= p < low for p in ports)
+    assert len(ports) > 40  # spread at random, not handed out in sequence
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free: nothing was left holding it
