@@ -496,3 +496,37 @@ async def test_a_tablespace_discarded_and_imported_under_a_captured_table_is_nam
     said = [(e["table"], e["statement"]) for e in logs if e["event"] == "captured_rows_changed_by_ddl"]
     assert said == [(f"{db}.t", "DISCARD TABLESPACE"), (f"{db}.t", "IMPORT TABLESPACE")]
     assert ev.after == {"id": 9}
+
+
+async def test_changes_read_with_a_primary_key_change_keep_the_key_they_were_written_with(
+    mariadb: MariaDB,
+) -> None:
+    """A change's key columns (``SourceInfo.key``: the Kafka record key, the PostgreSQL target's
+    conflict key) are the table's primary key when the change was written, also when a backlog
+    brings the changes before an ALTER that moves the key, and the ALTER, in one read: the decoder
+    hands the earlier transactions on before the table's new columns, not after them."""
+    db, src = await opened_on(mariadb, "id INT PRIMARY KEY, t VARCHAR(10) NOT NULL")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (0, 'z')")
+    [mark] = await read_n(src, 1)
+    await src.close()
+    with mariadb.root(db) as c, c.cursor() as cur:
+        c.begin()
+        cur.executemany("INSERT INTO t VALUES (%s, 'a')", [(i,) for i in range(1, 4)])
+        c.commit()
+        cur.execute("UPDATE t SET t = 'b' WHERE id = 1")
+        cur.execute("ALTER TABLE t DROP PRIMARY KEY, ADD PRIMARY KEY (id, t)")
+        cur.execute("INSERT INTO t VALUES (4, 'c')")
+        cur.execute("UPDATE t SET t = 'd' WHERE id = 2")
+    again = source(mariadb, [f"{db}.t"])
+    await again.open(mark.checkpoint)  # all of it a backlog, read at once
+    events = await read_n(again, 6)
+    await again.close()
+    assert [(e.op, e.after["id"] if e.after else None, e.source.key) for e in events] == [
+        ("c", 1, ("id",)),
+        ("c", 2, ("id",)),
+        ("c", 3, ("id",)),
+        ("u", 1, ("id",)),
+        ("c", 4, ("id", "t")),
+        ("u", 2, ("id", "t")),
+    ]

@@ -359,3 +359,41 @@ async def test_a_reopening_without_a_checkpoint_reads_again_what_was_handed_out(
     again = await read_n(src, 5)
     await src.close()
     assert [e.after["id"] for e in again if e.after] == [1, 2, 3, 4, 5]
+
+
+async def test_changes_read_with_a_primary_key_change_keep_the_key_they_were_written_with(
+    postgres: Postgres,
+) -> None:
+    """A change's key columns (``SourceInfo.key``: the Kafka record key, the PostgreSQL target's
+    conflict key) are the table's primary key when the change was written, also when the stream is
+    read after the key moved: the catalog, read then, knows only the newest key."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, t text NOT NULL)")
+    await conn.close()
+    src = source(postgres, db)
+    await src.open(None)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("INSERT INTO t VALUES (0, 'z')")
+    [mark] = await read_n(src, 1)
+    await src.close()
+    async with conn.transaction():
+        for i in range(1, 4):
+            await conn.execute("INSERT INTO t VALUES ($1, 'a')", i)
+    await conn.execute("UPDATE t SET t = 'b' WHERE id = 1")
+    await conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (t, id)")
+    await conn.execute("INSERT INTO t VALUES (4, 'c')")
+    await conn.execute("UPDATE t SET t = 'd' WHERE id = 2")
+    await conn.close()
+    again = source(postgres, db)
+    await again.open(again.load_position(mark.checkpoint.to_doc()))  # all of it a backlog
+    events = await read_n(again, 6)
+    await again.close()
+    assert [(e.op, e.after["id"] if e.after else None, e.source.key) for e in events] == [
+        ("c", 1, ("id",)),
+        ("c", 2, ("id",)),
+        ("c", 3, ("id",)),
+        ("u", 1, ("id",)),
+        ("c", 4, ("t", "id")),
+        ("u", 2, ("t", "id")),
+    ]

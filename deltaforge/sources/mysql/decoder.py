@@ -43,6 +43,8 @@ from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
+Described = tuple[tuple[tuple[str, int, str], ...], tuple[str, ...]]
+"""A table's columns (name, type code, size) and primary-key columns, as a table map gives them."""
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _XA = 0x40 | 0x80  # MariaDB GTID flags FL_PREPARED_XA, FL_COMPLETED_XA: an XA transaction's group
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
@@ -149,8 +151,9 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     full = resume.gtid
     xa = PreparedXa()
     xa_current: str | None = None
-    schemas: dict[str, tuple[tuple[str, int, str], ...]] = {}
-    described: dict[str, tuple[list[Any], tuple[tuple[str, int, str], ...]]] = {}  # by the table map's list
+    # A table's columns (name, type, size) and primary key, as its last schema frame told serve.
+    schemas: dict[str, Described] = {}
+    described: dict[str, tuple[list[Any], Described]] = {}  # by the table map's list
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
     partial: set[str] = set()  # tables a partial row image was met in (said once each)
@@ -225,16 +228,21 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             pos = int(ev.packet.log_pos)
             known = described.get(table)
             if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
-                known = described[table] = (ev.columns, tuple((c.name, c.type, sized(c)) for c in ev.columns))
-            columns = known[1]
-            if schemas.get(table) != columns:
-                schemas[table] = columns
+                columns = tuple((c.name, c.type, sized(c)) for c in ev.columns)
+                known = described[table] = (ev.columns, (columns, primary_key(ev)))
+            # A new primary key is a new schema too, its columns unchanged or not: each change's
+            # key columns (the Kafka record key, a target's conflict key) are the ones it was written with.
+            if schemas.get(table) != known[1]:
+                schemas[table] = known[1]
+                columns, pk = known[1]
                 instants[table] = tuple(n for n, t, _ in columns if t in TIMESTAMP_TYPES)
                 binaries[table] = tuple(
                     c.name for c in ev.columns
                     if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
-                pk = primary_key(ev)
+                if pending:  # read before this schema: serve makes their events with the keys before it
+                    send(pending)
+                    pending, pending_rows = [], 0
                 cols = [{"name": n, "type": t, "mod": m, "key": n in pk} for n, t, m in columns]
                 keys[table] = tuple(n for n, _, _ in columns if n in pk)  # serve reads it from cols
                 write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))

@@ -248,7 +248,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         txs = tx.decode(rows)
         for relid in tx.unresolved:  # filled in place: the changes hold the same lists
             if pk := [r[0] for r in catalog.execute(PRIMARY_KEY, (relid,)).fetchall()]:
-                tx.keys[relid][:] = pk
+                flagged = tx.keys[relid]
+                # The catalog is read now and knows only the newest key. Under the default replica
+                # identity the relation's flags are the primary key as the changes were written:
+                # the catalog gives its order, unless the key has moved since (then the flags stand).
+                if tx.relations[relid][0].replica_identity != "d" or sorted(pk) == sorted(flagged):
+                    flagged[:] = pk
         tx.unresolved.clear()
         for table, cols, at in tx.schemas:
             write_frame(out, ("schema", table, cols, at))
