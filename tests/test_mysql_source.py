@@ -530,3 +530,14 @@ async def test_changes_read_with_a_primary_key_change_keep_the_key_they_were_wri
         ("c", 4, ("id", "t")),
         ("u", 2, ("id", "t")),
     ]
+
+
+async def test_a_key_on_a_column_prefix_is_the_events_key_in_the_keys_order(mariadb: MariaDB) -> None:
+    """With a prefix on a key column the table map lists the key apart (PRIMARY_KEY_WITH_PREFIX),
+    and the library marks no column as in it: the key is still known, in the key's order."""
+    db, src = await opened_on(mariadb, "id INT, code VARCHAR(40), v INT, PRIMARY KEY (code(4), id)")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (1, 'abcdef', 1)")
+    [ev] = await read_n(src, 1)
+    await src.close()
+    assert ev.source.key == ("code", "id")

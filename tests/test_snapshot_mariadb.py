@@ -14,8 +14,10 @@ import pytest
 
 from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
+from deltaforge.envelopes import row_key
+from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.state.checkpoints import sink_key
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import jsonl, stored_checkpoint, wait_until, wait_until_sync
 from tests.kit import NeverDurable, ScriptedSink
 from tests.mysql_kit import fresh_db
@@ -349,3 +351,34 @@ async def test_a_table_growing_at_its_end_faster_than_it_is_read_still_finishes(
     assert 100 <= len(snapshot_rows) <= 100 + 15 * 2  # the table as it began, give or take a chunk
     assert added >= 150
     assert replay(lines) == table_state(mariadb, db)
+
+
+async def test_a_row_has_one_record_key_whether_snapshotted_or_streamed(mariadb: MariaDB) -> None:
+    """A composite primary key declared in another order than its columns: a snapshot row and a
+    later change of that row carry the key's columns in the key's order (Debezium's), so their
+    Kafka record keys are the same bytes: one partition, one key for compaction."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO '{CDC_USER}'@'%'")  # the signal table
+        cur.execute("CREATE TABLE items (id INT, tenant INT, v VARCHAR(10), PRIMARY KEY (tenant, id))")
+        cur.execute("INSERT INTO items VALUES (1, 7, 'a'), (2, 7, 'b')")
+    got: list[Event] = []
+    sink = ScriptedSink("a", script=lambda _n, events: got.extend(e for e in events if e.table == "items"))
+    doc = {
+        "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "keys"},
+        "spec": {"source": {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.items"],
+                                                        "snapshot": {"mode": "initial"}}},
+                 "sinks": [{"type": "stdout", "config": {"id": "a"}}]},
+    }  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), sinks={"a": sink})
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: sum(e.op == "r" for e in got) == 2, timeout=60, what="the snapshot")
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("UPDATE items SET v = 'c' WHERE id = 1")
+    await wait_until(lambda: any(e.op == "u" for e in got), timeout=60, what="the update")
+    runner.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+    [read] = [e for e in got if e.op == "r" and e.after is not None and e.after["id"] == 1]
+    [changed] = [e for e in got if e.op == "u"]
+    assert read.source.key == changed.source.key == ("tenant", "id")
+    assert row_key(read) == row_key(changed) == b'{"tenant":7,"id":1}'

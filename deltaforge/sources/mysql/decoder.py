@@ -3,7 +3,7 @@
 
 * ``("txs", [(gtid, state, file, end_pos, start_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
   where ``state`` is the GTID position after the transaction (MariaDB: every domain's last GTID)
-* ``("schema", table, columns, position)``
+* ``("schema", table, columns, position, key)``: ``key`` the primary-key columns in the key's order
 * ``("partial", table, "file:pos", columns)``: the first rows event of ``table`` with a partial
   row image this run (its left-out values are marked, see ``rowvalues.fill_not_logged``)
 * ``("moved", table, new_name_or_None, "file:pos")``: a captured table renamed out of ``tables``,
@@ -244,8 +244,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     send(pending)
                     pending, pending_rows = [], 0
                 cols = [{"name": n, "type": t, "mod": m, "key": n in pk} for n, t, m in columns]
-                keys[table] = tuple(n for n, _, _ in columns if n in pk)  # serve reads it from cols
-                write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc()))
+                keys[table] = pk
+                write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc(), pk))
             ts = int(ev.timestamp)
             rows = images.rows_of(ev, 2 if op == "u" else 1)
             absent = fill_not_logged(ev, op)

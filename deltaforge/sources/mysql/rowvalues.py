@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
+from deltaforge.sources.mysql.tablemaps import KEY_ORDER
+
 TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
 
 
@@ -24,15 +26,14 @@ def sized(column: Any) -> str:
 
 
 def primary_key(ev: Any) -> tuple[str, ...]:
-    """A rows event's primary-key columns, from the table map's metadata (binlog_row_metadata=FULL)."""
-    simple = tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
-    if simple:
-        return simple
-    meta = getattr(getattr(ev, "table_obj", None), "optional_metadata", None) or getattr(
-        ev, "optional_metadata", None
-    )
-    prefixed = getattr(meta, "primary_keys_with_prefix", None) or {}
-    return tuple(ev.columns[i].name for i in sorted(prefixed) if i < len(ev.columns))
+    """A rows event's primary-key columns in the key's order, from its table map's metadata
+    (binlog_row_metadata=FULL, :data:`tablemaps.KEY_ORDER`); in column order where the table map
+    was not one of ours."""
+    table = (getattr(ev, "table_map", None) or {}).get(ev.table_id)
+    order: tuple[str, ...] | None = getattr(table, KEY_ORDER, None)
+    if order is not None:
+        return order
+    return tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
 
 
 STRING_TYPES = {15, 253, 254}  # VARCHAR, VAR_STRING, STRING (BINARY/VARBINARY with charset binary)

@@ -300,7 +300,7 @@ class MySQLSource(Source):
             )  # fmt: skip
             return None
         if kind == "schema":
-            self._txs.keys[frame[1]] = tuple(c["name"] for c in frame[2] if c.get("key"))
+            self._txs.keys[frame[1]] = tuple(frame[4])  # in the key's order, as snapshots have it
             with self._lock:
                 at = BinlogPosition.from_doc(frame[3])._replace(gen=self._gen)
                 self._schema_changes.append((frame[1], frame[2], at))

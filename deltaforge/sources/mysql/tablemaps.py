@@ -28,6 +28,20 @@ _OWN = frozenset(
 )  # fmt: skip
 
 
+KEY_ORDER = "_deltaforge_key"
+"""The attribute of the library's ``Table`` (what a rows event finds in its ``table_map``) that
+holds the table's primary-key columns in the key's own order. The library keeps only which columns
+are in the key (``is_primary``, in column order); the table map lists them in key order, the order
+of a snapshot's key (the catalogue's) and of Debezium's. Underscored: out of ``Table.data``."""
+
+
+def _key_order(event: TableMapEvent) -> tuple[str, ...]:
+    meta, columns = event.optional_metadata, event.columns
+    # With a prefix on any key column (a BLOB's first bytes) the table map lists the key only there.
+    at = list(meta.simple_primary_key_list) or list(meta.primary_keys_with_prefix)
+    return tuple(columns[i].name for i in at if i < len(columns))
+
+
 class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no type hints
     """A ``TableMapEvent`` whose body was parsed before takes that parse; the header, the
     checksum check and the library's ``table_map`` entry are still this event's own.
@@ -46,6 +60,8 @@ class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no 
         known = self.parsed.get(body)
         if known is None:
             super().__init__(from_packet, event_size, table_map, ctl, **kw)
+            if self._processed:
+                setattr(self.table_obj, KEY_ORDER, _key_order(self))
             if self._processed and self.optional_metadata.column_name_list:
                 if len(self.parsed) >= LIMIT:
                     self.parsed.clear()
