@@ -64,7 +64,7 @@ async def test_mixed_workload_in_commit_order_with_typed_values(mariadb: MariaDB
     assert after["dtm"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)
     assert after["ts"] == dt.datetime(2024, 5, 6, 7, 8, 9, 500000, tzinfo=dt.UTC)  # an instant: UTC, aware
     assert after["j"] == '{"k": [1, "two"]}'  # MariaDB's JSON is LONGTEXT
-    assert after["e"] == "green" and after["s"] == {"a", "c"} and after["nul"] is None
+    assert after["e"] == "green" and after["s"] == "a,c" and after["nul"] is None
     upd = events[1]
     assert upd.before is not None and upd.after is not None
     assert upd.before["vc"] == "héllo ✓ 😀" and upd.after["vc"] == "changed" and upd.after["nul"] == 7

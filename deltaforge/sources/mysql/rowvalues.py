@@ -5,10 +5,15 @@ Runs in the decoder process, per rows event."""
 
 from __future__ import annotations
 
-from datetime import UTC
+import struct
+from datetime import UTC, datetime
 from typing import Any
 
-from deltaforge.sources.mysql.tablemaps import KEY_ORDER
+KEY_ORDER = "_deltaforge_key"
+"""The attribute of the library's ``Table`` (what a rows event finds in its ``table_map``) that
+holds the table's primary-key columns in the key's own order. The library keeps only which columns
+are in the key (``is_primary``, in column order); the table map lists them in key order, the order
+of a snapshot's key (the catalogue's) and of Debezium's. Underscored: out of ``Table.data``."""
 
 TIMESTAMP_TYPES = {7, 17}  # TIMESTAMP, TIMESTAMP2: an instant, stored as UTC seconds
 
@@ -27,7 +32,7 @@ def sized(column: Any) -> str:
 
 def primary_key(ev: Any) -> tuple[str, ...]:
     """A rows event's primary-key columns in the key's order, from its table map's metadata
-    (binlog_row_metadata=FULL, :data:`tablemaps.KEY_ORDER`); in column order where the table map
+    (binlog_row_metadata=FULL, :data:`KEY_ORDER`, set by ``tablemaps``); in column order where the table map
     was not one of ours."""
     table = (getattr(ev, "table_map", None) or {}).get(ev.table_id)
     order: tuple[str, ...] | None = getattr(table, KEY_ORDER, None)
@@ -54,16 +59,99 @@ def as_bytes(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
                         image[name] = value.encode("latin-1")
 
 
+_ZERO_TIMESTAMP = datetime(1970, 1, 1)
+"""A TIMESTAMP stored as 0: MySQL's zero date (the type's range starts a second later)."""
+
+
 def as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     """TIMESTAMP values as aware UTC datetimes. python-mysql-replication returns them naive (in
-    UTC), which would make them indistinguishable from DATETIME, a wall-clock time without a zone."""
+    UTC), which would make them indistinguishable from DATETIME, a wall-clock time without a zone.
+    The zero TIMESTAMP (``0000-00-00 00:00:00``), which the library reads as the epoch, is None, as
+    it gives a zero DATE or DATETIME, and as a snapshot reads any of them (README, MySQL / MariaDB)."""
     for row in rows:
         for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
             if image is not None:
                 for name in columns:
                     value = image.get(name)
-                    if value is not None:
-                        image[name] = value.replace(tzinfo=UTC)
+                    if isinstance(value, datetime):
+                        image[name] = None if value == _ZERO_TIMESTAMP else value.replace(tzinfo=UTC)
+
+
+_F32 = struct.Struct("<f")
+
+
+def short_float(value: float) -> float:
+    """A FLOAT's value as the shortest decimal that reads back as the same 32-bit float: ``1.1``,
+    not the double it widens to, ``1.100000023841858``. Lossless, and what a snapshot of the row
+    gives (``snapshot.py`` reads FLOAT columns widened, exactly, and shortens them the same way)."""
+    packed = _F32.pack(value)
+    for digits in range(1, 9):  # nine always read back
+        shorter = float(f"{value:.{digits}g}")
+        try:
+            if _F32.pack(shorter) == packed:
+                return shorter
+        except OverflowError:  # rounded past the largest float
+            continue
+    return float(f"{value:.9g}")
+
+
+class Retyped:
+    """A table's values python-mysql-replication gives otherwise than a snapshot reads them, and
+    so otherwise than a change of the row carries them, set right in a rows event's images:
+
+    * FLOAT: the widened double (``1.100000023841858``), now its :func:`short_float`;
+    * SET: a Python set (which sinks wrote as a sorted JSON list), and None for the empty set, a
+      false NULL. Now MySQL's text: the members in the column's order, joined by commas, ``""``
+      for none (the library says which None was an empty set);
+    * BINARY(n): the binlog drops a value's trailing zero bytes (the type's padding), so
+      ``x'ff000000'`` came out as ``b'\xff'``. Now padded back to n bytes.
+
+    Built per table schema (the decoder's); ``bool`` says whether there is anything to do."""
+
+    def __init__(self, columns: list[Any]) -> None:
+        self.floats = tuple(c.name for c in columns if c.type == _FLOAT)
+        self.sets = tuple((c.name, tuple(c.set_values or ())) for c in columns if c.type == _SET)
+        self.padded = tuple(
+            (c.name, int(c.max_length)) for c in columns
+            if c.type == _STRING and getattr(c, "character_set_name", None) == "binary"
+        )  # fmt: skip
+
+    def __bool__(self) -> bool:
+        return bool(self.floats or self.sets or self.padded)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> None:
+        floats, sets, padded = self.floats, self.sets, self.padded
+        for row in rows:
+            for image, nones in _images(row):
+                if image is None:
+                    continue
+                for name in floats:
+                    value = image.get(name)
+                    if isinstance(value, float):
+                        image[name] = short_float(value)
+                for name, members in sets:
+                    value = image.get(name)
+                    if isinstance(value, set):
+                        image[name] = ",".join(m for m in members if m in value)
+                    elif value is None and nones and nones.get(name) == _EMPTY_SET:
+                        image[name] = ""
+                for name, size in padded:
+                    value = image.get(name)
+                    if isinstance(value, bytes) and len(value) < size:
+                        image[name] = value.ljust(size, b"\x00")
+
+
+_FLOAT, _STRING, _SET = 4, 254, 248  # pymysqlreplication FIELD_TYPE codes
+_EMPTY_SET = "empty set"  # pymysqlreplication.constants.NONE_SOURCE.EMPTY_SET
+
+
+def _images(row: dict[str, Any]) -> tuple[tuple[Any, Any], ...]:
+    """A row's images with what the library says of their None values."""
+    return (
+        (row.get("values"), row.get("none_sources")),
+        (row.get("before_values"), row.get("before_none_sources")),
+        (row.get("after_values"), row.get("after_none_sources")),
+    )
 
 
 NOT_LOGGED = "__not_logged__"

@@ -28,6 +28,7 @@ from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.checks import is_unavailable
 from deltaforge.sources.mysql.json_chunks import JsonChunks
 from deltaforge.sources.mysql.names import quote_ident
+from deltaforge.sources.mysql.rowvalues import short_float
 
 if TYPE_CHECKING:
     from deltaforge.sources.mysql.source import MySQLSource
@@ -47,10 +48,21 @@ class _Table:
         self.ref = ref
         self.definition = _definition(columns)
         self.instants = [c["COLUMN_NAME"] for c in columns if c["DATA_TYPE"] == "timestamp"]
+        # A date no calendar has (0000-00-00, 2024-00-00) comes back as its text; the binlog's
+        # decoder gives it as None (rowvalues.as_utc), and so does a snapshot.
+        self.dates = [
+            c["COLUMN_NAME"] for c in columns if c["DATA_TYPE"] in ("date", "datetime", "timestamp")
+        ]
+        self.floats = [c["COLUMN_NAME"] for c in columns if c["DATA_TYPE"] == "float"]
         db, _, table = ref.name.partition(".")
         target = f"{quote_ident(db)}.{quote_ident(table)}"
-        # Every column by name: SELECT * leaves out INVISIBLE ones, which the binlog carries.
-        select = ", ".join(quote_ident(c["COLUMN_NAME"]) for c in columns)
+        # Every column by name: SELECT * leaves out INVISIBLE ones, which the binlog carries. A
+        # FLOAT widened to a DOUBLE, exactly: its own text has six digits (16777215 as 16777200).
+        select = ", ".join(
+            f"({quote_ident(c['COLUMN_NAME'])} + 0e0) AS {quote_ident(c['COLUMN_NAME'])}"
+            if c["DATA_TYPE"] == "float" else quote_ident(c["COLUMN_NAME"])
+            for c in columns
+        )  # fmt: skip
         keys = ", ".join(quote_ident(k) for k in ref.key)
         marks = ", ".join(["%s"] * len(ref.key))
         after = f" WHERE ({keys}) > ({marks})"
@@ -270,6 +282,15 @@ class MySQLChunks(ChunkReader):
                 v = r.get(name)
                 if isinstance(v, datetime):
                     r[name] = v.replace(tzinfo=UTC)
+        for name in t.dates:
+            for r in rows:
+                if isinstance(r.get(name), str):
+                    r[name] = None
+        for name in t.floats:  # as the binlog's decoder gives them (rowvalues.Retyped)
+            for r in rows:
+                v = r.get(name)
+                if isinstance(v, float):
+                    r[name] = short_float(v)
         return rows, [_json_key(rows[-1][k]) for k in table.key], more
 
     async def _rows(self, cur: aiomysql.Cursor, t: _Table, first: bool, args: tuple[Any, ...]) -> list[Row]:

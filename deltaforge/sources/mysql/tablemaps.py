@@ -18,6 +18,8 @@ from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent
 
+from deltaforge.sources.mysql.rowvalues import KEY_ORDER
+
 LIMIT = 4096
 """Distinct table maps kept (each ALTER, and each server restart, makes new ones)."""
 
@@ -26,13 +28,6 @@ _OWN = frozenset(
     {"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths", "_ctl_connection",
      "mysql_version", "_ignore_decode_errors", "_verify_checksum", "_is_event_valid", "_processed", "complete"}
 )  # fmt: skip
-
-
-KEY_ORDER = "_deltaforge_key"
-"""The attribute of the library's ``Table`` (what a rows event finds in its ``table_map``) that
-holds the table's primary-key columns in the key's own order. The library keeps only which columns
-are in the key (``is_primary``, in column order); the table map lists them in key order, the order
-of a snapshot's key (the catalogue's) and of Debezium's. Underscored: out of ``Table.data``."""
 
 
 def _key_order(event: TableMapEvent) -> tuple[str, ...]:

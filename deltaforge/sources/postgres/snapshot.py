@@ -56,6 +56,15 @@ NATIVE = {16, 20, 21, 23, 25, 1043}
 conversion gives, without the text round trip (a third of a chunk's cost)."""
 
 
+BPCHAR = 1042
+
+
+def _as_text(column: str, oid: int) -> str:
+    """A column as pgoutput's text has it: its type's output function. A cast to text is that,
+    but for ``char(n)``, whose cast drops the padding its output keeps (``'ab   '``)."""
+    return f"textin(bpcharout({column}))" if oid == BPCHAR else f"{column}::text"
+
+
 _SHAPE = "SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
 """PostgreSQL 15: the columns (its column list, else all) and rows (its row filter) a publication
 publishes of a table; pgoutput sends only those, so a snapshot reads only those."""
@@ -80,7 +89,9 @@ class _Table:
         schema, _, table = ref.name.partition(".")
         target = f"{quote_ident(schema)}.{quote_ident(table)}"
         cols = ", ".join(
-            quote_ident(c[0]) if c[1] in NATIVE else f"{quote_ident(c[0])}::text AS {quote_ident(c[0])}"
+            quote_ident(c[0])
+            if c[1] in NATIVE
+            else f"{_as_text(quote_ident(c[0]), c[1])} AS {quote_ident(c[0])}"
             for c in columns
         )
         # Qualified: ORDER BY a bare name would sort by the output column, the text cast.

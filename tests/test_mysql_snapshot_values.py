@@ -1,0 +1,116 @@
+"""A MariaDB snapshot row carries the values a change of that row carries, type for type, as
+JSON: a consumer cannot tell a row it got from a snapshot from one it got from the binlog by its
+values (the PostgreSQL twin: ``tests/test_snapshot_postgres.py``). Where python-mysql-replication
+gave a value otherwise, the binlog's side was set right (``rowvalues.Retyped``, ``as_utc``), or,
+for FLOAT, whose text has six digits, the snapshot's (``snapshot.py``)."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deltaforge.envelopes import _default
+from deltaforge.events import Row
+from deltaforge.sources.mysql.rowvalues import short_float
+from deltaforge.sources.mysql.snapshot import MySQLChunks
+from tests.mysql_kit import read_n, source
+from tests.servers.mariadb import MariaDB
+from tests.test_mysql_json_chunks import EVERY_TYPE, ROWS, prepare, read_all
+
+F32 = struct.Struct("<f")
+
+MORE = [  # what python-mysql-replication gave otherwise than a snapshot, and its neighbours
+    "(5, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "16777215, NULL, NULL, NULL, 'y,x', x'ff000000', x'ff00', x'00')",
+    "(6, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "123456.789, NULL, NULL, NULL, 'y', x'00000001', x'0000', NULL)",
+    "(7" + ", NULL" * 17 + ", 3.4028234e38, NULL, NULL, NULL, NULL, x'00', NULL, NULL)",
+]
+
+
+def as_json(rows: list[Row]) -> list[dict[str, bytes]]:
+    """Each value as a sink's JSON has it."""
+    return [{k: orjson.dumps(v, default=_default) for k, v in r.items()} for r in rows]
+
+
+async def snapshot_both_ways(server: MariaDB, db: str) -> tuple[list[Row], list[Row]]:
+    reader = MySQLChunks(source(server, [f"{db}.t"]), f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        by_json = await read_all(reader, ref, 3)
+        assert reader.known[ref.name].json is not None, "the table was not read as JSON"
+        reader.known[ref.name].json = None
+        plain = await read_all(reader, ref, 3)
+    finally:
+        await reader.close()
+    return by_json, plain
+
+
+async def test_a_snapshot_row_carries_the_values_a_change_of_the_row_carries(mariadb: MariaDB) -> None:
+    db = prepare(mariadb, EVERY_TYPE, [])
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for r in ROWS + MORE:
+            cur.execute(f"INSERT INTO t VALUES {r}")
+        # An update's two images: a set emptied, a zero date given a day, padding moved.
+        cur.execute("UPDATE t SET s = '', d = '2024-01-01', bn = x'00ff0000' WHERE id = 1")
+    events = await read_n(src, len(ROWS + MORE) + 1)
+    await src.close()
+    inserted, [update] = events[:-1], events[-1:]
+    by_json, plain = await snapshot_both_ways(mariadb, db)
+
+    final = {r["id"]: r for r in (e.after for e in inserted) if r is not None}
+    assert update.before == final[1] and update.after is not None
+    final[1] = update.after
+    streamed = as_json([final[r["id"]] for r in plain])
+    assert streamed == as_json(plain) == as_json(by_json)
+    row = {r["id"]: r for r in plain}
+    assert (row[1]["s"], row[2]["s"], row[3]["s"], row[5]["s"]) == ("", "", None, "x,y")
+    assert (row[2]["bn"], row[5]["bn"], row[6]["bn"]) == (b"\0\0\0\0", b"\xff\0\0\0", b"\0\0\0\x01")
+    assert (row[5]["fl"], row[6]["fl"], row[7]["fl"]) == (16777215.0, 123456.79, 3.4028235e38)
+    assert (row[4]["d"], row[4]["dtm"], row[4]["ts"]) == (None, None, None)  # zero dates
+    assert update.before["s"] == "x,y" and update.after["s"] == "" and update.after["bn"] == b"\0\xff\0\0"
+
+
+async def test_random_floats_come_as_the_same_shortest_number_either_way(mariadb: MariaDB) -> None:
+    """FLOAT's text has six digits: a snapshot of 16777215 read 16777200. Both ways now give the
+    shortest decimal that reads back as the stored 32-bit float, seeded across its range."""
+    rng = random.Random(1851)
+    stored = [
+        F32.unpack(F32.pack(x))[0]
+        for x in (rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30) for _ in range(300))
+    ]
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, f FLOAT)", [])
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO 'cdc'@'%'")
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.executemany("INSERT INTO t VALUES (%s, %s)", list(enumerate(stored)))
+    streamed = [e.after for e in await read_n(src, len(stored)) if e.after is not None]
+    await src.close()
+    by_json, plain = await snapshot_both_ways(mariadb, db)
+    assert as_json(streamed) == as_json(plain) == as_json(by_json)
+    for r in plain:
+        assert F32.pack(r["f"]) == F32.pack(stored[r["id"]])  # nothing lost
+        assert significant(r["f"]) <= 9
+
+
+def significant(x: float) -> int:
+    """The significant digits of ``x`` as Python writes it (``16777215.0``: 8)."""
+    return len(repr(abs(x)).split("e")[0].replace(".", "").strip("0")) or 1
+
+
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False))
+def test_short_float_reads_back_as_the_same_float_in_the_fewest_digits(value: float) -> None:
+    short = short_float(value)
+    assert F32.pack(short) == F32.pack(value)
+    digits = significant(short)
+    assert digits <= 9
+    assert digits == 1 or F32.pack(float(f"{value:.{digits - 1}g}")) != F32.pack(value)
