@@ -104,7 +104,9 @@ class Retyped:
       false NULL. Now MySQL's text: the members in the column's order, joined by commas, ``""``
       for none (the library says which None was an empty set);
     * BINARY(n): the binlog drops a value's trailing zero bytes (the type's padding), so
-      ``x'ff000000'`` came out as ``b'\xff'``. Now padded back to n bytes.
+      ``x'ff000000'`` came out as ``b'\xff'``. Now padded back to n bytes;
+    * BIT(n): a string of ``0`` and ``1``; now the bytes the server gives (``b'101'``: ``b'\x05'``);
+    * YEAR: the year 0000 (what an invalid year becomes) came out as 1900; now 0.
 
     Built per table schema (the decoder's); ``bool`` says whether there is anything to do."""
 
@@ -116,11 +118,14 @@ class Retyped:
             if c.type == _STRING and getattr(c, "character_set_name", None) == "binary"
         )  # fmt: skip
 
+        self.bits = tuple((c.name, int(c.bytes)) for c in columns if c.type == _BIT)
+        self.years = tuple(c.name for c in columns if c.type == _YEAR)
+
     def __bool__(self) -> bool:
-        return bool(self.floats or self.sets or self.padded)
+        return bool(self.floats or self.sets or self.padded or self.bits or self.years)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
-        floats, sets, padded = self.floats, self.sets, self.padded
+        floats, sets, padded, bits, years = self.floats, self.sets, self.padded, self.bits, self.years
         for row in rows:
             for image, nones in _images(row):
                 if image is None:
@@ -139,9 +144,16 @@ class Retyped:
                     value = image.get(name)
                     if isinstance(value, bytes) and len(value) < size:
                         image[name] = value.ljust(size, b"\x00")
+                for name, size in bits:
+                    value = image.get(name)
+                    if isinstance(value, str):
+                        image[name] = int(value, 2).to_bytes(size, "big")
+                for name in years:
+                    if image.get(name) == 1900:  # stored as 0 (1901-2155 are 1-255)
+                        image[name] = 0
 
 
-_FLOAT, _STRING, _SET = 4, 254, 248  # pymysqlreplication FIELD_TYPE codes
+_FLOAT, _YEAR, _BIT, _SET, _STRING = 4, 13, 16, 248, 254  # pymysqlreplication FIELD_TYPE codes
 _EMPTY_SET = "empty set"  # pymysqlreplication.constants.NONE_SOURCE.EMPTY_SET
 
 
