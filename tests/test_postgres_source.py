@@ -397,3 +397,32 @@ async def test_changes_read_with_a_primary_key_change_keep_the_key_they_were_wri
         ("c", 4, ("t", "id")),
         ("u", 2, ("t", "id")),
     ]
+
+
+async def test_a_replica_identity_leaving_out_the_primary_key_is_said(postgres: Postgres) -> None:
+    """Under REPLICA IDENTITY USING INDEX on columns without the whole primary key, PostgreSQL logs
+    a delete with the index's columns only: the delete's key cannot be known, and is said to be so
+    (a table whose index holds the key says nothing)."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    for t in ("t", "fine"):
+        await conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, code text NOT NULL, v int)")
+    await conn.execute("CREATE UNIQUE INDEX t_code ON t (code)")
+    await conn.execute("ALTER TABLE t REPLICA IDENTITY USING INDEX t_code")
+    await conn.execute("CREATE UNIQUE INDEX fine_both ON fine (code, id)")
+    await conn.execute("ALTER TABLE fine REPLICA IDENTITY USING INDEX fine_both")
+    src = source(postgres, db)
+    await src.open(None)
+    with capture_logs() as logs:
+        for t in ("t", "fine"):
+            await conn.execute(f"INSERT INTO {t} VALUES (5, 'x', 1)")
+            await conn.execute(f"DELETE FROM {t} WHERE id = 5")
+        events = await read_n(src, 4)
+    await src.close()
+    await conn.close()
+    said = [e for e in logs if e["event"] == "delete_key_not_logged"]
+    assert [(e["table"], e["key"], e["identity"]) for e in said] == [("public.t", ["id"], ["code"])]
+    assert "REPLICA IDENTITY DEFAULT" in said[0]["reason"]
+    deleted = {e.table: e.before for e in events if e.op == "d"}
+    assert deleted["t"] is not None and deleted["t"]["id"] == {"__not_logged__": True}
+    assert deleted["fine"] is not None and deleted["fine"]["id"] == 5

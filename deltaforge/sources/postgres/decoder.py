@@ -8,6 +8,8 @@ Frames it writes:
 * ``("heartbeat", lsn, seen)`` — nothing of ours committed before ``lsn``; ``seen``: the
   commit LSN and time of the last transaction the stream sent before it, whatever it held, or
   None when none was sent since the stream started and the parent did not say which was;
+* ``("keyless", table, primary_key, identity)`` — the table's replica identity is an index that
+  leaves out some of its primary key: its deletes cannot carry the key;
 * ``("error", kind, message)`` with kind ``position_lost``, ``decode``, ``unavailable`` or
   ``source``, then exit.
 
@@ -248,11 +250,13 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         txs = tx.decode(rows)
         for relid in tx.unresolved:  # filled in place: the changes hold the same lists
             if pk := [r[0] for r in catalog.execute(PRIMARY_KEY, (relid,)).fetchall()]:
-                flagged = tx.keys[relid]
+                flagged, rel = tx.keys[relid], tx.relations[relid][0]
+                if rel.replica_identity == "i" and not set(pk) <= set(flagged):
+                    write_frame(out, ("keyless", f"{rel.namespace}.{rel.name}", pk, list(flagged)))
                 # The catalog is read now and knows only the newest key. Under the default replica
                 # identity the relation's flags are the primary key as the changes were written:
                 # the catalog gives its order, unless the key has moved since (then the flags stand).
-                if tx.relations[relid][0].replica_identity != "d" or sorted(pk) == sorted(flagged):
+                if rel.replica_identity != "d" or sorted(pk) == sorted(flagged):
                     flagged[:] = pk
         tx.unresolved.clear()
         for table, cols, at in tx.schemas:

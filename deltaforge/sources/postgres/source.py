@@ -347,6 +347,15 @@ class PostgresSource(Source):
             return None
         if kind == "heartbeat":
             return [self.txs.heartbeat(int(frame[1]), frame[2])]
+        if kind == "keyless":
+            log.warning(
+                "delete_key_not_logged", source=self.id, table=frame[1], key=frame[2], identity=frame[3],
+                reason=f"the replica identity of {frame[1]} is an index on {', '.join(frame[3])}, which leaves out "
+                f"some of its primary key ({', '.join(frame[2])}): PostgreSQL logs a delete with the index's "
+                'columns only, so its key arrives as {"__not_logged__": true} and a Kafka sink cannot key the '
+                "delete beside the row's other changes; set REPLICA IDENTITY DEFAULT (the primary key) or FULL",
+            )  # fmt: skip
+            return None
         if frame[1] == "position_lost":
             raise PositionLost(str(frame[2]))
         if frame[1] == "decode":
