@@ -157,7 +157,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     described: dict[str, tuple[list[Any], Described]] = {}  # by the table map's list
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
-    retyped: dict[str, Retyped] = {}  # a table's values the library gives otherwise than a snapshot
+    retyped: dict[str, Retyped | None] = {}  # a table's values the library gives otherwise than a snapshot
     partial: set[str] = set()  # tables a partial row image was met in (said once each)
     tx: list[tuple[Any, ...]] = []
     standalone = False
@@ -242,7 +242,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     c.name for c in ev.columns
                     if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
-                retyped[table] = Retyped(ev.columns)
+                retyped[table] = Retyped(ev.columns) or None  # None: nothing to set right, no call per event
                 if pending:  # read before this schema: serve makes their events with the keys before it
                     send(pending)
                     pending, pending_rows = [], 0
@@ -259,8 +259,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                 as_utc(rows, instants[table])
             if binaries[table]:
                 as_bytes(rows, binaries[table])  # before the padding of BINARY(n) (retyped)
-            if retyped[table]:
-                retyped[table](rows)
+            if (fix := retyped[table]) is not None:
+                fix(rows)
             for i, row in enumerate(rows):
                 if op == "u":
                     tx.append(
