@@ -32,8 +32,8 @@ def sized(column: Any) -> str:
 
 def primary_key(ev: Any) -> tuple[str, ...]:
     """A rows event's primary-key columns in the key's order, from its table map's metadata
-    (binlog_row_metadata=FULL, :data:`KEY_ORDER`, set by ``tablemaps``); in column order where the table map
-    was not one of ours."""
+    (binlog_row_metadata=FULL; :data:`KEY_ORDER`, set by ``tablemaps``), or in column order where
+    the table map was not one of ours."""
     table = (getattr(ev, "table_map", None) or {}).get(ev.table_id)
     order: tuple[str, ...] | None = getattr(table, KEY_ORDER, None)
     if order is not None:
@@ -117,7 +117,6 @@ class Retyped:
             (c.name, int(c.max_length)) for c in columns
             if c.type == _STRING and getattr(c, "character_set_name", None) == "binary"
         )  # fmt: skip
-
         self.bits = tuple((c.name, int(c.bytes)) for c in columns if c.type == _BIT)
         self.years = tuple(c.name for c in columns if c.type == _YEAR)
 
