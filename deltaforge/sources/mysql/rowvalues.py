@@ -51,7 +51,7 @@ def as_bytes(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     decodes b"" to "" without looking the codec up, so an empty VARBINARY or BLOB came out as
     text (a snapshot reads it as bytes)."""
     for row in rows:
-        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
+        for image, _ in _images(row):
             if image is not None:
                 for name in columns:
                     value = image.get(name)
@@ -69,7 +69,7 @@ def as_utc(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     The zero TIMESTAMP (``0000-00-00 00:00:00``), which the library reads as the epoch, is None, as
     it gives a zero DATE or DATETIME, and as a snapshot reads any of them (README, MySQL / MariaDB)."""
     for row in rows:
-        for image in (row.get("values"), row.get("before_values"), row.get("after_values")):
+        for image, _ in _images(row):
             if image is not None:
                 for name in columns:
                     value = image.get(name)
