@@ -541,3 +541,30 @@ async def test_a_key_on_a_column_prefix_is_the_events_key_in_the_keys_order(mari
     [ev] = await read_n(src, 1)
     await src.close()
     assert ev.source.key == ("code", "id")
+
+
+async def test_a_partial_row_image_marks_timestamp_set_and_float_columns_too(mariadb: MariaDB) -> None:
+    """The columns a MINIMAL image leaves out are marked before the decoder sets values right
+    (TIMESTAMP's zone, SET's text, FLOAT's digits): a mark is left as it is. A TIMESTAMP column
+    left out made the decoder call ``replace`` on the mark, and the child failed."""
+    db, src = await opened_on(
+        mariadb, "id INT PRIMARY KEY, a INT, ts TIMESTAMP NULL, s SET('x','y'), f FLOAT"
+    )
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"INSERT INTO {db}.t VALUES (1, 1, '2024-01-02 03:04:05', 'y,x', 1.1)")
+        c.commit()
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute(f"UPDATE {db}.t SET a = 10 WHERE id = 1")
+        c.commit()
+    full, minimal = await read_n(src, 2)
+    await src.close()
+    gone = {"__not_logged__": True}
+    assert full.after == {
+        "id": 1,
+        "a": 1,
+        "ts": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        "s": "x,y",
+        "f": 1.1,
+    }
+    assert minimal.before == {"id": 1, "a": gone, "ts": gone, "s": gone, "f": gone}
+    assert minimal.after == {"id": 1, "a": 10, "ts": gone, "s": gone, "f": gone}
