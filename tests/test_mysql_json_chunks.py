@@ -194,8 +194,8 @@ def test_a_column_type_outside_the_known_ones_keeps_the_table_plain() -> None:
             "CHARACTER_SET_NAME": charset,
         }
 
-    assert JsonChunks.of([col("id", "int"), col("u", "uuid")]) is None
     assert JsonChunks.of([col("id", "int"), col("g", "point")]) is None
+    assert JsonChunks.of([col("id", "int"), col("b", "bit", full="bit(3)")]) is None
     form = JsonChunks.of(
         [col("id", "int"), col("z", "int", full="int(5) unsigned zerofill"), col("v", "varchar", "utf8mb4")]
     )

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
 from deltaforge.sources.mysql.binlog import Captured, DecoderSettings, drained, each_once, open_reader
+from deltaforge.sources.mysql.mariadbtypes import server_types
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import (
     BYTES_TYPES,
@@ -154,7 +155,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     xa_current: str | None = None
     # A table's columns (name, type, size) and primary key, as its last schema frame told serve.
     schemas: dict[str, Described] = {}
-    described: dict[str, tuple[list[Any], Described]] = {}  # by the table map's list
+    # by the table map's list; with the columns the catalogue says are MariaDB's UUID, INET4, INET6
+    described: dict[str, tuple[list[Any], Described, dict[str, str]]] = {}
     instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
     binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
     retyped: dict[str, Retyped | None] = {}  # a table's values the library gives otherwise than a snapshot
@@ -230,8 +232,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             pos = int(ev.packet.log_pos)
             known = described.get(table)
             if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
-                columns = tuple((c.name, c.type, sized(c)) for c in ev.columns)
-                known = described[table] = (ev.columns, (columns, primary_key(ev)))
+                texts = server_types(ev) if cfg["is_mariadb"] else {}  # UUID, INET4, INET6
+                columns = tuple(
+                    (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c))
+                    for c in ev.columns
+                )
+                known = described[table] = (ev.columns, (columns, primary_key(ev)), texts)
             # A new primary key is a new schema too, its columns unchanged or not: each change's
             # key columns (the Kafka record key, a target's conflict key) are the ones it was written with.
             if schemas.get(table) != known[1]:
@@ -242,7 +248,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     c.name for c in ev.columns
                     if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
                 )  # fmt: skip
-                retyped[table] = Retyped(ev.columns) or None  # None: nothing to set right, no call per event
+                # None: nothing to set right, no call per event
+                retyped[table] = Retyped(ev.columns, known[2]) or None
                 if pending:  # read before this schema: serve makes their events with the keys before it
                     send(pending)
                     pending, pending_rows = [], 0

@@ -13,15 +13,16 @@ in a form that comes back equal:
 * a column with a character set as ``CAST(… AS CHAR)``, a JSON string (a ``JSON`` column
   left as it is would arrive as an object, not as its text);
 * a binary one as ``HEX(…)``, turned back into bytes;
+* MariaDB's own ``UUID``, ``INET4`` and ``INET6`` as their text, a JSON string, as the plain
+  read gives them;
 * a decimal, float, double, date, time, datetime, timestamp or year as its text,
   ``CAST(… AS CHAR)``, given to PyMySQL's own converter for that type, as the plain read does
   (a FLOAT or DOUBLE as a JSON number would lose its type: ``38227300`` is an int).
 
-A table with any other column type (BIT, whose ``HEX`` is a number's; spatial and MariaDB's
-own UUID and INET types) is read the plain way. So is a chunk
-whose document does not come back whole: the count of rows is sent with it, and a document
-the server cut short (``max_allowed_packet``) or that does not parse means the plain read,
-never fewer rows.
+A table with any other column type (BIT, whose ``HEX`` is a number's; spatial) is read the
+plain way. So is a chunk whose document does not come back whole: the count of rows is sent
+with it, and a document the server cut short (``max_allowed_packet``) or that does not parse
+means the plain read, never fewer rows.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ Convert = Callable[[Any], Any]
 
 INTEGERS = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint"})
 BINARY = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+TEXT_TYPES = frozenset({"uuid", "inet4", "inet6"})  # MariaDB's own: as the JSON string of their text
 AS_TEXT: dict[str, Convert] = {  # PyMySQL's converter of each type's text
     "decimal": decoders[FIELD_TYPE.NEWDECIMAL],
     "date": decoders[FIELD_TYPE.DATE],
@@ -82,6 +84,8 @@ class JsonChunks:
             elif typ in BINARY:
                 value = f"HEX({col})"
                 converters.append((name, bytes.fromhex))
+            elif typ in TEXT_TYPES:
+                value = f"CAST({col} AS CHAR)"
             elif typ in AS_TEXT or typ in INTEGERS:
                 value = f"CAST({col} AS CHAR)"
                 converters.append((name, AS_TEXT.get(typ, int)))

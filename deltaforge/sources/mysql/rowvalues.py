@@ -6,8 +6,11 @@ Runs in the decoder process, per rows event."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+from deltaforge.sources.mysql.mariadbtypes import AS_TEXT
 
 KEY_ORDER = "_deltaforge_key"
 """The attribute of the library's ``Table`` (what a rows event finds in its ``table_map``) that
@@ -106,25 +109,32 @@ class Retyped:
     * BINARY(n): the binlog drops a value's trailing zero bytes (the type's padding), so
       ``x'ff000000'`` came out as ``b'\xff'``. Now padded back to n bytes;
     * BIT(n): a string of ``0`` and ``1``; now the bytes the server gives (``b'101'``: ``b'\x05'``);
-    * YEAR: the year 0000 (what an invalid year becomes) came out as 1900; now 0.
+    * YEAR: the year 0000 (what an invalid year becomes) came out as 1900; now 0;
+    * MariaDB's UUID, INET4 and INET6 (``texts``: the columns the catalogue says are of them,
+      which the table map gives as BINARY(n)): their stored bytes; now their text
+      (``mariadbtypes``).
 
     Built per table schema (the decoder's); ``bool`` says whether there is anything to do."""
 
-    def __init__(self, columns: list[Any]) -> None:
+    def __init__(self, columns: list[Any], texts: Mapping[str, str] | None = None) -> None:
+        texts = texts or {}
         self.floats = tuple(c.name for c in columns if c.type == _FLOAT)
         self.sets = tuple((c.name, tuple(c.set_values or ())) for c in columns if c.type == _SET)
+        # UUID, INET4 and INET6 columns too: padded first, their text is of all their bytes
         self.padded = tuple(
             (c.name, int(c.max_length)) for c in columns
             if c.type == _STRING and getattr(c, "character_set_name", None) == "binary"
         )  # fmt: skip
         self.bits = tuple((c.name, int(c.bytes)) for c in columns if c.type == _BIT)
         self.years = tuple(c.name for c in columns if c.type == _YEAR)
+        self.texts = tuple((name, AS_TEXT[kind]) for name, kind in texts.items())
 
     def __bool__(self) -> bool:
-        return bool(self.floats or self.sets or self.padded or self.bits or self.years)
+        return bool(self.floats or self.sets or self.padded or self.bits or self.years or self.texts)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         floats, sets, padded, bits, years = self.floats, self.sets, self.padded, self.bits, self.years
+        texts = self.texts
         for row in rows:
             for image, nones in _images(row):
                 if image is None:
@@ -150,6 +160,10 @@ class Retyped:
                 for name in years:
                     if image.get(name) == 1900:  # stored as 0 (1901-2155 are 1-255)
                         image[name] = 0
+                for name, text in texts:
+                    value = image.get(name)
+                    if isinstance(value, bytes):
+                        image[name] = text(value)
 
 
 _FLOAT, _YEAR, _BIT, _SET, _STRING = 4, 13, 16, 248, 254  # pymysqlreplication FIELD_TYPE codes
