@@ -17,7 +17,9 @@ from deltaforge.events import Event, Row, SourceInfo
 ENVELOPES = ("native", "debezium", "cloudevents")
 
 
-def _default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """orjson's ``default`` for what a change's values hold beyond JSON's types: bytes as base64,
+    a Decimal as its text, dates and times in ISO form, a MySQL TIME as ``[-]HH:MM:SS[.ffffff]``."""
     if isinstance(value, bytes | bytearray | memoryview):
         # Debezium's default binary handling: base64 text.
         return base64.b64encode(bytes(value)).decode("ascii")
@@ -133,7 +135,7 @@ def _known(name: str) -> str:
 
 def encode(doc: dict[str, Any]) -> bytes:
     """JSON bytes of one envelope (orjson; bytes become base64)."""
-    return orjson.dumps(doc, default=_default)
+    return orjson.dumps(doc, default=json_default)
 
 
 _SHAPES_OF: dict[str, Callable[[Event, dict[str, Any]], dict[str, Any]]] = {
@@ -173,7 +175,7 @@ def encoder(name: str, lines: bool = False) -> Callable[[Event], bytes]:
     address. A closure, not a class: an instance's ``__call__`` cost more per change event (each
     has an origin of its own) than sharing saves.
     """
-    fn, dumps, default = _SHAPES_OF[_known(name)], orjson.dumps, _default
+    fn, dumps, default = _SHAPES_OF[_known(name)], orjson.dumps, json_default
     option = orjson.OPT_APPEND_NEWLINE if lines else None
     info: SourceInfo | None = None
     source: dict[str, Any] = {}
@@ -240,11 +242,11 @@ def _template(
     if ev.before is not None:
         return None
     probe = replace(ev, after=cast(Row, _AFTER), event_id=_EVENT_ID)  # a str where a row goes
-    raw = orjson.dumps(fn(probe, source), default=_default, option=option)
+    raw = orjson.dumps(fn(probe, source), default=json_default, option=option)
     pieces = _STAND_INS.split(raw)
     if pieces[1::2].count(_AFTER_JSON) != 1:
         return None
-    ns: dict[str, Any] = {"_dumps": orjson.dumps, "_default": _default, "_op": ev.op, "_tx": ev.tx_id,
+    ns: dict[str, Any] = {"_dumps": orjson.dumps, "json_default": json_default, "_op": ev.op, "_tx": ev.tx_id,
                           "_tenant": ev.tenant, "_end": ev.tx_end, "_last": ev.event_id.endswith(":last")}  # fmt: skip
     parts = []
     for j, piece in enumerate(pieces):
@@ -257,7 +259,7 @@ def _template(
         "def fill(e):\n"
         "    if (e.tx_end is _end and e.before is None and e.op == _op and e.tx_id == _tx\n"
         "            and e.tenant == _tenant and e.event_id.endswith(':last') is _last):\n"
-        "        a = _dumps(e.after, default=_default)\n"
+        "        a = _dumps(e.after, default=json_default)\n"
         + ("        i = _dumps(e.event_id)[1:-1]\n" if "i" in parts else "")
         + f"        return b''.join(({', '.join(parts)},))\n"
         "    return None\n"
@@ -265,7 +267,7 @@ def _template(
     exec(code, ns)
     fill: Callable[[Event], bytes | None] = ns["fill"]
     # a check, once per run: what the template makes of ``ev`` is what encoding it makes
-    return fill if fill(ev) == orjson.dumps(fn(ev, source), default=_default, option=option) else None
+    return fill if fill(ev) == orjson.dumps(fn(ev, source), default=json_default, option=option) else None
 
 
 def encode_lines(events: list[Event], envelope: str) -> bytes:

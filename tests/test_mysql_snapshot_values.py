@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deltaforge.envelopes import _default
+from deltaforge.envelopes import json_default
 from deltaforge.events import Row
 from deltaforge.sources.mysql.rowvalues import short_float
 from deltaforge.sources.mysql.snapshot import MySQLChunks
@@ -36,7 +36,7 @@ MORE = [  # what python-mysql-replication gave otherwise than a snapshot, and it
 
 def as_json(rows: list[Row]) -> list[dict[str, bytes]]:
     """Each value as a sink's JSON has it."""
-    return [{k: orjson.dumps(v, default=_default) for k, v in r.items()} for r in rows]
+    return [{k: orjson.dumps(v, default=json_default) for k, v in r.items()} for r in rows]
 
 
 async def snapshot_both_ways(server: MariaDB, db: str) -> tuple[list[Row], list[Row]]:

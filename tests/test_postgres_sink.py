@@ -8,6 +8,8 @@ import random
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks.base import PoisonEvent, RetryableSinkError
 from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -272,3 +275,110 @@ async def test_a_value_a_partial_mysql_row_image_left_out_is_kept_in_the_target(
             c.commit()
         await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="both applied")
     assert await rows(postgres.dsn(target_db), "SELECT id, a, b FROM t") == [(1, 10, "one")]
+
+
+# Column types asyncpg's binary codecs take only as particular Python values (or not from what the
+# sources give), with values at their edges, and their neighbours that were fine.
+EVERY_TYPE = [
+    ("tm", "time", "'12:30:01.5'", "'00:00:00'"), ("ttz", "timetz", "'12:30:01+02'", "'23:59:59-11:30'"),
+    ("iv", "interval", "'1 day 02:03:04'", "'-3 years 2 mons -00:00:00.000001'"),
+    ("bt", "bit(3)", "B'101'", "B'000'"), ("vb", "varbit", "B'1'", "B''"),
+    ("pt", "point", "'(1,2)'", "'(-1.5,1e+300)'"), ("bx", "box", "'((0,0),(1,1))'", "'((2,2),(-1,-1))'"),
+    ("rg", "int4range", "'[1,5)'", "'empty'"), ("tr", "tstzrange", "'[2024-01-01,)'", "'(,infinity]'"),
+    ("ta", "text[]", "'{a,\"b c\",NULL,\"x\\\\\\\\y\",\"q\\\"\"}'", "'{}'"), ("ia", "int[]", "'{{1,2},{3,4}}'", "'{NULL}'"),
+    ("ua", "uuid[]", "'{6ccd780c-baba-1026-9564-5b8c656024db}'", "'{}'"), ("na", "numeric[]", "'{1.5,NaN}'", "'{-0.0}'"),
+    ("ba", "bytea[]", "'{\"\\\\\\\\x00ff\",NULL}'", "'{}'"), ("ja", "jsonb[]", "ARRAY['{\"a\": [1, \"b,}\"]}'::jsonb]", "'{}'"),
+    ("tsa", "timestamptz[]", "'{\"2024-01-01 00:00:00+05\",infinity}'", "'{}'"),
+    ("ts", "timestamp", "'infinity'", "'-infinity'"), ("tz", "timestamptz", "'-infinity'", "'2024-02-29 12:00:00+01'"),
+    ("d", "date", "'-infinity'", "'infinity'"), ("ch", "\"char\"", "'x'", "'y'"), ("mn", "money", "'12.34'", "'-0.01'"),
+    ("u", "uuid", "'6ccd780c-baba-1026-9564-5b8c656024db'", "'00000000-0000-0000-0000-000000000000'"),
+    ("ip", "inet", "'10.0.0.1/8'", "'::1'"), ("jb", "jsonb", "'{\"a\": [1, 2]}'", "'[]'"), ("by", "bytea", "'\\x00ff'", "''"),
+    ("nn", "numeric", "'NaN'", "'-1.50'"), ("fl", "float8", "'-Infinity'", "'1e-300'"), ("e", "mood", "'ok'", "'bad'"),
+    ("dm", "positive_span", "'2 hours'", "'1 second'"),
+]  # fmt: skip
+TYPES_DDL = """CREATE TYPE mood AS ENUM ('ok', 'bad');
+CREATE DOMAIN positive_span AS interval CHECK (VALUE > '0');
+CREATE TABLE t (id int UNIQUE, k time PRIMARY KEY, {columns}{extra})"""
+
+
+async def test_postgres_to_postgres_copies_every_column_type(postgres: Postgres) -> None:
+    """A PostgreSQL table with a ``time``, ``interval``, ``bit``, range, geometric or array column,
+    or an infinite timestamp, failed every change as a poison event: asyncpg's binary codecs
+    want particular Python values, and the source hands on the server's text (and arrays as
+    lists, which the sink sent as JSON). The target now reads each such value as text; every
+    row, update and delete arrives equal, ``time`` key moves and deletes by it included."""
+    columns, names = ", ".join(f"{n} {t}" for n, t, _, _ in EVERY_TYPE), ", ".join(v[0] for v in EVERY_TYPE)
+    source_db = await target(postgres, TYPES_DDL.format(columns=columns, extra=""))
+    target_db = await target(postgres, TYPES_DDL.format(columns=columns, extra=", _df_position text"))
+    values = [(", ".join(v[2] for v in EVERY_TYPE)), (", ".join(v[3] for v in EVERY_TYPE))]
+    source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                             "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
+    async with running(into_target("types", source, postgres.dsn(target_db))) as runner:
+        conn = await asyncpg.connect(postgres.dsn(source_db))
+        await conn.execute(f"INSERT INTO t VALUES (1, '01:00', {values[0]}), (2, '02:00', {values[1]})")
+        await conn.execute("INSERT INTO t (id, k) VALUES (3, '03:00'), (4, '04:00')")  # every column NULL
+        await conn.execute(f"UPDATE t SET ({names}) = (SELECT {names} FROM t WHERE id = 1) WHERE id = 3")
+        await conn.execute("UPDATE t SET k = '05:00:00.25', iv = '1 minute' WHERE id = 2")  # the key moves
+        await conn.execute("DELETE FROM t WHERE id = 4")
+        await conn.close()
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 7, timeout=30, what="all applied")
+        assert runner.failure is None
+    # as text, PostgreSQL's own: exact, and NaN equals NaN
+    query = f"SELECT id, k, {', '.join(f'{n}::text' for n, _, _, _ in EVERY_TYPE)} FROM t ORDER BY id"
+    want, got = await rows(postgres.dsn(source_db), query), await rows(postgres.dsn(target_db), query)
+    assert [r[:2] for r in got] == [(1, time(1)), (2, time(5, 0, 0, 250_000)), (3, time(3))]
+    assert got == want
+    assert got[0][-2:] == want[2][-2:] != (None, None)
+
+
+async def test_mysql_times_bits_and_documents_reach_postgres_columns_of_their_types(
+    postgres: Postgres, mariadb: MariaDB
+) -> None:
+    """MariaDB → PostgreSQL: a TIME (a timedelta, negative and past a day too) reaches ``time``
+    and ``interval`` columns (it was a poison event), a JSON document a ``jsonb`` and a ``text``
+    column, a BLOB a ``bytea``."""
+    db = fresh_mysql_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, tm TIME(6), iv TIME, doc JSON, txt JSON, b BLOB)")
+    target_db = await target(
+        postgres,
+        "CREATE TABLE t (id int PRIMARY KEY, tm time, iv interval, doc jsonb, txt text, b bytea, _df_position text)",
+    )
+    source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
+    async with running(into_target("my2pg", source, postgres.dsn(target_db), table="t")) as runner:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute(
+                """INSERT INTO t VALUES (1, '23:59:59.999999', '-838:59:59', '{"a": [1, "x"]}', '[true]', x'00ff'),
+                (2, '00:00:00', '25:00:01', 'null', '{}', '')"""
+            )
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="both applied")
+        assert runner.failure is None
+    got = await rows(postgres.dsn(target_db), "SELECT id, tm, iv::text, doc, txt, b FROM t ORDER BY id")
+    assert got == [
+        (1, time(23, 59, 59, 999_999), "-838:59:59", '{"a": [1, "x"]}', "[true]", b"\x00\xff"),
+        (2, time(0), "25:00:01", "null", "{}", b""),
+    ]
+
+
+async def test_a_target_column_altered_while_running_is_read_again(postgres: Postgres) -> None:
+    """The sink reads its target's column types once; the target altered under it refuses a
+    batch, and the next attempt reads them again instead of failing the same way forever."""
+    db = await target(postgres, "CREATE TABLE t (id int PRIMARY KEY, seq int, tags text, _df_position text)")
+    sink = PostgresSink(parse_pipeline(pg_doc(postgres.dsn(db)), env={}).sinks[0])
+    await sink.open()
+    first = make_event(1)
+    assert first.after is not None
+    await sink.deliver([replace(first, after={**first.after, "tags": "a"})])
+    admin = await asyncpg.connect(postgres.dsn(db))
+    await admin.execute("ALTER TABLE t ALTER tags TYPE text[] USING ARRAY[tags]")
+    await admin.close()
+    change = make_event(98)  # id 1 again, newer
+    assert change.after is not None
+    change = replace(change, after={**change.after, "tags": ["a", "b c"]})
+    # made for the column it knew, the list went as JSON text: refused by asyncpg's text[] codec
+    # or, when the statement was prepared before the ALTER, by the server
+    with pytest.raises((PoisonEvent, RetryableSinkError), match=r"DataError|DatatypeMismatchError"):
+        await sink.deliver([change])
+    await sink.deliver([change])
+    await sink.close()
+    assert await rows(postgres.dsn(db), "SELECT id, seq, tags FROM t") == [(1, 98, ["a", "b c"])]

@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import asyncpg
-import orjson
 from pydantic import BeforeValidator, Field
 
 from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
+from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -55,14 +55,6 @@ def _unchanged_toast(v: Any) -> bool:
         and len(v) == 1
         and (v.get("__unchanged_toast__") is True or v.get("__not_logged__") is True)
     )
-
-
-def _value(v: Any) -> Any:
-    if isinstance(v, dict | list):
-        return orjson.dumps(v).decode()  # json/jsonb parameters travel as text
-    if isinstance(v, set | frozenset):
-        return ",".join(sorted(v))
-    return v
 
 
 def _key_columns(value: object) -> list[str]:
@@ -103,6 +95,9 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         self.position_column = cfg.position_column
         self._conn: asyncpg.Connection | None = None
         self._sql: dict[tuple[Any, ...], str] = {}
+        # Each target table's columns and how they take values (pgtypes), read once per table;
+        # forgotten when the target refuses a batch, so an ALTER of the target is read again.
+        self._forms: dict[str, dict[str, ColumnForm]] = {}
 
     async def open(self) -> None:
         try:
@@ -137,12 +132,23 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             )
         return keys
 
+    def _mark(self, table: str, column: str, i: int) -> str:
+        """Parameter ``i`` as the column takes it: natively, or as text cast to its type."""
+        cast = self._forms.get(table, {}).get(column, NATIVE_FORM).cast
+        return f"${i}" if cast is None else f"${i}::text::{cast}"
+
+    def _args(self, table: str, columns: tuple[str, ...], row: dict[str, Any]) -> tuple[Any, ...]:
+        forms = self._forms.get(table, {})
+        return tuple(forms.get(c, NATIVE_FORM).adapt(row.get(c)) for c in columns)
+
     def _upsert_sql(self, table: str, columns: tuple[str, ...], keys: tuple[str, ...]) -> str:
         key = ("u", table, columns, keys)
         sql = self._sql.get(key)
         if sql is None:
             cols = [*columns, self.position_column] if self.if_newer else list(columns)
-            marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
+            marks = ", ".join(
+                self._mark(table, c, i) if c in columns else f"${i}" for i, c in enumerate(cols, 1)
+            )
             updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in cols if c not in keys)
             action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             sql = (
@@ -159,7 +165,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         key = ("d", table, keys)
         sql = self._sql.get(key)
         if sql is None:
-            where = " AND ".join(f"{_q(k)} = ${i}" for i, k in enumerate(keys, 1))
+            where = " AND ".join(f"{_q(k)} = {self._mark(table, k, i)}" for i, k in enumerate(keys, 1))
             if self.if_newer:
                 pc = _q(self.position_column)
                 where += f" AND ({pc} IS NULL OR {pc} < ${len(keys) + 1})"
@@ -182,21 +188,35 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             out.append(self._delete(table, keys, before, pos))  # the key changed: the old row goes
         # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it alone.
         columns = tuple(c for c in row if not _unchanged_toast(row[c]))
-        args = tuple(_value(row[c]) for c in columns)
+        args = self._args(table, columns, row)
         out.append((self._upsert_sql(table, columns, keys), (*args, pos) if self.if_newer else args))
         return out
 
     def _delete(
         self, table: str, keys: tuple[str, ...], row: dict[str, Any], pos: str
     ) -> tuple[str, tuple[Any, ...]]:
-        args = tuple(_value(row.get(k)) for k in keys)
+        args = self._args(table, keys, row)
         return self._delete_sql(table, keys), (*args, pos) if self.if_newer else args
+
+    async def _learn(self, conn: asyncpg.Connection, events: list[Event]) -> None:
+        """The column types of every target table of ``events`` not read yet."""
+        for table in {self.table_of(e) for e in events} - self._forms.keys():
+            try:
+                self._forms[table] = await column_forms(conn, _table(table))
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                await self.close()
+                raise RetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
+
+    def _forget(self) -> None:
+        self._forms.clear()
+        self._sql.clear()
 
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._conn is None or self._conn.is_closed():
             await self.open()
         conn = self._conn
         assert conn is not None
+        await self._learn(conn, events)
         # Consecutive changes with the same statement go out together (executemany pipelines them);
         # order is kept because runs are cut whenever the statement changes.
         runs: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -214,9 +234,12 @@ class PostgresSink(Sink[PostgresSinkConfig]):
                     else:
                         await conn.executemany(sql, rows)
         except _REFUSED as exc:
+            self._forget()  # the target may have been altered: its types are read again first
             raise PoisonEvent(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}", "rejected") from None
         except _PERMANENT as exc:
+            self._forget()
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            self._forget()
             await self.close()
             raise RetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,133 @@
+"""How a change's value reaches a PostgreSQL target column: as asyncpg's binary codec takes it,
+or as the type's text, cast by the target.
+
+asyncpg encodes each parameter with the binary codec of the type the server infers for it, and
+those codecs want particular Python values: a ``time`` column a ``datetime.time``, an
+``interval`` a ``timedelta``, an array a list of values of its element type, a range an
+``asyncpg.Range``. The sources hand on what they read: the PostgreSQL source gives every type
+it does not parse as the server's own text (``'12:30:01.5'``, ``'[1,5)'``, ``'B101'``), arrays
+as lists, and ``'infinity'`` for an infinite timestamp; MySQL gives a ``TIME`` as a
+``timedelta``. So every such column failed the whole change as a poison event: a PostgreSQL
+table with a ``time`` or a ``text[]`` column could not be copied to PostgreSQL at all.
+
+The sink reads its target table's column types once (:func:`column_forms`) and sends a column
+of any type outside :data:`NATIVE` as text, ``$n::text::<type>``, written by :func:`pg_text`
+(PostgreSQL's own text is passed on as it is, so it round-trips exactly); the types asyncpg
+takes natively stay binary. An infinite date or timestamp becomes asyncpg's infinity.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import asyncpg
+import orjson
+
+from deltaforge.envelopes import json_default
+
+NATIVE = frozenset(
+    {
+        "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "text", "varchar", "bpchar",
+        "name", "bytea", "json", "jsonb", "uuid", "inet", "cidr", "macaddr", "macaddr8", "money",
+        "xml", "tsvector", "tsquery", "date", "timestamp", "timestamptz",
+    }
+)  # fmt: skip
+"""Base types whose values, as the sources give them, asyncpg encodes as they are (a str where
+asyncpg has no binary codec for the type: it then sends the text itself). Enums too. Not
+``"char"``, whose codec takes bytes (the PostgreSQL source gives its text)."""
+
+
+def plain(value: Any) -> Any:
+    """A value for a column asyncpg encodes natively: a document (dict, list) as its JSON text,
+    as json/jsonb parameters travel; a Python set (what MySQL SETs once were) as MySQL's text."""
+    if isinstance(value, dict | list):
+        return orjson.dumps(value, default=json_default).decode()
+    if isinstance(value, set | frozenset):
+        return ",".join(sorted(value))
+    return value
+
+
+# asyncpg's own infinities (asyncpg/pgproto codecs/datetime.pyx): the values it encodes as them
+_INFINITE: dict[str, dict[str, Any]] = {
+    "date": {"infinity": dt.date.max, "-infinity": dt.date.min},
+    "timestamp": {"infinity": dt.datetime.max, "-infinity": dt.datetime.min},
+    "timestamptz": {"infinity": dt.datetime.max, "-infinity": dt.datetime.min},
+}
+
+
+def _instant(infinite: dict[str, Any]) -> Callable[[Any], Any]:
+    def adapt(value: Any) -> Any:
+        return infinite.get(value, value) if isinstance(value, str) else value
+
+    return adapt
+
+
+def pg_text(value: Any) -> str | None:
+    """``value`` as PostgreSQL's input text: a str as it is (the PostgreSQL source's values of
+    types it does not parse are the server's own text), a list as an array literal (elements
+    quoted, NULL for None, nested lists as nested arrays), bytes as ``\\x`` hex, a document as
+    JSON, a timedelta as a time of day or interval, a date or time in ISO form."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, list | tuple):
+        return "{" + ",".join(_element(v) for v in value) + "}"
+    if isinstance(value, dict):
+        return orjson.dumps(value, default=json_default).decode()
+    if isinstance(value, dt.timedelta):
+        return str(json_default(value))  # [-]H:MM:SS[.ffffff], which time and interval read
+    if isinstance(value, dt.date | dt.time):  # a datetime is a date
+        return value.isoformat()
+    if isinstance(value, set | frozenset):
+        return ",".join(sorted(value))
+    return str(value)  # int, float (inf, nan read back), Decimal
+
+
+def _element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, list | tuple):
+        return pg_text(value) or "{}"
+    text = pg_text(value) or ""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class ColumnForm(NamedTuple):
+    """How one target column takes its values: ``cast`` the SQL type its parameter is cast to
+    from text (None: sent natively), ``adapt`` what makes the parameter of a change's value."""
+
+    cast: str | None
+    adapt: Callable[[Any], Any]
+
+
+NATIVE_FORM = ColumnForm(None, plain)
+"""A column whose type is not known (the table is not there yet: the statement then fails
+as it did before the sink knew types)."""
+
+_COLUMNS = """
+SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, b.typname AS base, b.typtype = 'e' AS enum
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+async def column_forms(conn: asyncpg.Connection, table: str) -> dict[str, ColumnForm]:
+    """Each column of ``table`` (a quoted, maybe schema-qualified name) and its form; empty when
+    the table does not exist."""
+    forms: dict[str, ColumnForm] = {}
+    for r in await conn.fetch(_COLUMNS, table):
+        base = str(r["base"])
+        if base in _INFINITE:
+            forms[r["name"]] = ColumnForm(None, _instant(_INFINITE[base]))
+        elif base in NATIVE or r["enum"]:  # an enum takes its label
+            forms[r["name"]] = NATIVE_FORM
+        else:
+            forms[r["name"]] = ColumnForm(str(r["type"]), pg_text)
+    return forms
