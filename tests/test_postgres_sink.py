@@ -293,7 +293,7 @@ EVERY_TYPE = [
     ("d", "date", "'-infinity'", "'infinity'"), ("ch", "\"char\"", "'x'", "'y'"), ("mn", "money", "'12.34'", "'-0.01'"),
     ("u", "uuid", "'6ccd780c-baba-1026-9564-5b8c656024db'", "'00000000-0000-0000-0000-000000000000'"),
     ("ip", "inet", "'10.0.0.1/8'", "'::1'"), ("jb", "jsonb", "'{\"a\": [1, 2]}'", "'[]'"), ("by", "bytea", "'\\x00ff'", "''"),
-    ("nn", "numeric", "'NaN'", "'-1.50'"), ("fl", "float8", "'-Infinity'", "'1e-300'"), ("e", "mood", "'ok'", "'bad'"),
+    ("nn", "numeric", "'NaN'", "'-1.50'"), ("fl", "float8", "'-Infinity'", "'1e-300'"), ("f4", "real", "'NaN'", "'Infinity'"), ("e", "mood", "'ok'", "'bad'"),
     ("dm", "positive_span", "'2 hours'", "'1 second'"),
 ]  # fmt: skip
 TYPES_DDL = """CREATE TYPE mood AS ENUM ('ok', 'bad');

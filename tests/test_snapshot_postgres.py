@@ -14,6 +14,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 import psycopg
 import pytest
 import yaml
@@ -508,7 +509,7 @@ def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(post
 
 MORE_TYPES = """CREATE TABLE more (id int PRIMARY KEY, r real, ra real[], sm smallint, mo money, iv interval,
     tm time, ttz timetz, n numeric, nn numeric, c char(5), ca char(3)[], bt bit(4), vb varbit, ip inet,
-    cd cidr, mac macaddr, x xml, pt point, ts timestamp, tstz timestamptz, d date, o oid)"""
+    cd cidr, mac macaddr, x xml, pt point, ts timestamp, tstz timestamptz, d date, o oid, f float8, fa float8[])"""
 
 
 def test_a_snapshot_row_of_any_other_type_carries_what_a_change_carries(postgres: Postgres) -> None:
@@ -523,9 +524,9 @@ def test_a_snapshot_row_of_any_other_type_carries_what_a_change_carries(postgres
             "more",
             "INSERT INTO more VALUES (1, 1.1, '{1.1,16777215}', 7, 12.34, '1 day 02:03:04.5', '01:02:03.25', "
             "'01:02:03+02', 'NaN', 'Infinity', 'ab', '{x,yz}', B'1010', B'101', '10.0.0.1/8', '10.0.0.0/8', "
-            "'08:00:2b:01:02:03', '<a/>', '(1,2)', 'infinity', '-infinity', 'infinity', 42)",
-            "INSERT INTO more (id, r, n, nn, c, ts, tstz, d) VALUES (2, 123456.79, 1.50, '-Infinity', "
-            "'abcde', '2024-01-02 03:04:05', '2024-01-02 03:04:05+00', '0044-03-15 BC')",
+            "'08:00:2b:01:02:03', '<a/>', '(1,2)', 'infinity', '-infinity', 'infinity', 42, 'NaN', '{Infinity,-1.5}')",
+            "INSERT INTO more (id, r, n, nn, c, ts, tstz, d, f) VALUES (2, 123456.79, 1.50, '-Infinity', "
+            "'abcde', '2024-01-02 03:04:05', '2024-01-02 03:04:05+00', '0044-03-15 BC', '-Infinity')",
             "INSERT INTO more (id) VALUES (3)",
         )
     )
@@ -533,3 +534,11 @@ def test_a_snapshot_row_of_any_other_type_carries_what_a_change_carries(postgres
         {k: repr(v) for k, v in r.items()} for r in changes
     ]
     assert (rows[0]["c"], rows[1]["c"], rows[2]["c"]) == ("ab   ", "abcde", None)
+    # JSON has no NaN or infinity (orjson wrote null, a false NULL): PostgreSQL's text, both ways
+    assert (rows[0]["f"], rows[0]["fa"], rows[1]["f"], rows[2]["f"]) == (
+        "NaN",
+        ["Infinity", -1.5],
+        "-Infinity",
+        None,
+    )
+    assert orjson.dumps(changes[0]["f"]) == b'"NaN"' and orjson.dumps(rows[0]["r"]) == b"1.1"

@@ -13,7 +13,8 @@ table with a ``time`` or a ``text[]`` column could not be copied to PostgreSQL a
 The sink reads its target table's column types once (:func:`column_forms`) and sends a column
 of any type outside :data:`NATIVE` as text, ``$n::text::<type>``, written by :func:`pg_text`
 (PostgreSQL's own text is passed on as it is, so it round-trips exactly); the types asyncpg
-takes natively stay binary. An infinite date or timestamp becomes asyncpg's infinity.
+takes natively stay binary. An infinite date or timestamp becomes asyncpg's infinity, a real's
+NaN or infinity (the source's text) a float.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ _INFINITE: dict[str, dict[str, Any]] = {
     "timestamp": {"infinity": dt.datetime.max, "-infinity": dt.datetime.min},
     "timestamptz": {"infinity": dt.datetime.max, "-infinity": dt.datetime.min},
 }
+
+
+def _real(value: Any) -> Any:
+    """A real or double: the PostgreSQL source gives NaN and the infinities as their text."""
+    return float(value) if isinstance(value, str) else value
 
 
 def _instant(infinite: dict[str, Any]) -> Callable[[Any], Any]:
@@ -124,7 +130,9 @@ async def column_forms(conn: asyncpg.Connection, table: str) -> dict[str, Column
     forms: dict[str, ColumnForm] = {}
     for r in await conn.fetch(_COLUMNS, table):
         base = str(r["base"])
-        if base in _INFINITE:
+        if base in ("float4", "float8"):
+            forms[r["name"]] = ColumnForm(None, _real)
+        elif base in _INFINITE:
             forms[r["name"]] = ColumnForm(None, _instant(_INFINITE[base]))
         elif base in NATIVE or r["enum"]:  # an enum takes its label
             forms[r["name"]] = NATIVE_FORM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -52,8 +53,13 @@ def _date(s: str) -> dt.date | str:
     return s if _beyond_python(s) else dt.date.fromisoformat(s)
 
 
-def _float(s: str) -> float:
-    return float(s)
+def _float(s: str) -> float | str:
+    """A real or double. NaN and the infinities stay PostgreSQL's text (``'NaN'``, ``'Infinity'``,
+    ``'-Infinity'``): JSON has no number for them, and orjson writes them as null, which a
+    consumer cannot tell from SQL NULL. A numeric's are text in JSON too (its Decimal is written
+    as its text), and Debezium's JSON spells them the same."""
+    value = float(s)
+    return value if math.isfinite(value) else s
 
 
 def _numeric(s: str) -> Decimal | str:
