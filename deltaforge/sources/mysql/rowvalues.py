@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from deltaforge.sources.mysql.mariadbtypes import AS_TEXT
@@ -110,6 +110,10 @@ class Retyped:
       ``x'ff000000'`` came out as ``b'\xff'``. Now padded back to n bytes;
     * BIT(n): a string of ``0`` and ``1``; now the bytes the server gives (``b'101'``: ``b'\x05'``);
     * YEAR: the year 0000 (what an invalid year becomes) came out as 1900; now 0;
+    * TIME(n) below zero with a fraction: MySQL stores it as one two's complement of the whole
+      value, fraction included, and the library takes the complement of the seconds alone:
+      ``-00:00:01.25`` came out as ``-00:00:01.75`` (its whole seconds are right, its fraction is
+      the complement's). Now the fraction is the stored one: ``1 - f``;
     * MariaDB's UUID, INET4 and INET6 (``texts``: the columns the catalogue says are of them,
       which the table map gives as BINARY(n)): their stored bytes; now their text
       (``mariadbtypes``).
@@ -127,14 +131,17 @@ class Retyped:
         )  # fmt: skip
         self.bits = tuple((c.name, int(c.bytes)) for c in columns if c.type == _BIT)
         self.years = tuple(c.name for c in columns if c.type == _YEAR)
+        self.times = tuple(c.name for c in columns if c.type == _TIME2 and getattr(c, "fsp", 0))
         self.texts = tuple((name, AS_TEXT[kind]) for name, kind in texts.items())
 
     def __bool__(self) -> bool:
-        return bool(self.floats or self.sets or self.padded or self.bits or self.years or self.texts)
+        return bool(
+            self.floats or self.sets or self.padded or self.bits or self.years or self.times or self.texts
+        )
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         floats, sets, padded, bits, years = self.floats, self.sets, self.padded, self.bits, self.years
-        texts = self.texts
+        times, texts = self.times, self.texts
         for row in rows:
             for image, nones in _images(row):
                 if image is None:
@@ -160,13 +167,17 @@ class Retyped:
                 for name in years:
                     if image.get(name) == 1900:  # stored as 0 (1901-2155 are 1-255)
                         image[name] = 0
+                for name in times:
+                    value = image.get(name)
+                    if isinstance(value, timedelta) and value.days < 0 and value.microseconds:
+                        image[name] = timedelta(value.days, value.seconds, 1_000_000 - value.microseconds)
                 for name, text in texts:
                     value = image.get(name)
                     if isinstance(value, bytes):
                         image[name] = text(value)
 
 
-_FLOAT, _YEAR, _BIT, _SET, _STRING = 4, 13, 16, 248, 254  # pymysqlreplication FIELD_TYPE codes
+_FLOAT, _YEAR, _TIME2, _BIT, _SET, _STRING = 4, 13, 19, 16, 248, 254  # pymysqlreplication FIELD_TYPE codes
 _EMPTY_SET = "empty set"  # pymysqlreplication.constants.NONE_SOURCE.EMPTY_SET
 
 
