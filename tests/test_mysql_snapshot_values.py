@@ -277,3 +277,58 @@ async def test_a_negative_time_with_a_fraction_is_the_time_stored(mariadb: Maria
         timedelta(microseconds=-500_000),
         timedelta(seconds=-1, microseconds=-250_000),
     ]
+
+
+CHARSETS = """CREATE TABLE t (id INT PRIMARY KEY, l1 TEXT CHARACTER SET latin1, u16 VARCHAR(40) CHARACTER SET utf16,
+    u16le VARCHAR(40) CHARACTER SET utf16le, u32 VARCHAR(40) CHARACTER SET utf32, uc2 VARCHAR(40) CHARACTER SET ucs2,
+    cy VARCHAR(40) CHARACTER SET cp1251, gb VARCHAR(40) CHARACTER SET gbk, sj VARCHAR(40) CHARACTER SET sjis,
+    k8 VARCHAR(40) CHARACTER SET koi8r, l2 VARCHAR(40) CHARACTER SET latin2, el VARCHAR(40) CHARACTER SET greek,
+    u3 VARCHAR(40) CHARACTER SET utf8mb3, e1 ENUM('café', 'b') CHARACTER SET latin1, s1 SET('é', 'x') CHARACTER SET latin1,
+    ec ENUM('ж', 'y') CHARACTER SET cp1251, e8 ENUM('ü✓', '😀') CHARACTER SET utf8mb4)"""
+
+
+async def test_text_in_any_character_set_is_the_text_stored(mariadb: MariaDB) -> None:
+    """python-mysql-replication named MySQL's character sets as Python codecs: utf16, utf32 and
+    ucs2 read little-endian (MySQL's are big-endian: mojibake, or the stream stopped), ucs2 and
+    utf16le as bytes, latin1 as Python's cp1252, which refuses the five bytes MySQL maps to
+    control characters (common where latin1 columns hold UTF-8 bytes: the stream stopped), and
+    ENUM and SET members outside UTF-8 as ``''``. Every value now comes the same both ways; the
+    latin1 column holds every byte from 0x80 up."""
+    db = prepare(mariadb, CHARSETS, [])
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    texts = ["😀 ok", "😀 ok", "😀 ok", "ü ok", "привет", "中文", "ｱｲ", "привет", "žluť", "λόγος", "ü✓"]
+    with mariadb.root(db) as c, c.cursor() as cur:
+        high = bytes(range(0x80, 0x100)).hex()
+        cur.execute(
+            f"INSERT INTO t VALUES (1, _latin1 x'{high}', {', '.join(['%s'] * 11)}, 'café', 'é,x', 'ж', '😀')",
+            texts,
+        )
+        cur.execute(
+            f"INSERT INTO t VALUES (2, _latin1 x'c381c39d', {', '.join(['%s'] * 11)}, 'b', '', 'y', 'ü✓')",
+            ["a"] * 11,
+        )
+        cur.execute("UPDATE t SET u32 = 'x😀y', e1 = 'café' WHERE id = 2")
+    events = await read_n(src, 3)
+    await src.close()
+    by_json, plain = await snapshot_both_ways(mariadb, db)
+    final = {e.after["id"]: e.after for e in events if e.after is not None}
+    assert events[2].before is not None and events[2].before["e1"] == "b"
+    assert as_json([final[r["id"]] for r in plain]) == as_json(plain) == as_json(by_json)
+    # MySQL's latin1 is Windows-1252 with its five unassigned bytes as the C1 controls they number
+    high = plain[0]["l1"]
+    assert (len(high), high[0], [high[b - 0x80] for b in (0x81, 0x8D, 0x8F, 0x90, 0x9D)]) == (
+        128,
+        "€",
+        ["\x81", "\x8d", "\x8f", "\x90", "\x9d"],
+    )
+    assert [plain[0][k] for k in ("u16", "uc2", "cy", "e1", "s1", "ec", "e8")] == [
+        "😀 ok",
+        "ü ok",
+        "привет",
+        "café",
+        "é,x",
+        "ж",
+        "😀",
+    ]
+    assert (plain[1]["l1"], plain[1]["u32"]) == ("Ã\x81Ã\x9d", "x😀y")

@@ -18,6 +18,7 @@ from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent
 
+from deltaforge.sources.mysql.charsets import encoding
 from deltaforge.sources.mysql.rowvalues import KEY_ORDER
 
 LIMIT = 4096
@@ -28,6 +29,41 @@ _OWN = frozenset(
     {"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths", "_ctl_connection",
      "mysql_version", "_ignore_decode_errors", "_verify_checksum", "_is_event_valid", "_processed", "complete"}
 )  # fmt: skip
+
+
+def _member_bytes(self: TableMapEvent, length: int) -> list[list[bytes]] | None:
+    """The library's ``_read_type_values`` (the ENUM and SET members of the optional metadata),
+    keeping each member's bytes: it decoded them as UTF-8 and made a member it could not decode
+    ``""``, so in a latin1 or cp1251 column ``'café'`` and ``'ж'`` came out as ``''``. They
+    are in the column's character set, which comes later in the metadata: see :func:`_members`."""
+    packet = self.packet
+    until = packet.read_bytes + length
+    if packet.read_bytes >= until:
+        return None
+    lists: list[list[bytes]] = []
+    while packet.read_bytes < until:
+        count = packet.read_length_coded_binary()
+        lists.append([packet.read_variable_length_string() for _ in range(count)])
+    return lists
+
+
+def _text(member: Any, charset: str) -> Any:
+    if not isinstance(member, bytes):
+        return member  # the empty ENUM value the library puts first
+    try:
+        return member.decode(encoding(charset))
+    except LookupError:  # a character set Python has no codec for: bytes, as its strings are
+        return member
+
+
+def _members(event: TableMapEvent) -> None:
+    """ENUM and SET members as text, in their column's character set (see :func:`_member_bytes`)."""
+    for c in event.columns:
+        charset = getattr(c, "character_set_name", None) or "utf8"
+        if c.enum_values:
+            c.enum_values = [_text(m, charset) for m in c.enum_values]
+        if c.set_values:
+            c.set_values = [_text(m, charset) for m in c.set_values]
 
 
 def _key_order(event: TableMapEvent) -> tuple[str, ...]:
@@ -46,6 +82,7 @@ class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no 
     """
 
     parsed: dict[bytes, dict[str, Any]] = {}
+    _read_type_values = _member_bytes
 
     def __init__(
         self, from_packet: Any, event_size: int, table_map: dict[int, Any], ctl: Any, **kw: Any
@@ -56,6 +93,7 @@ class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no 
         if known is None:
             super().__init__(from_packet, event_size, table_map, ctl, **kw)
             if self._processed:
+                _members(self)
                 setattr(self.table_obj, KEY_ORDER, _key_order(self))
             if self._processed and self.optional_metadata.column_name_list:
                 if len(self.parsed) >= LIMIT:
