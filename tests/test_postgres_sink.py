@@ -336,28 +336,38 @@ async def test_mysql_times_bits_and_documents_reach_postgres_columns_of_their_ty
 ) -> None:
     """MariaDB → PostgreSQL: a TIME (a timedelta, negative and past a day too) reaches ``time``
     and ``interval`` columns (it was a poison event), a JSON document a ``jsonb`` and a ``text``
-    column, a BLOB a ``bytea``."""
+    column, a BLOB a ``bytea``; MySQL has no boolean, so a TINYINT(1) or BIT(1) holding 0 or 1
+    reaches a ``boolean`` (it was a poison event), a BIT(n) a ``bit(n)`` or ``varbit``."""
     db = fresh_mysql_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, tm TIME(6), iv TIME, doc JSON, txt JSON, b BLOB)")
+        cur.execute(
+            "CREATE TABLE t (id INT PRIMARY KEY, tm TIME(6), iv TIME, doc JSON, txt JSON, b BLOB, "
+            "flag TINYINT(1), bit1 BIT(1), b5 BIT(5), b12 BIT(12))"
+        )
     target_db = await target(
         postgres,
-        "CREATE TABLE t (id int PRIMARY KEY, tm time, iv interval, doc jsonb, txt text, b bytea, _df_position text)",
+        "CREATE TABLE t (id int PRIMARY KEY, tm time, iv interval, doc jsonb, txt text, b bytea, flag boolean, "
+        "bit1 boolean, b5 bit(5), b12 varbit, _df_position text)",
     )
     source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
     async with running(into_target("my2pg", source, postgres.dsn(target_db), table="t")) as runner:
         with mariadb.root(db) as c, c.cursor() as cur:
             cur.execute(
-                """INSERT INTO t VALUES (1, '23:59:59.999999', '-838:59:59', '{"a": [1, "x"]}', '[true]', x'00ff'),
-                (2, '00:00:00', '25:00:01', 'null', '{}', '')"""
+                """INSERT INTO t VALUES
+                (1, '23:59:59.999999', '-838:59:59', '{"a": [1, "x"]}', '[true]', x'00ff', 1, b'1', b'10110', b'100000000001'),
+                (2, '00:00:00', '25:00:01', 'null', '{}', '', 0, b'0', b'00000', b'0')"""
             )
         await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="both applied")
         assert runner.failure is None
-    got = await rows(postgres.dsn(target_db), "SELECT id, tm, iv::text, doc, txt, b FROM t ORDER BY id")
+    got = await rows(
+        postgres.dsn(target_db),
+        "SELECT id, tm, iv::text, doc, txt, b, flag, bit1, b5::text, b12::text FROM t ORDER BY id",
+    )
     assert got == [
-        (1, time(23, 59, 59, 999_999), "-838:59:59", '{"a": [1, "x"]}', "[true]", b"\x00\xff"),
-        (2, time(0), "25:00:01", "null", "{}", b""),
-    ]
+        (1, time(23, 59, 59, 999_999), "-838:59:59", '{"a": [1, "x"]}', "[true]", b"\x00\xff", True, True, "10110",
+         "0000100000000001"),
+        (2, time(0), "25:00:01", "null", "{}", b"", False, False, "00000", "0000000000000000"),
+    ]  # fmt: skip
 
 
 async def test_a_target_column_altered_while_running_is_read_again(postgres: Postgres) -> None:

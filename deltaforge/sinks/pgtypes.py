@@ -63,6 +63,29 @@ def _real(value: Any) -> Any:
     return float(value) if isinstance(value, str) else value
 
 
+def _bool(value: Any) -> Any:
+    """A boolean: MySQL has none, so a TINYINT(1) (an int) or a BIT(1) (a byte) holding 0 or 1
+    is taken as false or true; any other value is left for asyncpg to refuse."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, bytes) and value in (b"\x00", b"\x01"):
+        return value == b"\x01"
+    return value
+
+
+def _bits(width: int) -> Callable[[Any], Any]:
+    """A ``bit(width)`` (``varbit``: width 0) column's text: MySQL's BIT(n) arrives as the bytes
+    that hold its bits, right-aligned, which become as many bits as the column has (a varbit
+    takes all the bytes' bits); PostgreSQL's own bit text is passed on."""
+
+    def adapt(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return format(int.from_bytes(value, "big"), f"0{width or len(value) * 8}b")
+        return pg_text(value)
+
+    return adapt
+
+
 def _instant(infinite: dict[str, Any]) -> Callable[[Any], Any]:
     def adapt(value: Any) -> Any:
         return infinite.get(value, value) if isinstance(value, str) else value
@@ -116,7 +139,8 @@ NATIVE_FORM = ColumnForm(None, plain)
 as it did before the sink knew types)."""
 
 _COLUMNS = """
-SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, b.typname AS base, b.typtype = 'e' AS enum
+SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, b.typname AS base, b.typtype = 'e' AS enum,
+       a.atttypmod AS mod
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
@@ -132,6 +156,12 @@ async def column_forms(conn: asyncpg.Connection, table: str) -> dict[str, Column
         base = str(r["base"])
         if base in ("float4", "float8"):
             forms[r["name"]] = ColumnForm(None, _real)
+        elif base == "bool":
+            forms[r["name"]] = ColumnForm(None, _bool)
+        elif base in ("bit", "varbit"):
+            forms[r["name"]] = ColumnForm(
+                str(r["type"]), _bits(max(int(r["mod"]), 0) if base == "bit" else 0)
+            )
         elif base in _INFINITE:
             forms[r["name"]] = ColumnForm(None, _instant(_INFINITE[base]))
         elif base in NATIVE or r["enum"]:  # an enum takes its label
