@@ -59,8 +59,14 @@ _INFINITE: dict[str, dict[str, Any]] = {
 
 
 def _real(value: Any) -> Any:
-    """A real or double: the PostgreSQL source gives NaN and the infinities as their text."""
-    return float(value) if isinstance(value, str) else value
+    """A real or double: the PostgreSQL source gives NaN and the infinities as their text (any
+    other text is left for asyncpg to refuse)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _bool(value: Any) -> Any:

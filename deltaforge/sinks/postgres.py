@@ -96,7 +96,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         self._conn: asyncpg.Connection | None = None
         self._sql: dict[tuple[Any, ...], str] = {}
         # Each target table's columns and how they take values (pgtypes), read once per table;
-        # forgotten when the target refuses a batch, so an ALTER of the target is read again.
+        # forgotten whenever a batch fails, so an ALTER of the target is read again.
         self._forms: dict[str, dict[str, ColumnForm]] = {}
 
     async def open(self) -> None:
@@ -201,11 +201,19 @@ class PostgresSink(Sink[PostgresSinkConfig]):
     async def _learn(self, conn: asyncpg.Connection, events: list[Event]) -> None:
         """The column types of every target table of ``events`` not read yet."""
         for table in {self.table_of(e) for e in events} - self._forms.keys():
-            try:
-                self._forms[table] = await column_forms(conn, _table(table))
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                await self.close()
-                raise RetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
+            self._forms[table] = await column_forms(conn, _table(table))
+
+    def _runs(self, events: list[Event]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        """Consecutive changes with the same statement go out together (executemany pipelines
+        them); order is kept because runs are cut whenever the statement changes."""
+        runs: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for e in events:
+            for sql, args in self._statements(e):
+                if runs and runs[-1][0] == sql and args:
+                    runs[-1][1].append(args)
+                else:
+                    runs.append((sql, [args]))
+        return runs
 
     def _forget(self) -> None:
         self._forms.clear()
@@ -216,17 +224,9 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             await self.open()
         conn = self._conn
         assert conn is not None
-        await self._learn(conn, events)
-        # Consecutive changes with the same statement go out together (executemany pipelines them);
-        # order is kept because runs are cut whenever the statement changes.
-        runs: list[tuple[str, list[tuple[Any, ...]]]] = []
-        for e in events:
-            for sql, args in self._statements(e):
-                if runs and runs[-1][0] == sql and args:
-                    runs[-1][1].append(args)
-                else:
-                    runs.append((sql, [args]))
         try:
+            await self._learn(conn, events)
+            runs = self._runs(events)
             async with conn.transaction():
                 for sql, rows in runs:
                     if rows == [()]:
