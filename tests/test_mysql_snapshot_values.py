@@ -10,7 +10,7 @@ import ipaddress
 import random
 import struct
 import uuid
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 
 import orjson
 from hypothesis import given
@@ -332,3 +332,33 @@ async def test_text_in_any_character_set_is_the_text_stored(mariadb: MariaDB) ->
         "😀",
     ]
     assert (plain[1]["l1"], plain[1]["u32"]) == ("Ã\x81Ã\x9d", "x😀y")
+
+
+async def test_a_date_no_calendar_has_is_null_both_ways_and_never_stops_the_stream(mariadb: MariaDB) -> None:
+    """A session with ``sql_mode=ALLOW_INVALID_DATES`` may store ``2024-02-30``. The library (and
+    deltaforge's compiled reader after it) raised ``ValueError`` building the date: the stream
+    stopped at that row for good. Now such a date is null, as a zero date is, and as a snapshot
+    reads it; through the compiled reader (full row images) and the library's (a partial one)."""
+    db = prepare(mariadb, "CREATE TABLE t (id INT PRIMARY KEY, d DATE, dt DATETIME(3), n INT)", [])
+    src = source(mariadb, [f"{db}.t"])
+    await src.open(None)
+    bad = ["2024-02-30", "2023-02-29", "2024-04-31", "0001-01-01", "2024-02-29"]
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = 'ALLOW_INVALID_DATES'")
+        cur.executemany(
+            "INSERT INTO t VALUES (%s, %s, %s, 0)", [(i, d, f"{d} 01:02:03.5") for i, d in enumerate(bad)]
+        )
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute("UPDATE t SET d = '2025-06-31', dt = '2025-06-31 00:00:00', n = 1 WHERE id = 4")
+    events = await read_n(src, len(bad) + 1)
+    await src.close()
+    by_json, plain = await snapshot_both_ways(mariadb, db)
+    final = {e.after["id"]: e.after for e in events if e.after is not None}
+    assert as_json([{k: final[r["id"]][k] for k in r} for r in plain]) == as_json(plain) == as_json(by_json)
+    assert [(r["d"], r["dt"]) for r in plain] == [
+        (None, None),
+        (None, None),
+        (None, None),
+        (date(1, 1, 1), datetime(1, 1, 1, 1, 2, 3, 500_000)),
+        (None, None),
+    ]

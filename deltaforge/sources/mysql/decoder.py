@@ -117,9 +117,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
 
     from deltaforge.sources.mysql.charsets import install as install_charsets
     from deltaforge.sources.mysql.rowimages import RowImages
+    from deltaforge.sources.mysql.rowimages import install as install_dates
     from deltaforge.sources.mysql.tablemaps import install as install_table_maps
 
     install_charsets()
+    install_dates()
 
     rows_types = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)  # a PartialUpdateRowsEvent is one
     op_of = {WriteRowsEvent: "c", UpdateRowsEvent: "u", DeleteRowsEvent: "d"}

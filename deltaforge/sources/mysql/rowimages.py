@@ -87,7 +87,33 @@ def _date(buf: bytes, pos: int) -> datetime.date | None:
     year, month, day = (value >> 9) & 0x7FFF, (value >> 5) & 0xF, value & 0x1F
     if not (year and month and day):  # 0000-00-00 and its kin: the library gives None
         return None
-    return datetime.date(year, month, day)
+    try:
+        return datetime.date(year, month, day)
+    except ValueError:  # 2024-02-30, stored under ALLOW_INVALID_DATES: None (see install)
+        return None
+
+
+def _calendar_or_none(read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def read_or_none(self: Any) -> Any:
+        try:
+            return read(self)
+        except ValueError:  # raised building the value, after its bytes were read
+            return None
+
+    return read_or_none
+
+
+def install() -> None:
+    """Make the library's own DATE and DATETIME (the old format's) readers give None for a date
+    no calendar has, as for a zero date. A server lets a session store ``2024-02-30`` (sql_mode
+    ALLOW_INVALID_DATES); the library raised ``ValueError`` on it, which stopped the stream at
+    that row for good (a snapshot reads it as null, README)."""
+    for name in ("_RowsEvent__read_date", "_RowsEvent__read_datetime"):
+        read = getattr(RowsEvent, name)
+        if not getattr(read, "calendar_or_none", False):
+            lenient = _calendar_or_none(read)
+            lenient.calendar_or_none = True  # type: ignore[attr-defined]
+            setattr(RowsEvent, name, lenient)
 
 
 def _decimal_size(precision: int, decimals: int) -> int:
