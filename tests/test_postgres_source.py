@@ -153,18 +153,23 @@ async def test_unchanged_toast_is_marked_not_null(postgres: Postgres) -> None:
 
 async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: Postgres) -> None:
     """A database whose default DateStyle is not ISO (SQL, DMY; another time zone) still gives
-    datetimes and dates, not text that merely looks like one."""
+    datetimes and dates, not text that merely looks like one; a date Python cannot hold (infinity,
+    a year past 9999) is PostgreSQL's text."""
     db = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(db))
     await conn.execute(f"ALTER DATABASE {db} SET DateStyle = 'SQL, DMY'")
     await conn.execute(f"ALTER DATABASE {db} SET TimeZone = 'America/New_York'")
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, far date)")
+    await conn.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, far date, "
+        "later date, later_ts timestamp, later_tz timestamptz)"
+    )
     await conn.close()
     src = source(postgres, db)
     await src.open(None)
     conn = await asyncpg.connect(postgres.dsn(db))
     await conn.execute(
-        "INSERT INTO t VALUES (1, '2024-02-29', '2024-01-02 03:04:05.25', '2024-05-06 07:08:09+00', 'infinity')"
+        "INSERT INTO t VALUES (1, '2024-02-29', '2024-01-02 03:04:05.25', '2024-05-06 07:08:09+00', 'infinity', "
+        "'12000-01-31', '12000-01-31 01:02:03', '12000-01-31 01:02:03+00')"
     )
     await conn.close()
     [ev] = await read_n(src, 1)
@@ -175,6 +180,10 @@ async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: P
         "ts": dt.datetime(2024, 1, 2, 3, 4, 5, 250000),
         "tz": dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC),
         "far": "infinity",  # beyond Python's dates: PostgreSQL's own text, as documented
+        # past 9999: PostgreSQL's text too (it halted the reader: Python's dates end there)
+        "later": "12000-01-31",
+        "later_ts": "12000-01-31 01:02:03",
+        "later_tz": "12000-01-31 01:02:03+00",
     }
 
 

@@ -33,8 +33,9 @@ def _bytea(s: str) -> bytes:
 
 
 def _beyond_python(s: str) -> bool:
-    """infinity, -infinity and BC dates: no Python value holds them, so PostgreSQL's own text stays."""
-    return s in ("infinity", "-infinity") or s.endswith(" BC")
+    """infinity, -infinity, BC dates and years past 9999 (PostgreSQL's go to 294276): no Python
+    value holds them, so PostgreSQL's own text stays (it halted the reader, as unparsable)."""
+    return s in ("infinity", "-infinity") or s.endswith(" BC") or s[4:5].isdigit()
 
 
 def _timestamp(s: str) -> dt.datetime | str:
@@ -44,6 +45,8 @@ def _timestamp(s: str) -> dt.datetime | str:
 
 
 def _timestamptz(s: str) -> dt.datetime | str:
+    if _beyond_python(s):
+        return s
     if len(s) > 3 and s[-3] in "+-" and s[-2:].isdigit():
         s = s + ":00"  # '+00' -> '+00:00'
     return _timestamp(s)
