@@ -435,3 +435,39 @@ async def test_a_replica_identity_leaving_out_the_primary_key_is_said(postgres: 
     deleted = {e.table: e.before for e in events if e.op == "d"}
     assert deleted["t"] is not None and deleted["t"]["id"] == {"__not_logged__": True}
     assert deleted["fine"] is not None and deleted["fine"]["id"] == 5
+
+
+async def test_a_json_document_a_double_cannot_hold_exactly_is_postgresqls_text(postgres: Postgres) -> None:
+    """PostgreSQL keeps a document's numbers exactly (jsonb as numeric) and lets a json value hold
+    a lone UTF-16 surrogate. orjson rounded a long number silently (``123456789012345678901234567890``
+    to ``1.2345678901234568e+29``, ``1.000000000000000000001`` to ``1.0``) and refused a number
+    past a double's range or a lone surrogate, which halted the reader for good. Such a document
+    now arrives as PostgreSQL's own text; every other is read, as before."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, jb jsonb, j json)")
+    await conn.close()
+    src = source(postgres, db)
+    await src.open(None)
+    docs = [
+        (
+            '{"a": [1, 2.5, "x"]}',
+            '{"n": 18446744073709551615, "f": 0.1234567890123456, "s": "12345678901234567890"}',
+        ),
+        ('{"big": 123456789012345678901234567890}', '{"precise": 1.000000000000000000001}'),
+        ("[1e400]", '"\\ud800"'),
+    ]
+    conn = await asyncpg.connect(postgres.dsn(db))
+    for i, (jb, j) in enumerate(docs):
+        await conn.execute("INSERT INTO t VALUES ($1, $2::jsonb, $3::json)", i, jb, j)
+    texts = await conn.fetch("SELECT jb::text, j::text FROM t ORDER BY id")
+    await conn.close()
+    events = await read_n(src, len(docs))
+    await src.close()
+    got = [(e.after["jb"], e.after["j"]) for e in events if e.after is not None]
+    assert got[0] == (
+        {"a": [1, 2.5, "x"]},
+        {"n": 18446744073709551615, "f": 0.1234567890123456, "s": "12345678901234567890"},
+    )
+    assert got[1:] == [(r[0], r[1]) for r in texts[1:]]
+    assert got[1][0] == '{"big": 123456789012345678901234567890}' and got[2][0].startswith("[1000000")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -72,8 +74,45 @@ def _numeric(s: str) -> Decimal | str:
         return s
 
 
+# A number orjson may not read exactly: 16 or more digits in a row, or a three-digit exponent
+# (it may also match inside a string: then the exact check below merely runs for nothing).
+_LONG_NUMBER = re.compile(r"\d{16}|[eE][+-]?\d{3}")
+
+
+class _Inexact(Exception):
+    pass
+
+
+def _exact_int(text: str) -> int:
+    value = int(text)
+    if not -(2**63) <= value < 2**64:  # orjson reads a longer one as a float
+        raise _Inexact
+    return value
+
+
+def _exact_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) != Decimal(text):
+        raise _Inexact
+    return value
+
+
 def _json(s: str) -> Any:
-    return orjson.loads(s)
+    """A json or jsonb document, read. One whose every number a double (or a 64-bit integer)
+    holds exactly, that is; PostgreSQL keeps numbers exactly (jsonb as numeric) and a json
+    value may hold a lone UTF-16 surrogate, and orjson rounds the former and refuses the latter
+    and numbers past a double's range (which halted the reader). Such a document stays
+    PostgreSQL's text, as Debezium delivers every document."""
+    try:
+        doc = orjson.loads(s)
+    except orjson.JSONDecodeError:
+        return s
+    if _LONG_NUMBER.search(s):
+        try:
+            json.loads(s, parse_int=_exact_int, parse_float=_exact_float)
+        except (_Inexact, ValueError):
+            return s
+    return doc
 
 
 SCALARS: dict[int, Callable[[str], Any]] = {
