@@ -456,6 +456,7 @@ async def test_a_json_document_a_double_cannot_hold_exactly_is_postgresqls_text(
         ),
         ('{"big": 123456789012345678901234567890}', '{"precise": 1.000000000000000000001}'),
         ("[1e400]", '"\\ud800"'),
+        ('{"split": 12345678.123456789012}', "[-1e-400]"),
     ]
     conn = await asyncpg.connect(postgres.dsn(db))
     for i, (jb, j) in enumerate(docs):

@@ -74,9 +74,9 @@ def _numeric(s: str) -> Decimal | str:
         return s
 
 
-# A number orjson may not read exactly: 16 or more digits in a row, or a three-digit exponent
-# (it may also match inside a string: then the exact check below merely runs for nothing).
-_LONG_NUMBER = re.compile(r"\d{16}|[eE][+-]?\d{3}")
+# A number orjson may not read exactly: 16 or more digits (a decimal point among them), or a
+# three-digit exponent (it may also match inside a string: the exact check then runs for nothing).
+_LONG_NUMBER = re.compile(r"\d[\d.]{15}|[eE][+-]?\d{3}")
 
 
 class _Inexact(Exception):
