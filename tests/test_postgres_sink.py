@@ -392,3 +392,50 @@ async def test_a_target_column_altered_while_running_is_read_again(postgres: Pos
     await sink.deliver([change])
     await sink.close()
     assert await rows(postgres.dsn(db), "SELECT id, seq, tags FROM t") == [(1, 98, ["a", "b c"])]
+
+
+async def test_identity_and_generated_columns_of_the_target_take_what_the_target_allows(
+    postgres: Postgres, mariadb: MariaDB
+) -> None:
+    """A target made from the source's own DDL (``pg_dump --schema-only``) has its identity
+    columns ``GENERATED ALWAYS`` and its generated columns: PostgreSQL refuses an INSERT that
+    gives either a value (``GeneratedAlwaysError``), which the sink took for an outage and
+    retried for ever, the pipeline degraded and never told why. The source's identity values
+    now go in with ``OVERRIDING SYSTEM VALUE`` (a replica keeps its ids), and a generated column
+    is left to the target, from PostgreSQL and from MySQL, which logs its virtual columns."""
+    ddl = "CREATE TABLE t (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, a int, b int GENERATED ALWAYS AS (a * 2) STORED{})"
+    source_db = await target(postgres, ddl.format(""))
+    target_db = await target(postgres, ddl.format(", _df_position text"))
+    source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                             "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
+    async with running(into_target("identity", source, postgres.dsn(target_db))) as runner:
+        conn = await asyncpg.connect(postgres.dsn(source_db))
+        await conn.execute("INSERT INTO t (a) SELECT g FROM generate_series(1, 5) g")
+        await conn.execute("UPDATE t SET a = a + 10 WHERE id <= 2")
+        await conn.execute("DELETE FROM t WHERE id = 5")
+        await conn.close()
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 8, timeout=30, what="all applied")
+        assert runner.failure is None and not runner.degraded
+    query = "SELECT id, a, b FROM t ORDER BY id"
+    assert await rows(postgres.dsn(target_db), query) == await rows(postgres.dsn(source_db), query) == [
+        (1, 11, 22), (2, 12, 24), (3, 3, 6), (4, 4, 8)
+    ]  # fmt: skip
+
+    db = fresh_mysql_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, a INT, v INT AS (a * 3) VIRTUAL)")
+    my_target = await target(
+        postgres,
+        "CREATE TABLE t (id int PRIMARY KEY, a int, v int GENERATED ALWAYS AS (a * 3) STORED, _df_position text)",
+    )
+    source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
+    async with running(into_target("virtual", source, postgres.dsn(my_target), table="t")) as runner:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("INSERT INTO t (id, a) VALUES (1, 1), (2, 2)")
+            cur.execute("UPDATE t SET a = 7 WHERE id = 2")
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="all applied")
+        assert runner.failure is None and not runner.degraded
+    assert await rows(postgres.dsn(my_target), "SELECT id, a, v FROM t ORDER BY id") == [
+        (1, 1, 3),
+        (2, 7, 21),
+    ]

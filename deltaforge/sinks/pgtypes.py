@@ -134,10 +134,15 @@ def _element(value: Any) -> str:
 
 class ColumnForm(NamedTuple):
     """How one target column takes its values: ``cast`` the SQL type its parameter is cast to
-    from text (None: sent natively), ``adapt`` what makes the parameter of a change's value."""
+    from text (None: sent natively), ``adapt`` what makes the parameter of a change's value;
+    ``generated`` a column the target computes (``GENERATED ALWAYS AS (...) STORED``: not
+    written), ``always`` an identity column that takes a value only with ``OVERRIDING SYSTEM
+    VALUE`` (``GENERATED ALWAYS AS IDENTITY``)."""
 
     cast: str | None
     adapt: Callable[[Any], Any]
+    generated: bool = False
+    always: bool = False
 
 
 NATIVE_FORM = ColumnForm(None, plain)
@@ -146,7 +151,7 @@ as it did before the sink knew types)."""
 
 _COLUMNS = """
 SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, b.typname AS base, b.typtype = 'e' AS enum,
-       a.atttypmod AS mod
+       a.atttypmod AS mod, a.attgenerated <> '' AS generated, a.attidentity = 'a' AS always
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
@@ -159,19 +164,21 @@ async def column_forms(conn: asyncpg.Connection, table: str) -> dict[str, Column
     the table does not exist."""
     forms: dict[str, ColumnForm] = {}
     for r in await conn.fetch(_COLUMNS, table):
-        base = str(r["base"])
-        if base in ("float4", "float8"):
-            forms[r["name"]] = ColumnForm(None, _real)
-        elif base == "bool":
-            forms[r["name"]] = ColumnForm(None, _bool)
-        elif base in ("bit", "varbit"):
-            forms[r["name"]] = ColumnForm(
-                str(r["type"]), _bits(max(int(r["mod"]), 0) if base == "bit" else 0)
-            )
-        elif base in _INFINITE:
-            forms[r["name"]] = ColumnForm(None, _instant(_INFINITE[base]))
-        elif base in NATIVE or r["enum"]:  # an enum takes its label
-            forms[r["name"]] = NATIVE_FORM
-        else:
-            forms[r["name"]] = ColumnForm(str(r["type"]), pg_text)
+        forms[r["name"]] = _form(r)._replace(generated=r["generated"], always=r["always"])
     return forms
+
+
+def _form(r: asyncpg.Record) -> ColumnForm:
+    """How a column of ``r``'s type takes its values."""
+    base = str(r["base"])
+    if base in ("float4", "float8"):
+        return ColumnForm(None, _real)
+    if base == "bool":
+        return ColumnForm(None, _bool)
+    if base in ("bit", "varbit"):
+        return ColumnForm(str(r["type"]), _bits(max(int(r["mod"]), 0) if base == "bit" else 0))
+    if base in _INFINITE:
+        return ColumnForm(None, _instant(_INFINITE[base]))
+    if base in NATIVE or r["enum"]:  # an enum takes its label
+        return NATIVE_FORM
+    return ColumnForm(str(r["type"]), pg_text)

@@ -28,6 +28,7 @@ from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
 _PERMANENT = (
+    asyncpg.GeneratedAlwaysError,  # a column the target computes, given a value
     asyncpg.UndefinedTableError,
     asyncpg.UndefinedColumnError,
     asyncpg.InvalidAuthorizationSpecificationError,
@@ -149,10 +150,17 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             marks = ", ".join(
                 self._mark(table, c, i) if c in columns else f"${i}" for i, c in enumerate(cols, 1)
             )
-            updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in cols if c not in keys)
+            forms = self._forms.get(table, {})
+            # An identity column GENERATED ALWAYS takes the source's value only when told to, on
+            # insert; an update leaves it as it is (it can only be set to DEFAULT).
+            always = {c for c in columns if forms.get(c, NATIVE_FORM).always}
+            overriding = " OVERRIDING SYSTEM VALUE" if always else ""
+            updates = ", ".join(
+                f"{_q(c)} = EXCLUDED.{_q(c)}" for c in cols if c not in keys and c not in always
+            )
             action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             sql = (
-                f"INSERT INTO {_table(table)} ({', '.join(map(_q, cols))}) VALUES ({marks}) "
+                f"INSERT INTO {_table(table)} ({', '.join(map(_q, cols))}){overriding} VALUES ({marks}) "
                 f"ON CONFLICT ({', '.join(map(_q, keys))}) {action}"
             )
             if self.if_newer and updates:
@@ -186,8 +194,12 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         before = e.before
         if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in keys):
             out.append(self._delete(table, keys, before, pos))  # the key changed: the old row goes
-        # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it alone.
-        columns = tuple(c for c in row if not _unchanged_toast(row[c]))
+        # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it
+        # alone; so is a column the target computes itself (a MySQL source logs its virtual ones).
+        forms = self._forms.get(table, {})
+        columns = tuple(
+            c for c in row if not _unchanged_toast(row[c]) and not forms.get(c, NATIVE_FORM).generated
+        )
         args = self._args(table, columns, row)
         out.append((self._upsert_sql(table, columns, keys), (*args, pos) if self.if_newer else args))
         return out
