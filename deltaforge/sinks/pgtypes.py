@@ -14,7 +14,9 @@ The sink reads its target table's column types once (:func:`column_forms`) and s
 of any type outside :data:`NATIVE` as text, ``$n::text::<type>``, written by :func:`pg_text`
 (PostgreSQL's own text is passed on as it is, so it round-trips exactly); the types asyncpg
 takes natively stay binary. An infinite date or timestamp becomes asyncpg's infinity, a real's
-NaN or infinity (the source's text) a float.
+NaN or infinity (the source's text) a float, MySQL's 0/1 flags booleans and its BIT(n) bytes bit
+text. The same read says which columns the target computes (generated: not written) and which
+number themselves (identity ``GENERATED ALWAYS``: written with ``OVERRIDING SYSTEM VALUE``).
 """
 
 from __future__ import annotations
