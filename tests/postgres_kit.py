@@ -40,6 +40,18 @@ def source(pg: Postgres, db: str, **extra: Any) -> PostgresSource:
     return PostgresSource(PostgresSourceConfig.model_validate(cfg), tenant="acme")
 
 
+async def opened_on(pg: Postgres, ddl: str) -> tuple[str, PostgresSource]:
+    """A fresh database made by ``ddl``, and a source capturing it, opened with no checkpoint (it
+    reads from now)."""
+    db = await fresh_db(pg)
+    conn = await asyncpg.connect(pg.dsn(db))
+    await conn.execute(ddl)
+    await conn.close()
+    src = source(pg, db)
+    await src.open(None)
+    return db, src
+
+
 async def read_n(src: PostgresSource, n: int, timeout: float = 60) -> list[Event]:
     out: list[Event] = []
     loop = asyncio.get_running_loop()

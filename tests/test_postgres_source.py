@@ -16,7 +16,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, one_transaction_in_pieces, wait_until
-from tests.postgres_kit import TYPES, fresh_db, read_n, source
+from tests.postgres_kit import TYPES, fresh_db, opened_on, read_n, source
 from tests.servers.postgres import Postgres
 
 
@@ -190,12 +190,7 @@ async def test_dates_and_times_parse_whatever_the_database_datestyle(postgres: P
 async def test_a_checkpoint_inside_a_transaction_resumes_with_the_rest_of_it(postgres: Postgres) -> None:
     """respect_source_tx: false may cut a batch (and so a checkpoint) inside a transaction: the
     rows after the cut must come again on resume, not the transaction be skipped whole."""
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    await conn.close()
-    src = source(postgres, db)
-    await src.open(None)
+    db, src = await opened_on(postgres, "CREATE TABLE t (id int PRIMARY KEY)")
     conn = await asyncpg.connect(postgres.dsn(db))
     async with conn.transaction():
         for i in range(1, 11):
@@ -443,12 +438,7 @@ async def test_a_json_document_a_double_cannot_hold_exactly_is_postgresqls_text(
     to ``1.2345678901234568e+29``, ``1.000000000000000000001`` to ``1.0``) and refused a number
     past a double's range or a lone surrogate, which halted the reader for good. Such a document
     now arrives as PostgreSQL's own text; every other is read, as before."""
-    db = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(db))
-    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, jb jsonb, j json)")
-    await conn.close()
-    src = source(postgres, db)
-    await src.open(None)
+    db, src = await opened_on(postgres, "CREATE TABLE t (id int PRIMARY KEY, jb jsonb, j json)")
     docs = [
         (
             '{"a": [1, 2.5, "x"]}',
