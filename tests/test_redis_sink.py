@@ -298,3 +298,31 @@ async def test_a_loss_while_deltaforge_was_stopped_is_named_at_the_next_run() ->
         assert await run(server.uri()) == []  # said once
         assert await run(elsewhere.uri()) == []
         assert [int(d["event_id"]) for d in entries(elsewhere)] == list(range(401, 501))
+
+
+@pytest.mark.parametrize("mode", ["scripted", "exactly_once", "no_scripts"])
+async def test_a_stream_name_taken_by_a_key_of_another_type_is_non_retryable(
+    redis_server: Redis, mode: str
+) -> None:
+    """A stream template that names a key holding a string (or a list, a hash...) gets WRONGTYPE
+    on every write: retrying cannot fix it, yet it was retried for ever, the pipeline degraded.
+    It is now non-retryable, naming what to do, whichever way the sink writes."""
+    redis_server.client().set("taken.t", "an application's value")
+    uri = (
+        user_without(redis_server, f"wrongtype{mode}", "-@scripting")
+        if mode == "no_scripts"
+        else redis_server.uri()
+    )
+    config = {
+        "id": "r",
+        "uri": uri,
+        "stream": "taken.${source.table}",
+        "exactly_once": mode == "exactly_once",
+    }
+    sink = RedisSink(parse_pipeline(sink_pipeline("r", "redis", config), env={}).sinks[0])
+    with pytest.raises(
+        NonRetryableSinkError, match=r"redis sink 'r': a key named as one of its streams holds another"
+    ):
+        await sink.deliver([make_event(1)])
+    await sink.close()
+    assert redis_server.client().get("taken.t") == b"an application's value"

@@ -211,7 +211,8 @@ class RedisSink(Sink[RedisSinkConfig]):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
-        """Redis errors as sink errors: refused credentials cannot be retried, the rest can."""
+        """Redis errors as sink errors: refused credentials, and a stream's name taken by a key of
+        another type, cannot be retried; the rest can."""
         try:
             yield
         except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
@@ -220,6 +221,11 @@ class RedisSink(Sink[RedisSinkConfig]):
             text = str(exc)
             if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise NonRetryableSinkError(f"redis sink {self.id!r}: {text}") from None
+            if text.startswith("WRONGTYPE"):  # it was retried for ever, the pipeline degraded
+                raise NonRetryableSinkError(
+                    f"redis sink {self.id!r}: a key named as one of its streams holds another type "
+                    f"({text}); delete or rename that key, or change stream"
+                ) from None
             raise RetryableSinkError(f"redis sink {self.id!r}: {text}") from None
         except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
             raise RetryableSinkError(f"redis sink {self.id!r}: {type(exc).__name__}: {exc}") from None
