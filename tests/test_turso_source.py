@@ -13,6 +13,7 @@ import turso
 from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
+from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
@@ -437,3 +438,28 @@ async def test_a_large_transaction_is_handed_over_in_pieces_as_it_is_read(tmp_pa
     rest = await read_all(again)
     await again.close()
     assert [e.after["id"] for e in rest if e.after] == [*range(2501, 5001), 0] and rest[2499].tx_end
+
+
+async def test_an_infinite_real_is_its_text_streamed_or_snapshotted_not_jsons_null(tmp_path: Path) -> None:
+    """SQLite stores a REAL that overflows as an infinity; orjson wrote it as null, which a
+    consumer cannot tell from NULL. It is ``"Infinity"``/``"-Infinity"`` now, in a change and in a
+    snapshot row alike, as the PostgreSQL source gives a double's."""
+    db = tmp_path / "inf.db"
+    w = writer(db)
+    w.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)")
+    w.commit()
+    w.execute("INSERT INTO t VALUES (1, 1e999), (2, -1e999), (3, 2.5), (4, NULL)")
+    w.commit()
+    src = source(db)
+    await src.open(None)
+    streamed = [e.after for e in await read_all(src)]
+    reader = src.chunk_reader(SnapshotSettings())
+    await reader.open(1)
+    (ref,) = await reader.tables(["t"])
+    snapshotted, _, _ = await reader.chunk(ref, None, 10)
+    await reader.close()
+    await src.close()
+    assert streamed == snapshotted == [
+        {"id": 1, "r": "Infinity"}, {"id": 2, "r": "-Infinity"}, {"id": 3, "r": 2.5}, {"id": 4, "r": None}
+    ]  # fmt: skip
+    assert orjson.dumps(snapshotted[0]) == b'{"id":1,"r":"Infinity"}'

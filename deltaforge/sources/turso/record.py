@@ -7,11 +7,15 @@ See https://www.sqlite.org/fileformat.html#record_format.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
 _INT_SIZES = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 8}
 _F64 = struct.Struct(">d")
+INFINITIES = {math.inf: "Infinity", -math.inf: "-Infinity"}
+"""A REAL SQLite stores as an infinity (its NaN is NULL), as text: JSON has no number for it, and
+orjson writes it as null, a false NULL (as the PostgreSQL source's, README)."""
 
 
 class RecordError(ValueError):
@@ -52,7 +56,8 @@ def decode_record(buf: bytes) -> list[Any]:
             out.append(int.from_bytes(buf[data : data + n], "big", signed=True))
             data += n
         elif t == 7:
-            out.append(_F64.unpack_from(buf, data)[0])
+            value = _F64.unpack_from(buf, data)[0]
+            out.append(INFINITIES.get(value, value))
             data += 8
         elif t == 8:
             out.append(0)

@@ -17,6 +17,7 @@ from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, plain_rows
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.turso.position import TursoPosition
+from deltaforge.sources.turso.record import INFINITIES
 from deltaforge.sources.turso.record import quote_name as _quote
 
 if TYPE_CHECKING:
@@ -138,6 +139,10 @@ class TursoChunks(ChunkReader):
         )
         names = [d[0] for d in cursor.description]
         rows = plain_rows(tuple(names))(cursor.fetchall())
+        for row in rows:  # an infinite REAL as the stream has it (record.INFINITIES)
+            for name, value in row.items():
+                if type(value) is float and value in INFINITIES:
+                    row[name] = INFINITIES[value]
         conn.commit()
         more = len(rows) > limit
         rows = rows[:limit]
