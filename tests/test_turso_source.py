@@ -30,6 +30,15 @@ def writer(path: Path) -> Any:
     return conn
 
 
+def written(db: Path, *statements: str) -> Any:
+    """A writer on ``db`` that has run ``statements``, each committed on its own."""
+    w = writer(db)
+    for sql in statements:
+        w.execute(sql)
+        w.commit()
+    return w
+
+
 def source(path: Path, **extra: Any) -> TursoSource:
     return TursoSource(TursoSourceConfig(id="t", path=str(path), **extra), tenant="acme")
 
@@ -153,11 +162,7 @@ async def test_names_in_tables_no_table_has_are_named_at_every_start(tmp_path: P
 
 async def test_added_column_appears_in_later_rows_only(tmp_path: Path) -> None:
     db = tmp_path / "ddl.db"
-    w = writer(db)
-    w.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER)")
-    w.commit()
-    w.execute("INSERT INTO t (v) VALUES (1)")
-    w.commit()
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER)", "INSERT INTO t (v) VALUES (1)")
     src = source(db)
     await src.open(None)
     before = await read_all(src)
@@ -445,11 +450,10 @@ async def test_an_infinite_real_is_its_text_streamed_or_snapshotted_not_jsons_nu
     consumer cannot tell from NULL. It is ``"Infinity"``/``"-Infinity"`` now, in a change and in a
     snapshot row alike, as the PostgreSQL source gives a double's."""
     db = tmp_path / "inf.db"
-    w = writer(db)
-    w.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)")
-    w.commit()
-    w.execute("INSERT INTO t VALUES (1, 1e999), (2, -1e999), (3, 2.5), (4, NULL)")
-    w.commit()
+    written(
+        db, "CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)",
+        "INSERT INTO t VALUES (1, 1e999), (2, -1e999), (3, 2.5), (4, NULL)",
+    )  # fmt: skip
     src = source(db)
     await src.open(None)
     streamed = [e.after for e in await read_all(src)]
