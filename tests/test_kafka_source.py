@@ -385,3 +385,71 @@ async def test_aborted_transactions_of_a_topic_are_not_read(tansu: Tansu, tmp_pa
     transactional(tansu.bootstrap, "txab", [([b"a1"], True), ([b"x1", b"x2"], False), ([b"b1"], True)])
     values, _ = await _read_topic(tansu, "txab", tmp_path, 2)
     assert values == ["a1", "b1"]
+
+
+async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgres(
+    mariadb: MariaDB, tansu: Tansu, postgres: Postgres
+) -> None:
+    """MariaDB → Kafka → PostgreSQL: a topic carries values as JSON, so dates and times arrive as
+    ISO text, bytes as base64, decimals as text. Each must reach the target column of its type
+    as the value the source held (a date column refused the text: every change was poison)."""
+    from datetime import UTC, date, datetime, time
+    from decimal import Decimal
+
+    my = fresh_mariadb_db(mariadb)
+    with mariadb.root(my) as c, c.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute(
+            "CREATE TABLE v (id int PRIMARY KEY, d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, dec1 DECIMAL(30,10), "
+            "u BIGINT UNSIGNED, f DOUBLE, vb VARBINARY(16), bl BLOB, j JSON, tm TIME(3), flag TINYINT(1), "
+            "e ENUM('a','b c'), s SET('x','y'))"
+        )
+    tansu.create_topic("rt2.v", 1)
+    pg = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(pg))
+    await conn.execute(
+        "CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ts timestamptz, dec1 numeric, u numeric, "
+        "f float8, vb bytea, bl bytea, j jsonb, tm time, flag boolean, e text, s text, _df_position text)"
+    )
+    upstream = pipeline("up2", {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(my), "tables": [f"{my}.v"]}},
+                        [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap, "topic": "rt2.${source.table}",
+                                                      "envelope": "debezium"}}])  # fmt: skip
+    downstream = pipeline("down2", source_doc(tansu.bootstrap, ["rt2.v"], "g4", "debezium"),
+                          [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg),
+                                                           "upsert_strategy": "if_newer"}}])  # fmt: skip
+    runners = [
+        PipelineRunner(parse_pipeline(d), store=MemoryCheckpointStore()) for d in (upstream, downstream)
+    ]
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        await wait_until(lambda: runners[0].state == "running", timeout=60, what="upstream running")
+        with mariadb.root(my) as c, c.cursor() as cur:
+            cur.execute("SET time_zone = '+00:00'")
+            cur.execute(
+                """INSERT INTO v VALUES
+                (1, '2024-02-29', '2024-02-29 23:59:59.000001', '2024-02-29 12:00:00.125', '-12345678901234567890.0123456789',
+                 18446744073709551615, 0.1, x'00ff10', x'deadbeef', '{"a": [1, "x"], "n": 1.5}', '23:59:59.999', 1, 'b c', 'x,y'),
+                (2, '0001-01-01', '9999-12-31 23:59:59', '1970-01-01 00:00:01', 0, 0, -2.5e300, '', '', '[]', '00:00:00', 0, 'a', ''),
+                (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"""
+            )
+            cur.execute("UPDATE v SET d = '2000-01-02', vb = x'41' WHERE id = 3")
+        down = runners[1]
+        await wait_until(lambda: down.ctx.stats.events_committed >= 4 or down.state != "running", timeout=60,
+                         what="every change applied downstream")  # fmt: skip
+        assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
+        got = [tuple(r) for r in await conn.fetch("SELECT id, d, dt, ts, dec1, u, f, vb, bl, j, tm, flag, e, s "
+                                                  "FROM v ORDER BY id")]  # fmt: skip
+    finally:
+        for r in runners:
+            await r.drain()
+        await asyncio.gather(*tasks)
+        await conn.close()
+    utc = UTC
+    assert got == [
+        (1, date(2024, 2, 29), datetime(2024, 2, 29, 23, 59, 59, 1), datetime(2024, 2, 29, 12, 0, 0, 125_000, utc),
+         Decimal("-12345678901234567890.0123456789"), Decimal(18446744073709551615), 0.1, b"\x00\xff\x10",
+         b"\xde\xad\xbe\xef", '{"a": [1, "x"], "n": 1.5}', time(23, 59, 59, 999_000), True, "b c", "x,y"),
+        (2, date(1, 1, 1), datetime(9999, 12, 31, 23, 59, 59), datetime(1970, 1, 1, 0, 0, 1, tzinfo=utc),
+         Decimal(0), Decimal(0), -2.5e300, b"", b"", "[]", time(0), False, "a", ""),
+        (3, date(2000, 1, 2), None, None, None, None, None, b"A", None, None, None, None, None, None),
+    ]  # fmt: skip

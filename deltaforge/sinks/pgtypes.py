@@ -21,6 +21,7 @@ number themselves (identity ``GENERATED ALWAYS``: written with ``OVERRIDING SYST
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -95,10 +96,32 @@ def _bits(width: int) -> Callable[[Any], Any]:
 
 
 def _instant(infinite: dict[str, Any]) -> Callable[[Any], Any]:
+    """A date or timestamp: infinity as asyncpg's, and ISO text (what a date or time becomes in
+    JSON: read back from a Kafka topic) as the date or time it writes; a naive one then goes as a
+    naive ``datetime`` does. Other text (a BC date) is left for asyncpg to refuse."""
+
     def adapt(value: Any) -> Any:
-        return infinite.get(value, value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        if (known := infinite.get(value)) is not None:
+            return known
+        try:
+            return dt.datetime.fromisoformat(value)  # a date's text too: its midnight
+        except ValueError:
+            return value
 
     return adapt
+
+
+def _bytes(value: Any) -> Any:
+    """A bytea: JSON has no bytes, so a value read back from a topic is the base64 text deltaforge
+    (and Debezium) write bytes as; any other text is left for asyncpg to refuse."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:  # binascii.Error is one
+            return value
+    return value
 
 
 def pg_text(value: Any) -> str | None:
@@ -181,6 +204,8 @@ def _form(r: asyncpg.Record) -> ColumnForm:
         return ColumnForm(str(r["type"]), _bits(max(int(r["mod"]), 0) if base == "bit" else 0))
     if base in _INFINITE:
         return ColumnForm(None, _instant(_INFINITE[base]))
+    if base == "bytea":
+        return ColumnForm(None, _bytes)
     if base in NATIVE or r["enum"]:  # an enum takes its label
         return NATIVE_FORM
     return ColumnForm(str(r["type"]), pg_text)
