@@ -453,3 +453,59 @@ async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgr
          Decimal(0), Decimal(0), -2.5e300, b"", b"", "[]", time(0), False, "a", ""),
         (3, date(2000, 1, 2), None, None, None, None, None, b"A", None, None, None, None, None, None),
     ]  # fmt: skip
+
+
+def _assigned(runner: PipelineRunner) -> set[str]:
+    consumer = getattr(runner.source, "consumer", None)
+    return set() if consumer is None else {f"{tp.topic}:{tp.partition}" for tp in consumer.assignment()}
+
+
+async def test_start_latest_skips_what_was_there_before_the_first_start_and_nothing_after(
+    tansu: Tansu, tmp_path: Path
+) -> None:
+    """``start: latest`` leaves out the records a topic held when the pipeline first started, and
+    only those: a topic matching the pattern that appears while it runs, or while it is stopped,
+    is read from its first record. (It started at its end once the consumer saw it, up to five
+    minutes later: every record written to it before then was skipped without a word.)"""
+    out = tmp_path / "out.jsonl"
+
+    def values() -> set[str]:
+        return {line["after"]["value"] for line in jsonl(out)}
+
+    tansu.create_topic("nt.a", 2)
+    produce(tansu.bootstrap, [("nt.a", p, None, b"old") for p in (0, 1)])
+    doc = pipeline("nt", source_doc(tansu.bootstrap, "/nt\\..*/", "gnt", "raw", start="latest"),
+                   [{"type": "file", "config": {"id": "f", "path": str(out)}}])  # fmt: skip
+    store = MemoryCheckpointStore()
+
+    async def run(parts: int, new_topic: str, news: int) -> None:
+        """Once ``parts`` partitions are held: ``news`` records in a topic made now, then one more in
+        each of its partitions once the pipeline holds them too, which must arrive after them."""
+        runner = PipelineRunner(parse_pipeline(doc), store=store)
+        task = asyncio.create_task(runner.run())
+        try:
+            await wait_until(lambda: len(_assigned(runner)) == parts or task.done(), timeout=60,
+                             what=f"{parts} partitions assigned")  # fmt: skip
+            produce(tansu.bootstrap, [("nt.a", 0, None, f"a{parts}".encode())])
+            if news:
+                tansu.create_topic(new_topic, 2)
+                produce(
+                    tansu.bootstrap,
+                    [(new_topic, i % 2, None, f"{new_topic}-{i}".encode()) for i in range(news)],
+                )
+            await wait_until(lambda: len(_assigned(runner)) == parts + 2 * bool(news) or task.done(), timeout=60,
+                             what=f"{new_topic} assigned")  # fmt: skip
+            lasts = {f"last-{parts}-{p}" for p in (0, 1)}
+            produce(tansu.bootstrap, [(new_topic, p, None, f"last-{parts}-{p}".encode()) for p in (0, 1)])
+            await wait_until(lambda: lasts <= values() or task.done(), timeout=60, what=f"{lasts}")
+            assert runner.state == "running", runner.failure
+        finally:
+            await runner.drain()
+            await task
+
+    await run(2, "nt.b", 10)  # a topic made while it runs
+    tansu.create_topic("nt.c", 2)  # and one made while it is stopped
+    produce(tansu.bootstrap, [("nt.c", i % 2, None, f"nt.c-{i}".encode()) for i in range(6)])
+    await run(6, "nt.c", 0)
+    assert values() == {"a2", "a6", *(f"nt.b-{i}" for i in range(10)), *(f"nt.c-{i}" for i in range(6)),
+                        "last-2-0", "last-2-1", "last-6-0", "last-6-1"}  # fmt: skip

@@ -10,11 +10,19 @@ Rebalances: a revoked partition's durable offset is committed as the partition g
 batches of it already read are still delivered, and the next owner reads them again from there. An
 assigned partition starts at the further of the checkpoint and the group's committed offset, else at
 ``start``; an offset the broker no longer has halts with ``position lost`` instead of skipping.
+
+``start: latest`` leaves out what the topics held when the pipeline first started, and nothing
+written since: a partition there then starts at its end as it was then (not as it is once the group
+hands it over), and a partition made later (a topic a pattern matches, made while the pipeline runs
+or while it is stopped) at its first record. Starting such a partition at its end, as a consumer's
+``auto.offset.reset=latest`` does, skipped every record written to it before the consumer first
+saw it (up to ``metadata.max.age.ms``, five minutes by default, later).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -53,6 +61,9 @@ from deltaforge.sources.kafka.records import Malformed, Record, RecordReader
 COMMIT_TIMEOUT_S = 10.0
 IDLE_PROBE_S = 2.0
 CLOSE_TIMEOUT_S = 3.0  # then the broker drops this member after its session timeout instead
+TOPIC_DISCOVERY_MS = 5_000
+"""How often the consumer asks for the brokers' topics (aiokafka's ``metadata_max_age_ms``): a
+topic a pattern matches is read this soon after it is made, not five minutes later."""
 _DOWN = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 _REFUSED = (GroupAuthorizationFailedError, TopicAuthorizationFailedError)
 
@@ -100,6 +111,9 @@ class KafkaSource(Source):
         self.full = False
         self.unchecked: set[TopicPartition] = set()  # assigned since the last read
         self.probed = 0.0
+        self.edges: dict[tuple[str, int], int] | None = None
+        """``start: latest``: each partition's end when the pipeline first started, taken once; a
+        partition not among them was made since and starts at its beginning (see the module)."""
 
     async def open(self, resume_after: Position | None) -> None:
         start = own_position(resume_after, KafkaPosition)
@@ -111,9 +125,13 @@ class KafkaSource(Source):
             enable_auto_commit=False, auto_offset_reset="none", isolation_level="read_committed",
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=min(3000, cfg.session_timeout_ms // 3),  # three beats per session
+            metadata_max_age_ms=TOPIC_DISCOVERY_MS,
         )  # fmt: skip
         try:
             await consumer.start()
+            if self.edges is None:
+                # With a checkpoint this is not the first start: what it does not hold was made since.
+                self.edges = await self._ends(consumer) if cfg.start == "latest" and start is None else {}
         except KafkaError as exc:
             await consumer.stop()
             raise _failure(exc, f"connecting to {cfg.brokers}") from None
@@ -123,6 +141,25 @@ class KafkaSource(Source):
         else:
             consumer.subscribe(topics=cfg.topic_names, listener=listener)
         self.consumer = consumer
+
+    async def _ends(self, consumer: AIOKafkaConsumer) -> dict[tuple[str, int], int]:
+        """The end of every partition of the topics this source reads that exist now."""
+        pattern = self.cfg.pattern
+        if pattern is not None:
+            matches = re.compile(pattern).match  # as aiokafka matches a subscription's pattern
+            names = [t for t in await consumer.topics() if matches(t)]
+        else:
+            existing = await consumer.topics()
+            names = [t for t in self.cfg.topic_names if t in existing]
+        parts = [TopicPartition(t, p) for t in names for p in consumer.partitions_for_topic(t) or ()]
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                ends = await consumer.end_offsets(parts) if parts else {}
+        except TimeoutError:
+            raise SourceUnavailable(
+                f"kafka reading the topics' ends: no answer in {COMMIT_TIMEOUT_S:.0f} s"
+            ) from None
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
 
     async def assigned(self, parts: list[TopicPartition]) -> None:
         """Start each partition at the checkpoint when there is one (the group's committed offset,
@@ -150,16 +187,26 @@ class KafkaSource(Source):
             raise SourceUnavailable(f"kafka broker {self.cfg.brokers}: {exc}") from None
 
     async def _start_at_the_edge(self, tp: TopicPartition) -> None:
-        """A partition with neither a checkpoint nor a group offset starts at ``start``. (The consumer
-        resets nothing by itself: an offset the log no longer has must halt, not jump.)"""
+        """A partition with neither a checkpoint nor a group offset starts at ``start`` (for
+        ``latest``, see the module). (The consumer resets nothing by itself: an offset the log no
+        longer has must halt, not jump.)"""
         assert self.consumer is not None
         ours = self.next.get((tp.topic, tp.partition))
         if ours is not None:  # the fetcher asked before the assignment's seek
             self.consumer.seek(tp, ours)
-        elif self.cfg.start == "earliest":
-            await self.consumer.seek_to_beginning(tp)
+        elif (edge := (self.edges or {}).get((tp.topic, tp.partition))) is not None:
+            # start: latest, a partition there at the first start; kept with the checkpoints from
+            # now on, so that a restart does not take it for one made since
+            self.consumer.seek(tp, edge)
+            self.next[(tp.topic, tp.partition)] = edge
         else:
-            await self.consumer.seek_to_end(tp)
+            if self.cfg.start == "latest":
+                log.info(
+                    "kafka_new_partition_read_from_its_start",
+                    source=self.id,
+                    partition=f"{tp.topic}:{tp.partition}",
+                )
+            await self.consumer.seek_to_beginning(tp)
 
     async def _check(self, got: dict[TopicPartition, list[Any]]) -> None:
         """Newly assigned partitions, before any of their records is used: a checkpoint offset the
