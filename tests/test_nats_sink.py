@@ -311,3 +311,44 @@ async def test_a_stream_that_lost_acknowledged_messages_is_named_once_per_loss()
         assert await losses_named(sink, 16) == []  # said once: the stream goes on from its new end
         assert sink.lost_acknowledged == 1
         await sink.close()
+
+
+@pytest.mark.parametrize(
+    "region, problem",
+    [("east coast", "holds whitespace"), ("", "has an empty token"), ("*", "has a wildcard token"),
+     ("a.", "has an empty token")],
+)  # fmt: skip
+async def test_a_subject_nats_does_not_allow_is_poison_before_anything_of_the_batch_is_sent(
+    nats_server: Nats, region: str, problem: str
+) -> None:
+    """A template that renders a subject NATS does not allow (``cdc.${after.region}``): that event
+    is poison (``routing``) before any message of its batch is published, on every attempt. Left
+    to the client and server, whitespace failed the batch with an error the sink did not know
+    (after the messages before it were sent), an empty token had no stream answer (retried for
+    ever as a stream without a leader), and a wildcard was stored as a subject no consumer's
+    filter names."""
+    from deltaforge.events import with_images
+    from deltaforge.sinks.base import PoisonEvent
+
+    sink = NatsSink(
+        parse_pipeline(nats_doc(nats_server.url(), subject="cdc.${after.region}"), env={}).sinks[0]
+    )
+    await sink.open()
+    good = [with_images(make_event(i), "c", None, {"id": i, "region": "t"}) for i in (1, 2)]
+    bad = with_images(make_event(3), "c", None, {"id": 3, "region": region})
+    for _ in range(2):
+        with pytest.raises(PoisonEvent) as info:
+            await sink.deliver([*good, bad])
+        assert info.value.kind == "routing"
+        assert f"subject {f'cdc.{region}'!r} {problem}" in str(info.value)
+    await sink.close()
+    nc = await nats.connect(nats_server.url())
+    assert (await nc.jetstream().stream_info("CDC")).state.messages == 0
+    await nc.close()
+
+
+def test_a_fixed_subject_nats_does_not_allow_is_refused_naming_the_field() -> None:
+    from deltaforge.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"subject.*'cdc orders' holds whitespace"):
+        parse_pipeline(nats_doc("nats://127.0.0.1:4222", subject="cdc orders"), env={})

@@ -9,12 +9,13 @@ with ``publish_async`` and is delivered only when every PubAck came back.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Annotated, Any
 
 import nats
 from nats import errors as nerr
 from nats.js import errors as jserr
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from deltaforge.configmodel import Bool, PositiveInt, PositiveNumber, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encoder
@@ -23,7 +24,8 @@ from deltaforge.position import Position
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError, servers_of
-from deltaforge.sinks.templates import Template, compile_template
+from deltaforge.sinks.names import IllegalName, checked_renderer, fixed_name_check
+from deltaforge.sinks.templates import Template
 
 NatsUrl = Annotated[
     Text,
@@ -38,13 +40,40 @@ LOOKED_UP = 8
 """Subjects whose streams are looked up when the sink is not given its stream."""
 
 
+def subject_problem(name: str) -> str | None:
+    """Why ``name`` is not a subject to publish to (NATS: tokens separated by ``.``, none empty,
+    no whitespace, no wildcard token), or None. nats-py refuses whitespace itself, but only as
+    the batch is published; the server takes a subject with an empty token and no stream answers
+    it; a wildcard token is stored as a subject no consumer's filter names."""
+    tokens = name.split(".")
+    if any(c.isspace() for c in name):
+        problem = "holds whitespace"
+    elif not all(tokens):
+        problem = "has an empty token"
+    elif "*" in tokens or ">" in tokens:
+        problem = "has a wildcard token"
+    else:
+        return None
+    return f"{name!r} {problem}: not a NATS subject to publish to (tokens separated by '.', none empty, no whitespace, no '*' or '>' token)"
+
+
+def _refuse_illegal(sink_id: str, name: str) -> None:
+    problem = subject_problem(name)
+    if problem:
+        raise IllegalName(f"nats sink {sink_id!r}: subject {problem}")
+
+
+SubjectTemplate = Annotated[Template, AfterValidator(fixed_name_check(subject_problem))]
+"""A subject template; a subject without placeholders must already be one to publish to."""
+
+
 class NatsSinkConfig(SinkSettings):
     """NATS JetStream: one message per event, deduplicated by ``Nats-Msg-Id``."""
 
     url: NatsUrl = Field(
         description="nats://host:port; for a cluster, several comma-separated: any that answers will do."
     )
-    subject: Template = Field(description="Subject per event, e.g. cdc.${source.table}.")
+    subject: SubjectTemplate = Field(description="Subject per event, e.g. cdc.${source.table}.")
     stream: Text | None = Field(None, description="The JetStream stream that holds the subjects.")
     stream_subjects: Text | None = Field(
         None, description="Subjects the created stream binds (default: subject)."
@@ -66,7 +95,7 @@ class NatsSink(Sink[NatsSinkConfig]):
         super().__init__(config)
         cfg = self.settings
         self.servers = cfg.url.split(",")
-        self.subject_of = compile_template(cfg.subject)
+        self.subject_of = checked_renderer(cfg.subject, partial(_refuse_illegal, self.id))
         self.stream = cfg.stream
         self.create_stream = cfg.create_stream if cfg.create_stream is not None else bool(cfg.stream)
         self.duplicate_window = cfg.duplicate_window_s
