@@ -387,34 +387,31 @@ async def test_aborted_transactions_of_a_topic_are_not_read(tansu: Tansu, tmp_pa
     assert values == ["a1", "b1"]
 
 
-async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgres(
-    mariadb: MariaDB, tansu: Tansu, postgres: Postgres
-) -> None:
-    """MariaDB → Kafka → PostgreSQL: a topic carries values as JSON, so dates and times arrive as
-    ISO text, bytes as base64, decimals as text. Each must reach the target column of its type
-    as the value the source held (a date column refused the text: every change was poison)."""
-    from datetime import UTC, date, datetime, time
-    from decimal import Decimal
-
+async def through_a_topic(
+    servers: tuple[MariaDB, Tansu, Postgres],
+    name: str,
+    ddl: tuple[str, str],
+    statements: list[str],
+    changes: int,
+    query: str,
+    envelope: str = "debezium",
+) -> list[tuple[Any, ...]]:
+    """MariaDB table ``v`` (``ddl[0]``) → a Kafka topic (``envelope``) → a second pipeline reading
+    it → PostgreSQL table ``v`` (``ddl[1]``, if_newer): ``statements`` run upstream (UTC), and once
+    ``changes`` changes are applied downstream, the rows of ``query`` on the target."""
+    mariadb, tansu, postgres = servers
     my = fresh_mariadb_db(mariadb)
     with mariadb.root(my) as c, c.cursor() as cur:
-        cur.execute("SET time_zone = '+00:00'")
-        cur.execute(
-            "CREATE TABLE v (id int PRIMARY KEY, d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, dec1 DECIMAL(30,10), "
-            "u BIGINT UNSIGNED, f DOUBLE, vb VARBINARY(16), bl BLOB, j JSON, tm TIME(3), flag TINYINT(1), "
-            "e ENUM('a','b c'), s SET('x','y'))"
-        )
-    tansu.create_topic("rt2.v", 1)
+        cur.execute(ddl[0])
+    tansu.create_topic(f"{name}.v", 1)
     pg = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(pg))
-    await conn.execute(
-        "CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ts timestamptz, dec1 numeric, u numeric, "
-        "f float8, vb bytea, bl bytea, j jsonb, tm time, flag boolean, e text, s text, _df_position text)"
-    )
-    upstream = pipeline("up2", {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(my), "tables": [f"{my}.v"]}},
-                        [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap, "topic": "rt2.${source.table}",
-                                                      "envelope": "debezium"}}])  # fmt: skip
-    downstream = pipeline("down2", source_doc(tansu.bootstrap, ["rt2.v"], "g4", "debezium"),
+    await conn.execute(ddl[1])
+    upstream = pipeline(f"{name}up", {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(my), "tables": [f"{my}.v"]}},
+                        [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap,
+                                                      "topic": f"{name}.${{source.table}}", "envelope": envelope}}])  # fmt: skip
+    fmt = "native" if envelope == "native" else "debezium"
+    downstream = pipeline(f"{name}down", source_doc(tansu.bootstrap, [f"{name}.v"], f"g{name}", fmt),
                           [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg),
                                                            "upsert_strategy": "if_newer"}}])  # fmt: skip
     runners = [
@@ -425,25 +422,46 @@ async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgr
         await wait_until(lambda: runners[0].state == "running", timeout=60, what="upstream running")
         with mariadb.root(my) as c, c.cursor() as cur:
             cur.execute("SET time_zone = '+00:00'")
-            cur.execute(
-                """INSERT INTO v VALUES
-                (1, '2024-02-29', '2024-02-29 23:59:59.000001', '2024-02-29 12:00:00.125', '-12345678901234567890.0123456789',
-                 18446744073709551615, 0.1, x'00ff10', x'deadbeef', '{"a": [1, "x"], "n": 1.5}', '23:59:59.999', 1, 'b c', 'x,y'),
-                (2, '0001-01-01', '9999-12-31 23:59:59', '1970-01-01 00:00:01', 0, 0, -2.5e300, '', '', '[]', '00:00:00', 0, 'a', ''),
-                (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"""
-            )
-            cur.execute("UPDATE v SET d = '2000-01-02', vb = x'41' WHERE id = 3")
+            for sql in statements:
+                cur.execute(sql)
         down = runners[1]
-        await wait_until(lambda: down.ctx.stats.events_committed >= 4 or down.state != "running", timeout=60,
-                         what="every change applied downstream")  # fmt: skip
+        await wait_until(lambda: down.ctx.stats.events_committed >= changes or down.state != "running",
+                         timeout=60, what="every change applied downstream")  # fmt: skip
         assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
-        got = [tuple(r) for r in await conn.fetch("SELECT id, d, dt, ts, dec1, u, f, vb, bl, j, tm, flag, e, s "
-                                                  "FROM v ORDER BY id")]  # fmt: skip
+        return [tuple(r) for r in await conn.fetch(query)]
     finally:
         for r in runners:
             await r.drain()
         await asyncio.gather(*tasks)
         await conn.close()
+
+
+async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgres(
+    mariadb: MariaDB, tansu: Tansu, postgres: Postgres
+) -> None:
+    """MariaDB → Kafka → PostgreSQL: a topic carries values as JSON, so dates and times arrive as
+    ISO text, bytes as base64, decimals as text. Each must reach the target column of its type
+    as the value the source held (a date column refused the text: every change was poison)."""
+    from datetime import UTC, date, datetime, time
+    from decimal import Decimal
+
+    ddl = (
+        "CREATE TABLE v (id int PRIMARY KEY, d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, dec1 DECIMAL(30,10), "
+        "u BIGINT UNSIGNED, f DOUBLE, vb VARBINARY(16), bl BLOB, j JSON, tm TIME(3), flag TINYINT(1), "
+        "e ENUM('a','b c'), s SET('x','y'))",
+        "CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ts timestamptz, dec1 numeric, u numeric, "
+        "f float8, vb bytea, bl bytea, j jsonb, tm time, flag boolean, e text, s text, _df_position text)",
+    )
+    statements = [
+        """INSERT INTO v VALUES
+        (1, '2024-02-29', '2024-02-29 23:59:59.000001', '2024-02-29 12:00:00.125', '-12345678901234567890.0123456789',
+         18446744073709551615, 0.1, x'00ff10', x'deadbeef', '{"a": [1, "x"], "n": 1.5}', '23:59:59.999', 1, 'b c', 'x,y'),
+        (2, '0001-01-01', '9999-12-31 23:59:59', '1970-01-01 00:00:01', 0, 0, -2.5e300, '', '', '[]', '00:00:00', 0, 'a', ''),
+        (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",
+        "UPDATE v SET d = '2000-01-02', vb = x'41' WHERE id = 3",
+    ]
+    got = await through_a_topic((mariadb, tansu, postgres), "rt2", ddl, statements, 4,
+                                "SELECT id, d, dt, ts, dec1, u, f, vb, bl, j, tm, flag, e, s FROM v ORDER BY id")  # fmt: skip
     utc = UTC
     assert got == [
         (1, date(2024, 2, 29), datetime(2024, 2, 29, 23, 59, 59, 1), datetime(2024, 2, 29, 12, 0, 0, 125_000, utc),
@@ -509,3 +527,19 @@ async def test_start_latest_skips_what_was_there_before_the_first_start_and_noth
     await run(6, "nt.c", 0)
     assert values() == {"a2", "a6", *(f"nt.b-{i}" for i in range(10)), *(f"nt.c-{i}" for i in range(6)),
                         "last-2-0", "last-2-1", "last-6-0", "last-6-1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("envelope", ["debezium", "native"])
+async def test_a_truncate_read_from_a_topic_empties_the_target(
+    mariadb: MariaDB, tansu: Tansu, postgres: Postgres, envelope: str
+) -> None:
+    """A TRUNCATE upstream is an ``op: t`` record in the topic; read back, it truncates the
+    PostgreSQL target as it does reading the database itself. (It was a malformed record: the
+    pipeline halted on it, or, with the journal on, the target kept every row the source dropped.)"""
+    got = await through_a_topic(
+        (mariadb, tansu, postgres), f"tr{envelope[0]}",
+        ("CREATE TABLE v (id int PRIMARY KEY, x int)", "CREATE TABLE v (id int PRIMARY KEY, x int, _df_position text)"),
+        ["INSERT INTO v VALUES (1, 1), (2, 2)", "TRUNCATE TABLE v", "INSERT INTO v VALUES (3, 3)"], 4,
+        "SELECT id, x FROM v ORDER BY id", envelope,
+    )  # fmt: skip
+    assert got == [(3, 3)]

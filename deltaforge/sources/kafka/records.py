@@ -20,7 +20,8 @@ from deltaforge.events import Event, Row, new_event, new_source_info
 from deltaforge.position import PositionDoc
 from deltaforge.sources.kafka.position import KafkaPosition
 
-_OPS = frozenset(("c", "u", "d", "r"))
+_OPS = frozenset(("c", "u", "d", "r", "t"))
+"""A change's ops; ``t`` is a TRUNCATE (deltaforge's and Debezium's), with no row images."""
 # Keys of an envelope's source block that are not the upstream position.
 _NOT_POSITION = frozenset(("connector", "db", "schema", "table", "ts_ms", "name", "snapshot", "version",
                            "sequence", "ts_us", "ts_ns"))  # fmt: skip
@@ -171,9 +172,11 @@ class RecordReader:
     def _change(self, doc: dict[str, Any], rec: Record, checkpoint: KafkaPosition) -> Event:
         op = doc.get("op")
         if op not in _OPS:
-            raise Malformed(f"op is {op!r}, expected one of c, u, d, r")
+            raise Malformed(f"op is {op!r}, expected one of c, u, d, r, t")
         before, after = _row(doc.get("before"), "before"), _row(doc.get("after"), "after")
-        if (after if op != "d" else before) is None:
+        if op == "t":
+            before = after = None
+        elif (after if op != "d" else before) is None:
             raise Malformed(f"op {op!r} without its {'before' if op == 'd' else 'after'} image")
         src = doc.get("source")
         if not isinstance(src, dict) or not isinstance(src.get("table"), str):
