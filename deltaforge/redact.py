@@ -4,6 +4,8 @@ Example::
 
     >>> redact("connect to mysql://cdc:s3cret@db:3306/shop failed")
     'connect to mysql://cdc:***@db:3306/shop failed'
+    >>> redact("mysql://cdc:p@ss/w@db:3306/shop and nats://t0ken@nats:4222")
+    'mysql://cdc:***@db:3306/shop and nats://***@nats:4222'
     >>> redact("host=db password=s3cret dbname=app")
     'host=db password=*** dbname=app'
     >>> redact('{"producer": {"sasl.password": "s3cret", "ssl.key.password": 1234}}')
@@ -14,7 +16,13 @@ from __future__ import annotations
 
 import re
 
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*):([^@\s\"'/]+)@")
+# The password runs to the userinfo's last ``@`` (as drivers read it: ``p@ss`` and ``pa/ss``
+# typed as they are still connect), within one URL of a list (``nats://a,nats://b``).
+_URL_PASSWORD = re.compile(
+    r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"',]*):((?:(?!,[A-Za-z][A-Za-z0-9+.-]*://)[^\s\"'])+)@"
+)
+_NATS_TOKEN = re.compile(r"((?:nats|tls|wss?)://)([^/\s:@\"',]+)@")
+"""NATS takes a token as the URL's user (``nats://s3cr3t@host:4222``)."""
 # A key that names a secret, in the forms text carries one: ``key=value`` (a libpq DSN), JSON's
 # ``"key": value`` (also inside a JSON string, its quotes escaped, at any depth) and a Python
 # dict's ``'key': value``. Not an unquoted ``key: ...``: that is how errors name a field
@@ -37,6 +45,7 @@ def redact(text: str) -> str:
     """``text`` with every password it carries replaced by ``***``."""
     if "@" in text:
         text = _URL_PASSWORD.sub(r"\1:***@", text)
+        text = _NATS_TOKEN.sub(r"\1***@", text)
     lower = text.lower()
     if any(hint in lower for hint in _HINTS):
         text = _mask_secret_values(text)

@@ -76,6 +76,31 @@ def test_a_secret_setting_is_masked_in_json_at_any_depth_and_in_a_repr(
     assert ast.literal_eval(redact(repr(doc))) == {"producer": {key: "***", "acks": "all"}}
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    password=st.text(
+        st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="\"'\\"), min_size=1
+    ),
+    scheme=st.sampled_from(["mysql", "postgresql", "redis", "nats"]),
+)
+def test_a_password_in_a_url_is_masked_whatever_it_holds(password: str, scheme: str) -> None:
+    """A password written into a DSN as typed, not percent-encoded (``p@ss``, ``pa/ss``): drivers
+    take the userinfo up to the last ``@``, so such a DSN connects, and its log lines and errors
+    showed the password's end (``cdc:***@ss@db``) or all of it."""
+    text = f"connecting to {scheme}://cdc:{password}@db:5432/shop failed, and nats://n:{password}@h:4222,nats://h2:4222"
+    assert (
+        redact(text)
+        == "connecting to "
+        + f"{scheme}://cdc:***@db:5432/shop failed, and nats://n:***@h:4222,nats://h2:4222"
+    )
+
+
+@pytest.mark.parametrize("scheme", ["nats", "tls"])
+def test_a_nats_token_in_a_url_is_masked(scheme: str) -> None:
+    """NATS takes a token as the URL's user (``nats://s3cr3t@host:4222``): it is the secret."""
+    assert redact(f"{scheme}://s3cr3t@nats:4222 refused") == f"{scheme}://***@nats:4222 refused"
+
+
 def test_only_loopback_is_served_without_a_token() -> None:
     for addr in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", ":8080"):
         assert unsafe_bind(addr, None) is None, addr
