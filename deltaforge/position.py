@@ -87,12 +87,26 @@ class PartitionedPosition(Position, Protocol):
         """Whether a sink at this position has the event whose checkpoint is ``checkpoint``."""
         ...
 
+    def lane(self) -> tuple[str, tuple[int, ...]] | None:
+        """The partition this position is right after a record of, named, and that record's order
+        within it (None for a position loaded from a checkpoint). A sink that keeps a watermark
+        of what it wrote (Redis ``exactly_once``) keeps one per partition: records of different
+        partitions do not sort against each other."""
+        ...
+
+
+def lane_of(position: Position) -> tuple[str, tuple[int, ...]] | None:
+    """:meth:`PartitionedPosition.lane` of a partitioned position; None for any other."""
+    if _partitioned(type(position)):
+        return cast(PartitionedPosition, position).lane()
+    return None
+
 
 @cache
 def _partitioned(kind: type) -> bool:
     """Whether positions of ``kind`` are :class:`PartitionedPosition`s: once per type, because an
     isinstance check against a runtime protocol costs ~13 µs, and this runs for every batch."""
-    return all(callable(getattr(kind, name, None)) for name in ("join", "meet", "holds"))
+    return all(callable(getattr(kind, name, None)) for name in ("join", "meet", "holds", "lane"))
 
 
 def advance(current: Position | None, reached: Position) -> Position:

@@ -32,7 +32,7 @@ from redis import exceptions as rex
 from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSettings, Text, matching
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
-from deltaforge.position import Position
+from deltaforge.position import Position, lane_of
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, servers_of
@@ -157,19 +157,24 @@ class RedisSink(Sink[RedisSinkConfig]):
             await self.open()
         if not self._settings_read:
             await self._read_settings()
-        by_stream: dict[str, list[Any]] = defaultdict(list)
-        eo = self.exactly_once
-        for e in events:
-            value, key = self.encode(e), e.idempotency_key
-            by_stream[self.stream_of(e)].append((position_text(e.order), value, key) if eo else (value, key))
+        by_stream: dict[tuple[str, str], list[Any]] = defaultdict(list)  # by stream and lane
+        if self.exactly_once:
+            for e in events:
+                lane, order = _watermark_of(e)
+                by_stream[self.stream_of(e), lane].append(
+                    (position_text(order), self.encode(e), e.idempotency_key)
+                )
+        else:
+            for e in events:
+                by_stream[self.stream_of(e), ""].append((self.encode(e), e.idempotency_key))
         with self._errors():
             if self._scripted:
                 try:
                     await self._run(
                         [
                             call
-                            for stream, entries in by_stream.items()
-                            for call in self._calls(stream, entries)
+                            for (stream, lane), entries in by_stream.items()
+                            for call in self._calls(stream, lane, entries)
                         ]
                     )
                     return
@@ -181,7 +186,7 @@ class RedisSink(Sink[RedisSinkConfig]):
                         "redis_scripts_refused", actor="RedisSink", sink=self.id, reason=str(exc),
                         fallback="one pipelined XADD per event",
                     )  # fmt: skip
-            await self._xadd(by_stream)
+            await self._xadd({stream: entries for (stream, _), entries in by_stream.items()})
 
     async def _read_settings(self) -> None:
         """Once, before the first batch: what the server's settings risk of acknowledged entries
@@ -230,9 +235,11 @@ class RedisSink(Sink[RedisSinkConfig]):
         except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
             raise RetryableSinkError(f"redis sink {self.id!r}: {type(exc).__name__}: {exc}") from None
 
-    def _calls(self, stream: str, entries: list[Any]) -> Iterator[Call]:
-        """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time."""
-        keys = [stream, f"{stream}:df:watermark"] if self.exactly_once else [stream]
+    def _calls(self, stream: str, lane: str, entries: list[Any]) -> Iterator[Call]:
+        """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time; with
+        ``exactly_once``, past the watermark of their ``lane`` (see :func:`_watermark_of`)."""
+        watermark = f"{stream}:df:watermark" + (f":{lane}" if lane else "")
+        keys = [stream, watermark] if self.exactly_once else [stream]
         for i in range(0, len(entries), PER_CALL):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
 
@@ -287,6 +294,16 @@ class RedisSink(Sink[RedisSinkConfig]):
                 if before:  # '' when the ACL hides the stream's last ID
                     self.lost_acknowledged += self.acked.check(keys[0], _stream_id(before), _stream_id(after))
             return
+
+
+def _watermark_of(e: Event) -> tuple[str, tuple[int, ...]]:
+    """The lane of ``e``'s watermark, and its order within it. A source with a total order has
+    one lane, ``""`` (the watermark ``<stream>:df:watermark``). A partitioned one (a Kafka
+    topic) has one per partition, ordered by offset (``<stream>:df:watermark:<topic>:<partition>``):
+    partitions are read interleaved and their records' positions do not sort against each
+    other's, so one watermark dropped every record behind the one another partition had moved."""
+    found = lane_of(e.checkpoint)
+    return ("", e.order) if found is None else found
 
 
 def _last_id(info: Any) -> tuple[int, int] | None:

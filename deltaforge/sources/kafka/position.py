@@ -68,6 +68,12 @@ class KafkaPosition(NamedTuple):
         both = tuple((t, p, min(o, theirs[(t, p)])) for t, p, o in self.offsets if (t, p) in theirs)
         return self if both == self.offsets else KafkaPosition(both)
 
+    def lane(self) -> tuple[str, tuple[int, ...]] | None:
+        if self.at is None:
+            return None
+        t, p, o = self.at
+        return f"{t}:{p}", (o,)
+
     def holds(self, checkpoint: KafkaPosition) -> bool:
         if checkpoint.at is None:  # a whole position: held when every partition of it is
             mine = self.next_offsets()
