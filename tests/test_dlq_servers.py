@@ -8,14 +8,16 @@ import asyncio
 from typing import Any
 
 import asyncpg
+import orjson
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event, with_images
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, make_event
+from tests.kit import SyntheticSource, make_event, sink_pipeline
 from tests.servers.postgres import Postgres
+from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
 from tests.test_kafka_sink import consume, kafka_doc
 from tests.test_postgres_sink import _reader_up, pg_doc, rows, target
@@ -109,3 +111,27 @@ def _all() -> Any:
     from deltaforge.state.deadletters import Select
 
     return Select()
+
+
+async def test_a_dead_letter_replayed_into_a_redis_stream_exactly_once_is_written(
+    redis_server: Redis,
+) -> None:
+    """A Redis ``exactly_once`` stream writes only entries past its watermark, and a dead letter
+    is older than the changes delivered after it: replayed, it was skipped as written already,
+    and acked, gone from the queue and never in the stream. (Here the stream name the template
+    could not render is fixed in the config, as a user would before replaying.)"""
+    n, poison = 2_000, 1_234
+    doc = sink_pipeline("r", "redis", {"id": "r", "uri": redis_server.uri(), "stream": "cdc.${after.code}",
+                                       "exactly_once": True})  # fmt: skip
+    runner = await drain(doc, OddSource(n, missing=poison), n)
+    assert runner.ctx.dlq is not None and runner.ctx.dlq.added == 1
+    doc["spec"]["sinks"][0]["config"]["stream"] = "cdc.fixed"
+    # ten newer changes go to the new stream first, then the dead letter is replayed
+    again = PipelineRunner(parse_pipeline(doc, env={}), store=runner.store, source=OddSource(n + 10))
+    task = asyncio.create_task(again.run())
+    await wait_until(lambda: again.ctx.stats.events_committed >= 10, what="the ten newer changes delivered")
+    assert await again.replay_dead_letters(_all()) == 1
+    await again.drain()
+    await task
+    written = [orjson.loads(f[b"event"])["event_id"] for _, f in redis_server.client().xrange("cdc.fixed")]
+    assert written == [str(s) for s in range(n + 1, n + 11)] + [str(poison)]

@@ -192,7 +192,7 @@ class DeliveryWorker(Actor):
     async def replay(self, events: list[Event]) -> None:
         """Dead letters again, as they were (their idempotency keys too): no position recorded."""
         await self._open()
-        await self.sink.deliver(events, None)
+        await self.sink.deliver_dead_letters(events)
 
     async def _probe(self) -> str | None:
         """Whether the sink answers now: None if so, else why not."""

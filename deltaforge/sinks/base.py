@@ -98,6 +98,12 @@ class Sink(ABC, Generic[K]):
         """Deliver ``events`` durably, in order; ``position`` is where the source stands once
         this batch is in (a sink that records its position stores it with the batch)."""
 
+    async def deliver_dead_letters(self, events: list[Event]) -> None:
+        """Deliver dead letters again, as they were (their idempotency keys too), recording no
+        position. They are older than the changes delivered since: a sink that skips what is
+        behind a mark of its own (Redis ``exactly_once``) must not skip them."""
+        await self.deliver(events, None)
+
     async def stored_position(self) -> PositionDoc | None:
         """The position stored with the last batch this sink holds, if it records one."""
         return None

@@ -138,6 +138,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         self.encode = encoder(config.envelope)
         self._client: aioredis.Redis | None = None
         self._script: Any = None
+        self._append: Any = None  # the default mode's script: dead letters go in with it too
         self._scripted = True  # False once the server refused the default mode's script
         self._settings_read = False
         self.target = servers_of([self.uri], 6379)
@@ -145,7 +146,8 @@ class RedisSink(Sink[RedisSinkConfig]):
 
     async def open(self) -> None:
         self._client = aioredis.from_url(self.uri, socket_timeout=10, socket_connect_timeout=5)
-        self._script = self._client.register_script(_EXACTLY_ONCE if self.exactly_once else _APPEND)
+        self._append = self._client.register_script(_APPEND)
+        self._script = self._client.register_script(_EXACTLY_ONCE) if self.exactly_once else self._append
 
     async def close(self) -> None:
         if self._client is not None:
@@ -153,12 +155,22 @@ class RedisSink(Sink[RedisSinkConfig]):
             await client.aclose()
 
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
+        await self._deliver(events, self.exactly_once)
+
+    async def deliver_dead_letters(self, events: list[Event]) -> None:
+        """Dead letters are older than the changes delivered after them, so an ``exactly_once``
+        stream's watermark is past them: they go in with the default mode's script, leaving the
+        watermark where it is (replayed twice, after a crash between the write and the queue's
+        ack, one is there twice, with its idempotency key: at-least-once, as the README says)."""
+        await self._deliver(events, False)
+
+    async def _deliver(self, events: list[Event], watermarked: bool) -> None:
         if self._client is None:
             await self.open()
         if not self._settings_read:
             await self._read_settings()
         by_stream: dict[tuple[str, str], list[Any]] = defaultdict(list)  # by stream and lane
-        if self.exactly_once:
+        if watermarked:
             for e in events:
                 lane, order = _watermark_of(e)
                 by_stream[self.stream_of(e), lane].append(
@@ -170,16 +182,15 @@ class RedisSink(Sink[RedisSinkConfig]):
         with self._errors():
             if self._scripted:
                 try:
-                    await self._run(
-                        [
-                            call
-                            for (stream, lane), entries in by_stream.items()
-                            for call in self._calls(stream, lane, entries)
-                        ]
-                    )
+                    calls = [
+                        call
+                        for (stream, lane), entries in by_stream.items()
+                        for call in self._calls(stream, lane, entries, watermarked)
+                    ]
+                    await self._run(calls, self._script if watermarked else self._append)
                     return
                 except rex.NoPermissionError as exc:
-                    if self.exactly_once:
+                    if self.exactly_once:  # its dead letters too: the fallback would stay for all
                         raise
                     self._scripted = False
                     structlog.get_logger().warning(
@@ -235,11 +246,11 @@ class RedisSink(Sink[RedisSinkConfig]):
         except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
             raise RetryableSinkError(f"redis sink {self.id!r}: {type(exc).__name__}: {exc}") from None
 
-    def _calls(self, stream: str, lane: str, entries: list[Any]) -> Iterator[Call]:
-        """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time; with
-        ``exactly_once``, past the watermark of their ``lane`` (see :func:`_watermark_of`)."""
+    def _calls(self, stream: str, lane: str, entries: list[Any], watermarked: bool) -> Iterator[Call]:
+        """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time;
+        ``watermarked``, past the watermark of their ``lane`` (see :func:`_watermark_of`)."""
         watermark = f"{stream}:df:watermark" + (f":{lane}" if lane else "")
-        keys = [stream, watermark] if self.exactly_once else [stream]
+        keys = [stream, watermark] if watermarked else [stream]
         for i in range(0, len(entries), PER_CALL):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
 
@@ -269,7 +280,7 @@ class RedisSink(Sink[RedisSinkConfig]):
             if before is not None:
                 self.lost_acknowledged += self.acked.check(stream, before, _stream_id(last))
 
-    async def _run(self, calls: list[Call]) -> None:
+    async def _run(self, calls: list[Call], script: Any) -> None:
         """The script's calls in order, in one round trip. A server without the script answers
         every call NOSCRIPT and has run none of them: it is sent the script and the calls again.
         If only some calls were refused (the scripts flushed between two of them), the others
@@ -279,11 +290,11 @@ class RedisSink(Sink[RedisSinkConfig]):
         for attempt in range(2):
             pipe = self._client.pipeline(transaction=False)
             for keys, args in calls:
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             missing = [r for r in results if isinstance(r, rex.NoScriptError)]
             if missing:
-                await self._client.script_load(self._script.script)  # same hash: the text's SHA-1
+                await self._client.script_load(script.script)  # same hash: the text's SHA-1
                 if len(missing) == len(results) and attempt == 0:
                     continue
                 raise RetryableSinkError(f"redis sink {self.id!r}: the server lost its scripts mid-batch")
