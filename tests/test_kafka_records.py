@@ -120,3 +120,29 @@ def test_a_wrong_topics_field_is_refused_naming_it(topics: Any, said: str) -> No
     with pytest.raises(ConfigError) as err:
         parse_pipeline(doc)
     assert "spec.source.config.topics" in str(err.value) and said in str(err.value)
+
+
+def test_kafka_connects_logical_types_are_read_as_the_values_they_stand_for() -> None:
+    """Every logical type Debezium and Kafka Connect write a time or number as (the PostgreSQL
+    round trip in tests/test_kafka_source.py has the rest); a record without its schema, and a
+    column the schema does not type, are left as they are."""
+    from datetime import date, datetime, timedelta
+
+    from deltaforge.sources.kafka.connect_types import typed_images
+
+    names = {"ns": "io.debezium.time.NanoTimestamp", "nt": "io.debezium.time.NanoTime",
+             "t": "io.debezium.time.Time", "kt": "org.apache.kafka.connect.data.Timestamp",
+             "kd": "org.apache.kafka.connect.data.Date", "kti": "org.apache.kafka.connect.data.Time",
+             "dur": "io.debezium.time.MicroDuration"}  # fmt: skip
+    fields = [{"field": f, "type": "int64", "name": n} for f, n in names.items()] + [
+        {"field": "plain", "type": "int64"}
+    ]
+    schema = {"fields": [{"field": "before", "fields": fields}, {"field": "after", "fields": fields}]}
+    row = {"ns": 1_500_001_999, "nt": 3_600_000_000_001, "t": 61_000, "kt": -1000, "kd": 1, "kti": 1,
+           "dur": -90_000_000, "plain": 5, "extra": "x"}  # fmt: skip
+    got = typed_images(schema, {"op": "u", "before": row, "after": {**row, "ns": None}})
+    want = {"ns": datetime(1970, 1, 1, 0, 0, 1, 500_001), "nt": timedelta(hours=1), "t": timedelta(seconds=61),
+            "kt": datetime(1969, 12, 31, 23, 59, 59), "kd": date(1970, 1, 2), "kti": timedelta(milliseconds=1),
+            "dur": timedelta(seconds=-90), "plain": 5, "extra": "x"}  # fmt: skip
+    assert got == {"op": "u", "before": want, "after": {**want, "ns": None}}
+    assert typed_images(None, {"after": row}) == {"after": row}

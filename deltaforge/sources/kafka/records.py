@@ -18,6 +18,7 @@ import orjson
 
 from deltaforge.events import Event, Row, new_event, new_source_info
 from deltaforge.position import PositionDoc
+from deltaforge.sources.kafka.connect_types import typed_images
 from deltaforge.sources.kafka.position import KafkaPosition
 
 _OPS = frozenset(("c", "u", "d", "r", "t"))
@@ -166,7 +167,7 @@ class RecordReader:
             payload = doc["payload"]
             if not isinstance(payload, dict):
                 raise Malformed("payload is not an object")
-            return payload
+            return typed_images(doc["schema"], payload)  # Kafka Connect's dates, decimals, bytes
         return doc
 
     def _change(self, doc: dict[str, Any], rec: Record, checkpoint: KafkaPosition) -> Event:
