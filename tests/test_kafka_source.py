@@ -6,6 +6,7 @@ envelope parsing in-process: tests/test_kafka_records.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 from pathlib import Path
 from typing import Any
@@ -584,20 +585,22 @@ async def test_partitions_read_into_one_redis_stream_exactly_once_lose_nothing(
     assert sorted(ids) == list(range(300))  # each once: the replay wrote nothing
 
 
-def debezium_record(after: dict[str, Any], fields: list[dict[str, Any]]) -> bytes:
+def debezium_record(
+    after: dict[str, Any], fields: list[dict[str, Any]], op: str = "c", pos: int = 154
+) -> bytes:
     """A Debezium MySQL connector's change record as Kafka Connect's JsonConverter writes it, with
     its inline schema (``schemas.enable``, the default)."""
     row = {"type": "struct", "optional": True, "name": "dbserver1.inventory.v.Value", "fields": fields}
     source = {"version": "2.7.0.Final", "connector": "mysql", "name": "dbserver1", "ts_ms": 1700000000000,
               "snapshot": "false", "db": "inventory", "table": "v", "server_id": 223344, "gtid": None,
-              "file": "mysql-bin.000003", "pos": 154, "row": 0, "thread": 7, "query": None}  # fmt: skip
+              "file": "mysql-bin.000003", "pos": pos, "row": 0, "thread": 7, "query": None}  # fmt: skip
     schema = {"type": "struct", "name": "dbserver1.inventory.v.Envelope", "optional": False, "fields": [
         {**row, "field": "before"}, {**row, "field": "after"},
         {"type": "struct", "field": "source", "optional": False, "name": "io.debezium.connector.mysql.Source",
          "fields": []},
         {"type": "string", "field": "op", "optional": False}, {"type": "int64", "field": "ts_ms", "optional": True},
     ]}  # fmt: skip
-    payload = {"before": None, "after": after, "source": source, "op": "c", "ts_ms": 1700000000001}
+    payload = {"before": None, "after": after, "source": source, "op": op, "ts_ms": 1700000000001}
     return orjson.dumps({"schema": schema, "payload": payload})
 
 
@@ -662,3 +665,43 @@ async def test_a_debezium_topics_logical_types_reach_postgres_as_the_values_they
         (2, date(1, 1, 1), datetime(1969, 12, 31, 23, 59, 59, 999_999), datetime(1970, 1, 1), time(0),
          Decimal("0.00"), Decimal(0), b"", None),
     ]  # fmt: skip
+
+
+async def test_debeziums_unavailable_value_placeholder_leaves_the_targets_value_as_it_is(
+    tansu: Tansu, postgres: Postgres
+) -> None:
+    """Debezium's PostgreSQL connector writes an unchanged TOASTed column it could not read as
+    ``__debezium_unavailable_value`` (bytes: those bytes, in base64; an array: a list of it).
+    Read back, it is deltaforge's unchanged-TOAST marker, which the PostgreSQL sink leaves out
+    of its update: the target keeps the value. (The placeholder was written into the column.)"""
+    placeholder = "__debezium_unavailable_value"
+    fields = [{"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "doc"},
+              {"type": "bytes", "optional": True, "field": "blob"},
+              {"type": "array", "optional": True, "items": {"type": "string"}, "field": "tags"},
+              {"type": "int32", "optional": True, "field": "v"}]  # fmt: skip
+    first = {"id": 1, "doc": "x" * 10_000, "blob": "AAEC", "tags": ["a", "b"], "v": 1}
+    later = {"id": 1, "doc": placeholder, "blob": base64.b64encode(placeholder.encode()).decode(), "tags": [placeholder],
+             "v": 2}  # fmt: skip
+    topic = "dbserver1.public.v"
+    tansu.create_topic(topic, 1)
+    produce(tansu.bootstrap, [(topic, 0, b'{"id": 1}', debezium_record(first, fields)),
+                              (topic, 0, b'{"id": 1}', debezium_record(later, fields, "u", 200))])  # fmt: skip
+    pg = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(pg))
+    await conn.execute(
+        "CREATE TABLE v (id int PRIMARY KEY, doc text, blob bytea, tags text[], v int, _df_position text)"
+    )
+    doc = pipeline("ph", source_doc(tansu.bootstrap, [topic], "gph", "debezium"),
+                   [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg), "upsert_strategy": "if_newer"}}])  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 2 or task.done(), timeout=60,
+                         what="both applied")  # fmt: skip
+        assert runner.state == "running", runner.failure
+        got = [tuple(r) for r in await conn.fetch("SELECT id, doc, blob, tags, v FROM v")]
+    finally:
+        await runner.drain()
+        await task
+        await conn.close()
+    assert got == [(1, "x" * 10_000, b"\x00\x01\x02", ["a", "b"], 2)]

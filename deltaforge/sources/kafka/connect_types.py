@@ -11,6 +11,11 @@ schema names each column's type, so the row images are read back as the values t
 ``bytes``, as the database sources give them. A record without a schema is left as it is: its
 numbers say nothing of what they stand for.
 
+Debezium's PostgreSQL connector writes an unchanged TOASTed value it could not read as the
+placeholder ``__debezium_unavailable_value`` (bytes: its bytes; an array: a list of it):
+:func:`unavailable_marked` makes it deltaforge's own marker, which a PostgreSQL sink leaves out of
+its update (written as a value, the placeholder replaced the column's text).
+
     >>> field = {"field": "d", "type": "int32", "name": "io.debezium.time.Date"}
     >>> schema = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [field]}]}
     >>> typed_images(schema, {"after": {"d": 19782}})["after"]
@@ -110,6 +115,26 @@ def _reader(field: dict[str, Any]) -> Callable[[Any], Any] | None:
     return None
 
 
+UNAVAILABLE = "__debezium_unavailable_value"
+"""Debezium's default ``unavailable.value.placeholder``."""
+_UNAVAILABLE = frozenset((UNAVAILABLE, UNAVAILABLE.encode(), base64.b64encode(UNAVAILABLE.encode()).decode()))
+_UNCHANGED = {"__unchanged_toast__": True}
+
+
+def _unavailable(value: Any) -> bool:
+    if isinstance(value, list):
+        return len(value) == 1 and _unavailable(value[0])
+    return isinstance(value, str | bytes) and value in _UNAVAILABLE
+
+
+def unavailable_marked(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``row`` with Debezium's placeholder for a value it could not read as deltaforge's
+    unchanged-TOAST marker (``{"__unchanged_toast__": true}``)."""
+    if not row or not any(_unavailable(v) for v in row.values()):
+        return row
+    return {k: (dict(_UNCHANGED) if _unavailable(v) else v) for k, v in row.items()}
+
+
 def typed_images(schema: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """``payload`` with its ``before`` and ``after`` read as their schema's logical types say."""
     if not isinstance(schema, dict):
@@ -119,7 +144,9 @@ def typed_images(schema: Any, payload: dict[str, Any]) -> dict[str, Any]:
         name = image.get("field") if isinstance(image, dict) else None
         if name not in ("before", "after") or not isinstance(row := payload.get(name), dict):
             continue
-        readers = {f["field"]: r for f in image.get("fields") or () if isinstance(f, dict) and (r := _reader(f))}
+        readers = {
+            f["field"]: r for f in image.get("fields") or () if isinstance(f, dict) and (r := _reader(f))
+        }
         if readers:
             if out is payload:
                 out = dict(payload)

@@ -18,7 +18,7 @@ import orjson
 
 from deltaforge.events import Event, Row, new_event, new_source_info
 from deltaforge.position import PositionDoc
-from deltaforge.sources.kafka.connect_types import typed_images
+from deltaforge.sources.kafka.connect_types import typed_images, unavailable_marked
 from deltaforge.sources.kafka.position import KafkaPosition
 
 _OPS = frozenset(("c", "u", "d", "r", "t"))
@@ -175,6 +175,8 @@ class RecordReader:
         if op not in _OPS:
             raise Malformed(f"op is {op!r}, expected one of c, u, d, r, t")
         before, after = _row(doc.get("before"), "before"), _row(doc.get("after"), "after")
+        if self.format == "debezium":
+            before, after = unavailable_marked(before), unavailable_marked(after)
         if op == "t":
             before = after = None
         elif (after if op != "d" else before) is None:
