@@ -705,3 +705,48 @@ async def test_debeziums_unavailable_value_placeholder_leaves_the_targets_value_
         await task
         await conn.close()
     assert got == [(1, "x" * 10_000, b"\x00\x01\x02", ["a", "b"], 2)]
+
+
+async def test_postgres_through_a_topic_to_postgres_copies_every_column_type(
+    tansu: Tansu, postgres: Postgres
+) -> None:
+    """PostgreSQL → Kafka (debezium) → PostgreSQL: every column type the direct copy takes
+    (``tests/test_postgres_sink.py``) arrives equal after the trip through JSON, NULLs, updates, a
+    key moving and a delete included."""
+    from tests.test_postgres_sink import EVERY_TYPE, TYPES_DDL, _reader_up, rows, target
+
+    columns, names = ", ".join(f"{n} {t}" for n, t, _, _ in EVERY_TYPE), ", ".join(v[0] for v in EVERY_TYPE)
+    source_db = await target(postgres, TYPES_DDL.format(columns=columns, extra=""))
+    target_db = await target(postgres, TYPES_DDL.format(columns=columns, extra=", _df_position text"))
+    values = [(", ".join(v[2] for v in EVERY_TYPE)), (", ".join(v[3] for v in EVERY_TYPE))]
+    tansu.create_topic("pgrt.t", 1)
+    source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                             "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
+    upstream = pipeline("pgup", source, [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap,
+                                                                       "topic": "pgrt.${source.table}", "envelope": "debezium"}}])  # fmt: skip
+    downstream = pipeline("pgdown", source_doc(tansu.bootstrap, ["pgrt.t"], "gpgrt", "debezium"),
+                          [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(target_db),
+                                                           "upsert_strategy": "if_newer"}}])  # fmt: skip
+    runners = [
+        PipelineRunner(parse_pipeline(d), store=MemoryCheckpointStore()) for d in (upstream, downstream)
+    ]
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        await wait_until(lambda: _reader_up(runners[0]), timeout=60, what="upstream reading")
+        conn = await asyncpg.connect(postgres.dsn(source_db))
+        await conn.execute(f"INSERT INTO t VALUES (1, '01:00', {values[0]}), (2, '02:00', {values[1]})")
+        await conn.execute("INSERT INTO t (id, k) VALUES (3, '03:00'), (4, '04:00')")
+        await conn.execute(f"UPDATE t SET ({names}) = (SELECT {names} FROM t WHERE id = 1) WHERE id = 3")
+        await conn.execute("UPDATE t SET k = '05:00:00.25', iv = '1 minute' WHERE id = 2")
+        await conn.execute("DELETE FROM t WHERE id = 4")
+        await conn.close()
+        down = runners[1]
+        await wait_until(lambda: down.ctx.stats.events_committed >= 7 or down.state != "running", timeout=60,
+                         what="every change applied downstream")  # fmt: skip
+        assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
+    finally:
+        for r in runners:
+            await r.drain()
+        await asyncio.gather(*tasks)
+    query = f"SELECT id, k, {', '.join(f'{n}::text' for n, _, _, _ in EVERY_TYPE)} FROM t ORDER BY id"
+    assert await rows(postgres.dsn(target_db), query) == await rows(postgres.dsn(source_db), query)

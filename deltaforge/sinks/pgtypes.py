@@ -82,6 +82,16 @@ def _bool(value: Any) -> Any:
     return value
 
 
+def _byte_array(value: Any) -> Any:
+    """A ``bytea[]``: its elements as :func:`_bytes` takes a bytea's (a list read back from a
+    topic holds base64 text), then the array's text."""
+
+    def decoded(v: Any) -> Any:
+        return [decoded(x) for x in v] if isinstance(v, list) else _bytes(v)
+
+    return pg_text(decoded(value) if isinstance(value, list) else value)
+
+
 def _bits(width: int) -> Callable[[Any], Any]:
     """A ``bit(width)`` (``varbit``: width 0) column's text: MySQL's BIT(n) arrives as the bytes
     that hold its bits, right-aligned, which become as many bits as the column has (a varbit
@@ -206,6 +216,8 @@ def _form(r: asyncpg.Record) -> ColumnForm:
         return ColumnForm(None, _instant(_INFINITE[base]))
     if base == "bytea":
         return ColumnForm(None, _bytes)
+    if base == "_bytea":
+        return ColumnForm(str(r["type"]), _byte_array)
     if base in NATIVE or r["enum"]:  # an enum takes its label
         return NATIVE_FORM
     return ColumnForm(str(r["type"]), pg_text)
