@@ -450,28 +450,29 @@ async def test_values_of_every_kind_survive_the_trip_through_a_topic_into_postgr
     ddl = (
         "CREATE TABLE v (id int PRIMARY KEY, d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, dec1 DECIMAL(30,10), "
         "u BIGINT UNSIGNED, f DOUBLE, vb VARBINARY(16), bl BLOB, j JSON, tm TIME(3), flag TINYINT(1), "
-        "e ENUM('a','b c'), s SET('x','y'))",
+        "e ENUM('a','b c'), s SET('x','y'), b5 BIT(5), b1 BIT(1))",
         "CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ts timestamptz, dec1 numeric, u numeric, "
-        "f float8, vb bytea, bl bytea, j jsonb, tm time, flag boolean, e text, s text, _df_position text)",
+        "f float8, vb bytea, bl bytea, j jsonb, tm time, flag boolean, e text, s text, b5 bit(5), b1 boolean, "
+        "_df_position text)",
     )
     statements = [
         """INSERT INTO v VALUES
         (1, '2024-02-29', '2024-02-29 23:59:59.000001', '2024-02-29 12:00:00.125', '-12345678901234567890.0123456789',
-         18446744073709551615, 0.1, x'00ff10', x'deadbeef', '{"a": [1, "x"], "n": 1.5}', '23:59:59.999', 1, 'b c', 'x,y'),
-        (2, '0001-01-01', '9999-12-31 23:59:59', '1970-01-01 00:00:01', 0, 0, -2.5e300, '', '', '[]', '00:00:00', 0, 'a', ''),
-        (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",
+         18446744073709551615, 0.1, x'00ff10', x'deadbeef', '{"a": [1, "x"], "n": 1.5}', '23:59:59.999', 1, 'b c', 'x,y', b'10110', b'1'),
+        (2, '0001-01-01', '9999-12-31 23:59:59', '1970-01-01 00:00:01', 0, 0, -2.5e300, '', '', '[]', '00:00:00', 0, 'a', '', b'00000', b'0'),
+        (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",
         "UPDATE v SET d = '2000-01-02', vb = x'41' WHERE id = 3",
     ]
     got = await through_a_topic((mariadb, tansu, postgres), "rt2", ddl, statements, 4,
-                                "SELECT id, d, dt, ts, dec1, u, f, vb, bl, j, tm, flag, e, s FROM v ORDER BY id")  # fmt: skip
+                                "SELECT id, d, dt, ts, dec1, u, f, vb, bl, j, tm, flag, e, s, b5::text, b1 FROM v ORDER BY id")  # fmt: skip
     utc = UTC
     assert got == [
         (1, date(2024, 2, 29), datetime(2024, 2, 29, 23, 59, 59, 1), datetime(2024, 2, 29, 12, 0, 0, 125_000, utc),
          Decimal("-12345678901234567890.0123456789"), Decimal(18446744073709551615), 0.1, b"\x00\xff\x10",
-         b"\xde\xad\xbe\xef", '{"a": [1, "x"], "n": 1.5}', time(23, 59, 59, 999_000), True, "b c", "x,y"),
+         b"\xde\xad\xbe\xef", '{"a": [1, "x"], "n": 1.5}', time(23, 59, 59, 999_000), True, "b c", "x,y", "10110", True),
         (2, date(1, 1, 1), datetime(9999, 12, 31, 23, 59, 59), datetime(1970, 1, 1, 0, 0, 1, tzinfo=utc),
-         Decimal(0), Decimal(0), -2.5e300, b"", b"", "[]", time(0), False, "a", ""),
-        (3, date(2000, 1, 2), None, None, None, None, None, b"A", None, None, None, None, None, None),
+         Decimal(0), Decimal(0), -2.5e300, b"", b"", "[]", time(0), False, "a", "", "00000", False),
+        (3, date(2000, 1, 2), None, None, None, None, None, b"A", None, None, None, None, None, None, None, None),
     ]  # fmt: skip
 
 

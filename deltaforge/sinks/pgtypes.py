@@ -79,6 +79,8 @@ def _bool(value: Any) -> Any:
         return bool(value)
     if isinstance(value, bytes) and value in (b"\x00", b"\x01"):
         return value == b"\x01"
+    if value in ("AA==", "AQ=="):  # a BIT(1)'s byte read back from a topic: base64
+        return value == "AQ=="
     return value
 
 
@@ -95,9 +97,13 @@ def _byte_array(value: Any) -> Any:
 def _bits(width: int) -> Callable[[Any], Any]:
     """A ``bit(width)`` (``varbit``: width 0) column's text: MySQL's BIT(n) arrives as the bytes
     that hold its bits, right-aligned, which become as many bits as the column has (a varbit
-    takes all the bytes' bits); PostgreSQL's own bit text is passed on."""
+    takes all the bytes' bits), or, read back from a topic, as their base64 (text that is not
+    all 0s and 1s: base64 of bytes all of whose characters are is taken as bit text);
+    PostgreSQL's own bit text is passed on."""
 
     def adapt(value: Any) -> Any:
+        if isinstance(value, str) and value.strip("01"):  # not bit text: base64, read back from a topic
+            value = _bytes(value)
         if isinstance(value, bytes):
             return format(int.from_bytes(value, "big"), f"0{width or len(value) * 8}b")
         return pg_text(value)
