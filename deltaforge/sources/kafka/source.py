@@ -135,6 +135,9 @@ class KafkaSource(Source):
         except KafkaError as exc:
             await consumer.stop()
             raise _failure(exc, f"connecting to {cfg.brokers}") from None
+        except BaseException:  # the ends not read in time (SourceUnavailable), a cancellation
+            await consumer.stop()
+            raise
         listener = _Rebalance(self)
         if cfg.pattern is not None:
             consumer.subscribe(pattern=cfg.pattern, listener=listener)
