@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +391,40 @@ async def test_aborted_transactions_of_a_topic_are_not_read(tansu: Tansu, tmp_pa
     assert values == ["a1", "b1"]
 
 
+def relay(
+    name: str, source: dict[str, Any], brokers: str, target_dsn: str, envelope: str = "debezium"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two pipelines: ``source`` → the Kafka topic ``<name>.<table>`` (``envelope``), and that
+    topic → PostgreSQL (if_newer) at ``target_dsn``."""
+    upstream = pipeline(f"{name}up", source, [{"type": "kafka", "config": {"id": "k", "brokers": brokers,
+                                                "topic": f"{name}.${{source.table}}", "envelope": envelope}}])  # fmt: skip
+    fmt = "native" if envelope == "native" else "debezium"
+    downstream = pipeline(f"{name}down", source_doc(brokers, f"/{name}\\..*/", f"g{name}", fmt),
+                          [{"type": "postgres", "config": {"id": "p", "dsn": target_dsn, "upsert_strategy": "if_newer"}}])  # fmt: skip
+    return upstream, downstream
+
+
+@contextlib.asynccontextmanager
+async def running_both(docs: tuple[dict[str, Any], dict[str, Any]]) -> AsyncIterator[list[PipelineRunner]]:
+    """``docs``' pipelines running; drained on the way out."""
+    runners = [PipelineRunner(parse_pipeline(d), store=MemoryCheckpointStore()) for d in docs]
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        yield runners
+    finally:
+        for r in runners:
+            await r.drain()
+        await asyncio.gather(*tasks)
+
+
+async def all_applied(runners: list[PipelineRunner], changes: int) -> None:
+    """Until the second pipeline has applied ``changes`` changes; both still running."""
+    down = runners[1]
+    await wait_until(lambda: down.ctx.stats.events_committed >= changes or down.state != "running",
+                     timeout=60, what="every change applied downstream")  # fmt: skip
+    assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
+
+
 async def through_a_topic(
     servers: tuple[MariaDB, Tansu, Postgres],
     name: str,
@@ -409,32 +445,17 @@ async def through_a_topic(
     pg = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(pg))
     await conn.execute(ddl[1])
-    upstream = pipeline(f"{name}up", {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(my), "tables": [f"{my}.v"]}},
-                        [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap,
-                                                      "topic": f"{name}.${{source.table}}", "envelope": envelope}}])  # fmt: skip
-    fmt = "native" if envelope == "native" else "debezium"
-    downstream = pipeline(f"{name}down", source_doc(tansu.bootstrap, [f"{name}.v"], f"g{name}", fmt),
-                          [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg),
-                                                           "upsert_strategy": "if_newer"}}])  # fmt: skip
-    runners = [
-        PipelineRunner(parse_pipeline(d), store=MemoryCheckpointStore()) for d in (upstream, downstream)
-    ]
-    tasks = [asyncio.create_task(r.run()) for r in runners]
+    source = {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(my), "tables": [f"{my}.v"]}}
     try:
-        await wait_until(lambda: runners[0].state == "running", timeout=60, what="upstream running")
-        with mariadb.root(my) as c, c.cursor() as cur:
-            cur.execute("SET time_zone = '+00:00'")
-            for sql in statements:
-                cur.execute(sql)
-        down = runners[1]
-        await wait_until(lambda: down.ctx.stats.events_committed >= changes or down.state != "running",
-                         timeout=60, what="every change applied downstream")  # fmt: skip
-        assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
-        return [tuple(r) for r in await conn.fetch(query)]
+        async with running_both(relay(name, source, tansu.bootstrap, postgres.dsn(pg), envelope)) as runners:
+            await wait_until(lambda: runners[0].state == "running", timeout=60, what="upstream running")
+            with mariadb.root(my) as c, c.cursor() as cur:
+                cur.execute("SET time_zone = '+00:00'")
+                for sql in statements:
+                    cur.execute(sql)
+            await all_applied(runners, changes)
+            return [tuple(r) for r in await conn.fetch(query)]
     finally:
-        for r in runners:
-            await r.drain()
-        await asyncio.gather(*tasks)
         await conn.close()
 
 
@@ -605,6 +626,34 @@ def debezium_record(
     return orjson.dumps({"schema": schema, "payload": payload})
 
 
+async def debezium_topic_into_postgres(
+    servers: tuple[Tansu, Postgres], topic: str, records: list[bytes], ddl: str, query: str
+) -> list[tuple[Any, ...]]:
+    """``records`` (of row ``id`` 1, in order, or keyed by their ``after.id``) in a new ``topic``,
+    read into a new PostgreSQL table by an if_newer sink: the rows of ``query`` once every
+    record is applied."""
+    tansu, postgres = servers
+    tansu.create_topic(topic, 1)
+    keyed = [(topic, 0, orjson.dumps({"id": orjson.loads(r)["payload"]["after"]["id"]}), r) for r in records]
+    produce(tansu.bootstrap, keyed)
+    pg = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(pg))
+    await conn.execute(ddl)
+    doc = pipeline(f"g{topic}", source_doc(tansu.bootstrap, [topic], f"g{topic}", "debezium"),
+                   [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg), "upsert_strategy": "if_newer"}}])  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: runner.ctx.stats.events_committed >= len(records) or task.done(), timeout=60,
+                         what="every record applied")  # fmt: skip
+        assert runner.state == "running", runner.failure
+        return [tuple(r) for r in await conn.fetch(query)]
+    finally:
+        await runner.drain()
+        await task
+        await conn.close()
+
+
 async def test_a_debezium_topics_logical_types_reach_postgres_as_the_values_they_stand_for(
     tansu: Tansu, postgres: Postgres
 ) -> None:
@@ -635,28 +684,12 @@ async def test_a_debezium_topics_logical_types_reach_postgres_as_the_values_they
         {"id": 2, "d": -719162, "dt": -1, "ms": 0, "tm": 0, "price": "AA==", "n": {"scale": 0, "value": "AA=="},
          "b": "", "zt": None},
     ]  # fmt: skip
-    tansu.create_topic("dbserver1.inventory.v", 1)
-    produce(tansu.bootstrap, [("dbserver1.inventory.v", 0, orjson.dumps({"id": r["id"]}), debezium_record(r, fields))
-                              for r in rows])  # fmt: skip
-    pg = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(pg))
-    await conn.execute("CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ms timestamp, tm time, "
-                       "price numeric, n numeric, b bytea, zt timestamptz, _df_position text)")  # fmt: skip
-    doc = pipeline("dbz", source_doc(tansu.bootstrap, ["dbserver1.inventory.v"], "gdbz", "debezium"),
-                   [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg), "upsert_strategy": "if_newer"}}])  # fmt: skip
-    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
-    task = asyncio.create_task(runner.run())
-    try:
-        await wait_until(lambda: runner.ctx.stats.events_committed >= 2 or task.done(), timeout=60,
-                         what="both applied")  # fmt: skip
-        assert runner.state == "running", runner.failure
-        got = [
-            tuple(r) for r in await conn.fetch("SELECT id, d, dt, ms, tm, price, n, b, zt FROM v ORDER BY id")
-        ]
-    finally:
-        await runner.drain()
-        await task
-        await conn.close()
+    got = await debezium_topic_into_postgres(
+        (tansu, postgres), "dbserver1.inventory.v", [debezium_record(r, fields) for r in rows],
+        "CREATE TABLE v (id int PRIMARY KEY, d date, dt timestamp, ms timestamp, tm time, price numeric, n numeric, "
+        "b bytea, zt timestamptz, _df_position text)",
+        "SELECT id, d, dt, ms, tm, price, n, b, zt FROM v ORDER BY id",
+    )  # fmt: skip
     from datetime import UTC
 
     assert got == [
@@ -683,28 +716,12 @@ async def test_debeziums_unavailable_value_placeholder_leaves_the_targets_value_
     first = {"id": 1, "doc": "x" * 10_000, "blob": "AAEC", "tags": ["a", "b"], "v": 1}
     later = {"id": 1, "doc": placeholder, "blob": base64.b64encode(placeholder.encode()).decode(), "tags": [placeholder],
              "v": 2}  # fmt: skip
-    topic = "dbserver1.public.v"
-    tansu.create_topic(topic, 1)
-    produce(tansu.bootstrap, [(topic, 0, b'{"id": 1}', debezium_record(first, fields)),
-                              (topic, 0, b'{"id": 1}', debezium_record(later, fields, "u", 200))])  # fmt: skip
-    pg = await fresh_db(postgres)
-    conn = await asyncpg.connect(postgres.dsn(pg))
-    await conn.execute(
-        "CREATE TABLE v (id int PRIMARY KEY, doc text, blob bytea, tags text[], v int, _df_position text)"
-    )
-    doc = pipeline("ph", source_doc(tansu.bootstrap, [topic], "gph", "debezium"),
-                   [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg), "upsert_strategy": "if_newer"}}])  # fmt: skip
-    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
-    task = asyncio.create_task(runner.run())
-    try:
-        await wait_until(lambda: runner.ctx.stats.events_committed >= 2 or task.done(), timeout=60,
-                         what="both applied")  # fmt: skip
-        assert runner.state == "running", runner.failure
-        got = [tuple(r) for r in await conn.fetch("SELECT id, doc, blob, tags, v FROM v")]
-    finally:
-        await runner.drain()
-        await task
-        await conn.close()
+    got = await debezium_topic_into_postgres(
+        (tansu, postgres), "dbserver1.public.v",
+        [debezium_record(first, fields), debezium_record(later, fields, "u", 200)],
+        "CREATE TABLE v (id int PRIMARY KEY, doc text, blob bytea, tags text[], v int, _df_position text)",
+        "SELECT id, doc, blob, tags, v FROM v",
+    )  # fmt: skip
     assert got == [(1, "x" * 10_000, b"\x00\x01\x02", ["a", "b"], 2)]
 
 
@@ -723,16 +740,7 @@ async def test_postgres_through_a_topic_to_postgres_copies_every_column_type(
     tansu.create_topic("pgrt.t", 1)
     source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
                                              "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
-    upstream = pipeline("pgup", source, [{"type": "kafka", "config": {"id": "k", "brokers": tansu.bootstrap,
-                                                                       "topic": "pgrt.${source.table}", "envelope": "debezium"}}])  # fmt: skip
-    downstream = pipeline("pgdown", source_doc(tansu.bootstrap, ["pgrt.t"], "gpgrt", "debezium"),
-                          [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(target_db),
-                                                           "upsert_strategy": "if_newer"}}])  # fmt: skip
-    runners = [
-        PipelineRunner(parse_pipeline(d), store=MemoryCheckpointStore()) for d in (upstream, downstream)
-    ]
-    tasks = [asyncio.create_task(r.run()) for r in runners]
-    try:
+    async with running_both(relay("pgrt", source, tansu.bootstrap, postgres.dsn(target_db))) as runners:
         await wait_until(lambda: _reader_up(runners[0]), timeout=60, what="upstream reading")
         conn = await asyncpg.connect(postgres.dsn(source_db))
         await conn.execute(f"INSERT INTO t VALUES (1, '01:00', {values[0]}), (2, '02:00', {values[1]})")
@@ -741,14 +749,7 @@ async def test_postgres_through_a_topic_to_postgres_copies_every_column_type(
         await conn.execute("UPDATE t SET k = '05:00:00.25', iv = '1 minute' WHERE id = 2")
         await conn.execute("DELETE FROM t WHERE id = 4")
         await conn.close()
-        down = runners[1]
-        await wait_until(lambda: down.ctx.stats.events_committed >= 7 or down.state != "running", timeout=60,
-                         what="every change applied downstream")  # fmt: skip
-        assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
-    finally:
-        for r in runners:
-            await r.drain()
-        await asyncio.gather(*tasks)
+        await all_applied(runners, 7)
     query = f"SELECT id, k, {', '.join(f'{n}::text' for n, _, _, _ in EVERY_TYPE)} FROM t ORDER BY id"
     assert await rows(postgres.dsn(target_db), query) == await rows(postgres.dsn(source_db), query)
 
@@ -768,16 +769,6 @@ async def test_records_of_a_compressed_topic_are_read_whatever_the_codec(
     for i in range(50):
         p.produce(topic, b"v%d" % i, partition=0)
     assert p.flush(30) == 0
-    out = tmp_path / "out.jsonl"
-    doc = pipeline("z", source_doc(tansu.bootstrap, [topic], f"g{topic}", "raw"),
-                   [{"type": "file", "config": {"id": "f", "path": str(out)}}])  # fmt: skip
-    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
-    task = asyncio.create_task(runner.run())
-    try:
-        await wait_until(lambda: runner.ctx.stats.events_committed >= 50 or runner.failure is not None
-                         or task.done(), timeout=60, what="50 records")  # fmt: skip
-        assert runner.failure is None and runner.state == "running"
-    finally:
-        await runner.drain()
-        await task
-    assert [line["after"]["value"] for line in jsonl(out)] == [f"v{i}" for i in range(50)]
+    values, runner = await _read_topic(tansu, topic, tmp_path, 50)
+    assert runner.failure is None
+    assert values == [f"v{i}" for i in range(50)]
