@@ -146,3 +146,7 @@ def test_kafka_connects_logical_types_are_read_as_the_values_they_stand_for() ->
             "dur": timedelta(seconds=-90), "plain": 5, "extra": "x"}  # fmt: skip
     assert got == {"op": "u", "before": want, "after": {**want, "ns": None}}
     assert typed_images(None, {"after": row}) == {"after": row}
+    days = {"field": "days", "type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}}
+    assert typed_images(
+        {"fields": [{"field": "after", "fields": [days]}]}, {"after": {"days": [0, None, 366]}}
+    ) == {"after": {"days": [date(1970, 1, 1), None, date(1971, 1, 2)]}}

@@ -105,6 +105,11 @@ _BY_NAME: dict[str, Callable[[Any], Any]] = {
 
 
 def _reader(field: dict[str, Any]) -> Callable[[Any], Any] | None:
+    if field.get("type") == "array" and isinstance(items := field.get("items"), dict):
+        each = _reader(items)  # a PostgreSQL date[], numeric[], bytea[]: each element typed
+        if each is None:
+            return None
+        return lambda v: [None if x is None else each(x) for x in v] if isinstance(v, list) else v
     name = field.get("name")
     if name == "org.apache.kafka.connect.data.Decimal":
         return _decimal(field.get("parameters"))
