@@ -772,3 +772,44 @@ async def test_records_of_a_compressed_topic_are_read_whatever_the_codec(
     values, runner = await _read_topic(tansu, topic, tmp_path, 50)
     assert runner.failure is None
     assert values == [f"v{i}" for i in range(50)]
+
+
+async def test_a_debezium_postgres_rows_changes_are_ordered_by_lsn_across_partitions(
+    tansu: Tansu, postgres: Postgres
+) -> None:
+    """Debezium's PostgreSQL connector (``connector: postgresql``) gives each change its WAL
+    position (``lsn``). Its changes were ordered for ``if_newer`` by their offsets, which do not
+    sort across partitions: once a topic is repartitioned, a row's newer change can sit at a lower
+    offset in another partition, and the target kept the older value without a word."""
+    topic = "pgdbz.public.v"
+    tansu.create_topic(topic, 2)
+
+    def change(v: int, lsn: int) -> bytes:
+        source = {"version": "2.7.0.Final", "connector": "postgresql", "name": "pgdbz", "ts_ms": 1, "snapshot": "false",
+                  "db": "app", "schema": "public", "table": "v", "txId": 700 + v, "lsn": lsn,
+                  "sequence": f'["{lsn - 8}","{lsn}"]'}  # fmt: skip
+        return orjson.dumps(
+            {"before": None, "after": {"id": 1, "v": v}, "source": source, "op": "u", "ts_ms": 1}
+        )
+
+    # partition 0 holds v=1 at offset 2 (behind another row's two); the newer v=2, written after
+    # the topic grew, sits at offset 0 of partition 1
+    produce(tansu.bootstrap, [(topic, 0, b'{"id": 9}', change(0, 100)), (topic, 0, b'{"id": 9}', change(0, 120)),
+                              (topic, 0, b'{"id": 1}', change(1, 200)), (topic, 1, b'{"id": 1}', change(2, 300))])  # fmt: skip
+    pg = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(pg))
+    await conn.execute("CREATE TABLE v (id int PRIMARY KEY, v int, _df_position text)")
+    doc = pipeline("lsn", source_doc(tansu.bootstrap, [topic], "glsn", "debezium"),
+                   [{"type": "postgres", "config": {"id": "p", "dsn": postgres.dsn(pg), "upsert_strategy": "if_newer"}}])  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 4 or task.done(), timeout=60,
+                         what="every record applied")  # fmt: skip
+        assert runner.state == "running", runner.failure
+    finally:
+        await runner.drain()
+        await task
+    # whichever partition was read first, v=2 is the row's newer change
+    assert [tuple(r) for r in await conn.fetch("SELECT id, v FROM v WHERE id = 1")] == [(1, 2)]
+    await conn.close()

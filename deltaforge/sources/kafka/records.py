@@ -75,13 +75,18 @@ def _position_type(connector: str) -> Any:
 
 
 def upstream_order(connector: str, doc: PositionDoc, offset: int) -> tuple[int, ...]:
-    """The upstream position's order for a deltaforge connector, else ``(offset,)``."""
+    """The upstream position's order for a deltaforge connector (and Debezium's MySQL one, whose
+    ``file``/``pos``/``row`` are a binlog position too), the WAL position (``lsn``) for Debezium's
+    PostgreSQL connector, else ``(offset,)``. Offsets order a row's changes only while they stay
+    in one partition; a position orders them across partitions (a topic repartitioned moves keys)."""
     kind = _position_type(connector)
     if kind is not None:
         try:
             return kind.from_doc(doc).order  # type: ignore[no-any-return]
         except (ValueError, TypeError):
             pass
+    if connector == "postgresql" and type(lsn := doc.get("lsn")) is int:
+        return (lsn,)
     return (offset,)
 
 
