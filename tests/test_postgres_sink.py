@@ -439,3 +439,28 @@ async def test_identity_and_generated_columns_of_the_target_take_what_the_target
         (1, 1, 3),
         (2, 7, 21),
     ]
+
+
+async def test_a_table_whose_name_holds_a_dot_is_written_as_that_table(postgres: Postgres) -> None:
+    """The target's name is split into schema and table at the template's last dot
+    (``replica.${source.table}``), never at a dot of the name a placeholder renders: a source
+    table named ``order.items`` was written as table ``items`` of a schema ``order`` (or
+    ``replica.order``), refused as a relation that does not exist."""
+    source_db = await target(postgres, 'CREATE TABLE "order.items" (id int PRIMARY KEY, v int)')
+    target_db = await target(
+        postgres,
+        'CREATE TABLE "order.items" (id int PRIMARY KEY, v int, _df_position text);'
+        'CREATE SCHEMA replica; CREATE TABLE replica."order.items" (id int PRIMARY KEY, v int, _df_position text)',
+    )
+    for n, table in enumerate(("${source.table}", "replica.${source.table}")):
+        source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                                 "slot": f"s{n}_{source_db}", "publication": f"p{n}_{source_db}"}}  # fmt: skip
+        async with running(into_target(f"dot{n}", source, postgres.dsn(target_db), table=table)) as runner:
+            conn = await asyncpg.connect(postgres.dsn(source_db))
+            await conn.execute(f'INSERT INTO "order.items" VALUES ({n + 1}, {n + 1})')
+            await conn.close()
+            await wait_until(lambda: runner.ctx.stats.events_committed >= 1 or runner.failure is not None,
+                             timeout=30, what="the insert applied")  # fmt: skip
+            assert runner.failure is None
+    assert await rows(postgres.dsn(target_db), 'SELECT id, v FROM public."order.items"') == [(1, 1)]
+    assert await rows(postgres.dsn(target_db), 'SELECT id, v FROM replica."order.items"') == [(2, 2)]

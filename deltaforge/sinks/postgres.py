@@ -14,6 +14,8 @@ Target tables must exist with the source's columns plus, for ``if_newer``, a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import asyncpg
@@ -43,9 +45,21 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _table(name: str) -> str:
-    schema, _, table = name.rpartition(".")
-    return f"{_q(schema)}.{_q(table)}" if schema else _q(table)
+_DOT_OR_PLACEHOLDER = re.compile(r"\$\{[^}]*\}|\.")
+
+
+def target_renderer(template: str) -> Callable[[Event], str]:
+    """The target table per event, quoted, schema-qualified when the template names a schema: the
+    template is split at its last dot outside a placeholder (``replica.${source.table}``: schema
+    ``replica``), so a dot in a name a placeholder renders (a table ``order.items``) stays in the
+    name. Splitting the rendered name at its last dot wrote such a table as ``items`` of a schema
+    ``order``, a relation that does not exist."""
+    dots = [m.start() for m in _DOT_OR_PLACEHOLDER.finditer(template) if m.group() == "."]
+    if not dots:
+        name_of = compile_template(template)
+        return lambda e: _q(name_of(e))
+    schema_of, name_of = compile_template(template[: dots[-1]]), compile_template(template[dots[-1] + 1 :])
+    return lambda e: f"{_q(schema_of(e))}.{_q(name_of(e))}"
 
 
 def _unchanged_toast(v: Any) -> bool:
@@ -90,7 +104,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         super().__init__(config)
         cfg = self.settings
         self.dsn = cfg.dsn
-        self.table_of = compile_template(cfg.table)
+        self.table_of = target_renderer(cfg.table)
         self.keys: tuple[str, ...] | None = tuple(cfg.key_columns) if cfg.key_columns else None
         self.if_newer = cfg.upsert_strategy == "if_newer"
         self.position_column = cfg.position_column
@@ -128,7 +142,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         keys = self.keys or e.source.key
         if not keys:
             raise NonRetryableSinkError(
-                f"postgres sink {self.id!r}: no key columns for {table!r}: the source table has no primary "
+                f"postgres sink {self.id!r}: no key columns for {table}: the source table has no primary "
                 "key; set key_columns"
             )
         return keys
@@ -160,12 +174,12 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             )
             action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             sql = (
-                f"INSERT INTO {_table(table)} ({', '.join(map(_q, cols))}){overriding} VALUES ({marks}) "
+                f"INSERT INTO {table} ({', '.join(map(_q, cols))}){overriding} VALUES ({marks}) "
                 f"ON CONFLICT ({', '.join(map(_q, keys))}) {action}"
             )
             if self.if_newer and updates:
                 pc = _q(self.position_column)
-                sql += f" WHERE {_table(table)}.{pc} IS NULL OR {_table(table)}.{pc} < EXCLUDED.{pc}"
+                sql += f" WHERE {table}.{pc} IS NULL OR {table}.{pc} < EXCLUDED.{pc}"
             self._sql[key] = sql
         return sql
 
@@ -177,7 +191,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             if self.if_newer:
                 pc = _q(self.position_column)
                 where += f" AND ({pc} IS NULL OR {pc} < ${len(keys) + 1})"
-            sql = f"DELETE FROM {_table(table)} WHERE {where}"
+            sql = f"DELETE FROM {table} WHERE {where}"
             self._sql[key] = sql
         return sql
 
@@ -185,7 +199,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         table = self.table_of(e)
         pos = position_text(e.order)
         if e.op == "t":
-            return [(f"TRUNCATE {_table(table)}", ())]
+            return [(f"TRUNCATE {table}", ())]
         keys = self._keys(e, table)
         if e.op == "d":
             return [self._delete(table, keys, e.before or {}, pos)]
@@ -213,7 +227,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
     async def _learn(self, conn: asyncpg.Connection, events: list[Event]) -> None:
         """The column types of every target table of ``events`` not read yet."""
         for table in {self.table_of(e) for e in events} - self._forms.keys():
-            self._forms[table] = await column_forms(conn, _table(table))
+            self._forms[table] = await column_forms(conn, table)
 
     def _runs(self, events: list[Event]) -> list[tuple[str, list[tuple[Any, ...]]]]:
         """Consecutive changes with the same statement go out together (executemany pipelines
