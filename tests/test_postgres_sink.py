@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from deltaforge.config import parse_pipeline
+from deltaforge.events import with_images
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import PoisonEvent, RetryableSinkError
 from deltaforge.sinks.postgres import PostgresSink
@@ -464,3 +465,35 @@ async def test_a_table_whose_name_holds_a_dot_is_written_as_that_table(postgres:
             assert runner.failure is None
     assert await rows(postgres.dsn(target_db), 'SELECT id, v FROM public."order.items"') == [(1, 1)]
     assert await rows(postgres.dsn(target_db), 'SELECT id, v FROM replica."order.items"') == [(2, 2)]
+
+
+async def test_changes_without_a_key_of_their_own_take_the_target_tables_primary_key(
+    postgres: Postgres,
+) -> None:
+    """A change may come without key columns: a Kafka record whose key is not a JSON object of
+    them (a key template upstream, a foreign producer), a source table without a primary key.
+    The sink then upserts and deletes by the target table's primary key, which ON CONFLICT needs
+    anyway; it stopped the pipeline ("set key_columns") before. With neither, it still stops,
+    naming both."""
+    from deltaforge.sinks.base import NonRetryableSinkError
+
+    db = await target(postgres, "CREATE TABLE t (id int PRIMARY KEY, seq int, _df_position text); "
+                                "CREATE TABLE nokey (id int, seq int, _df_position text)")  # fmt: skip
+    sink = PostgresSink(parse_pipeline(pg_doc(postgres.dsn(db), key_columns=None), env={}).sinks[0])
+    await sink.open()
+    try:
+        first, newer = make_event(1), make_event(98)  # the same row (id 1), keyless
+        assert first.source.key == ()
+        await sink.deliver([first])
+        gone = make_event(195)  # id 1 again, later still
+        await sink.deliver([newer, with_images(gone, "d", gone.after, None)])
+        await sink.deliver([make_event(2)])
+        assert await rows(postgres.dsn(db), "SELECT id, seq FROM t") == [(2, 2)]
+        orphan = make_event(3)
+        orphan = replace(orphan, source=replace(orphan.source, table="nokey"))
+        with pytest.raises(
+            NonRetryableSinkError, match=r"no key columns for \"nokey\": the event carries none"
+        ):
+            await sink.deliver([orphan])
+    finally:
+        await sink.close()

@@ -227,3 +227,17 @@ def _form(r: asyncpg.Record) -> ColumnForm:
     if base in NATIVE or r["enum"]:  # an enum takes its label
         return NATIVE_FORM
     return ColumnForm(str(r["type"]), pg_text)
+
+
+_PRIMARY_KEY = """
+SELECT a.attname AS name
+FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = to_regclass($1) AND i.indisprimary
+ORDER BY array_position(i.indkey, a.attnum)
+"""
+
+
+async def primary_key(conn: asyncpg.Connection, table: str) -> tuple[str, ...]:
+    """The primary-key columns of ``table`` (a quoted, maybe schema-qualified name), in the key's
+    order; empty without one, or without the table."""
+    return tuple(str(r["name"]) for r in await conn.fetch(_PRIMARY_KEY, table))

@@ -25,7 +25,7 @@ from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, 
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
-from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms
+from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms, primary_key
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -113,6 +113,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         # Each target table's columns and how they take values (pgtypes), read once per table;
         # forgotten whenever a batch fails, so an ALTER of the target is read again.
         self._forms: dict[str, dict[str, ColumnForm]] = {}
+        self._target_keys: dict[str, tuple[str, ...]] = {}  # read with the forms, without key_columns
 
     async def open(self) -> None:
         try:
@@ -139,11 +140,15 @@ class PostgresSink(Sink[PostgresSinkConfig]):
                 conn.terminate()
 
     def _keys(self, e: Event, table: str) -> tuple[str, ...]:
-        keys = self.keys or e.source.key
+        """``key_columns``, else the event's own key (its source table's), else the target table's
+        primary key: a change may carry none (a Kafka record whose key is not a JSON object of
+        its columns, a source table without a primary key), and ON CONFLICT needs the target's."""
+        keys = self.keys or e.source.key or self._target_keys.get(table, ())
         if not keys:
             raise NonRetryableSinkError(
-                f"postgres sink {self.id!r}: no key columns for {table}: the source table has no primary "
-                "key; set key_columns"
+                f"postgres sink {self.id!r}: no key columns for {table}: the event carries none (its "
+                "source table has no primary key, or its Kafka record key is not a JSON object of them) "
+                "and the target table has no primary key; set key_columns"
             )
         return keys
 
@@ -228,6 +233,8 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         """The column types of every target table of ``events`` not read yet."""
         for table in {self.table_of(e) for e in events} - self._forms.keys():
             self._forms[table] = await column_forms(conn, table)
+            if self.keys is None:
+                self._target_keys[table] = await primary_key(conn, table)
 
     def _runs(self, events: list[Event]) -> list[tuple[str, list[tuple[Any, ...]]]]:
         """Consecutive changes with the same statement go out together (executemany pipelines
@@ -243,6 +250,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
 
     def _forget(self) -> None:
         self._forms.clear()
+        self._target_keys.clear()
         self._sql.clear()
 
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
