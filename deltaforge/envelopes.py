@@ -40,6 +40,17 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def bytes_from_json(value: Any) -> Any:
+    """What :func:`json_default` made of bytes, back: base64 text as the bytes it encodes (a value
+    read back from JSON, a Kafka topic's); anything else, other text too, as it is."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:  # binascii.Error is one
+            return value
+    return value
+
+
 def snapshot_marker(ev: Event) -> str:
     """Debezium's ``source.snapshot``: ``true`` (initial), ``incremental`` (asked for while
     streaming), ``last`` (the last row of a snapshot) or ``false`` (a change)."""

@@ -21,7 +21,6 @@ number themselves (identity ``GENERATED ALWAYS``: written with ``OVERRIDING SYST
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -29,7 +28,7 @@ from typing import Any, NamedTuple
 import asyncpg
 import orjson
 
-from deltaforge.envelopes import json_default
+from deltaforge.envelopes import bytes_from_json, json_default
 
 NATIVE = frozenset(
     {
@@ -85,11 +84,11 @@ def _bool(value: Any) -> Any:
 
 
 def _byte_array(value: Any) -> Any:
-    """A ``bytea[]``: its elements as :func:`_bytes` takes a bytea's (a list read back from a
-    topic holds base64 text), then the array's text."""
+    """A ``bytea[]``: its elements as a bytea's (a list read back from a topic holds base64
+    text), then the array's text."""
 
     def decoded(v: Any) -> Any:
-        return [decoded(x) for x in v] if isinstance(v, list) else _bytes(v)
+        return [decoded(x) for x in v] if isinstance(v, list) else bytes_from_json(v)
 
     return pg_text(decoded(value) if isinstance(value, list) else value)
 
@@ -103,7 +102,7 @@ def _bits(width: int) -> Callable[[Any], Any]:
 
     def adapt(value: Any) -> Any:
         if isinstance(value, str) and value.strip("01"):  # not bit text: base64, read back from a topic
-            value = _bytes(value)
+            value = bytes_from_json(value)
         if isinstance(value, bytes):
             return format(int.from_bytes(value, "big"), f"0{width or len(value) * 8}b")
         return pg_text(value)
@@ -127,17 +126,6 @@ def _instant(infinite: dict[str, Any]) -> Callable[[Any], Any]:
             return value
 
     return adapt
-
-
-def _bytes(value: Any) -> Any:
-    """A bytea: JSON has no bytes, so a value read back from a topic is the base64 text deltaforge
-    (and Debezium) write bytes as; any other text is left for asyncpg to refuse."""
-    if isinstance(value, str):
-        try:
-            return base64.b64decode(value, validate=True)
-        except ValueError:  # binascii.Error is one
-            return value
-    return value
 
 
 def pg_text(value: Any) -> str | None:
@@ -220,8 +208,8 @@ def _form(r: asyncpg.Record) -> ColumnForm:
         return ColumnForm(str(r["type"]), _bits(max(int(r["mod"]), 0) if base == "bit" else 0))
     if base in _INFINITE:
         return ColumnForm(None, _instant(_INFINITE[base]))
-    if base == "bytea":
-        return ColumnForm(None, _bytes)
+    if base == "bytea":  # JSON has no bytes: read back from a topic, base64 text (other text: refused)
+        return ColumnForm(None, bytes_from_json)
     if base == "_bytea":
         return ColumnForm(str(r["type"]), _byte_array)
     if base in NATIVE or r["enum"]:  # an enum takes its label

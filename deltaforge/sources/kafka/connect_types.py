@@ -30,6 +30,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from deltaforge.envelopes import bytes_from_json
+
 _EPOCH = dt.datetime(1970, 1, 1)
 _DAY = dt.date(1970, 1, 1)
 
@@ -56,15 +58,6 @@ def _duration(per_second: int) -> Callable[[Any], Any]:
     return read
 
 
-def _bytes(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return base64.b64decode(value, validate=True)
-        except ValueError:
-            return value
-    return value
-
-
 def _unscaled(raw: bytes, scale: int) -> Decimal:
     return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
 
@@ -73,7 +66,7 @@ def _decimal(parameters: Any) -> Callable[[Any], Any]:
     scale = int((parameters or {}).get("scale", 0))
 
     def read(value: Any) -> Any:
-        raw = _bytes(value)
+        raw = bytes_from_json(value)
         return _unscaled(raw, scale) if isinstance(raw, bytes) else value
 
     return read
@@ -82,7 +75,7 @@ def _decimal(parameters: Any) -> Callable[[Any], Any]:
 def _variable_decimal(value: Any) -> Any:
     """Debezium's ``VariableScaleDecimal``: ``{"scale": s, "value": <base64>}``."""
     if isinstance(value, dict) and isinstance(value.get("scale"), int):
-        raw = _bytes(value.get("value"))
+        raw = bytes_from_json(value.get("value"))
         if isinstance(raw, bytes):
             return _unscaled(raw, value["scale"])
     return value
@@ -116,7 +109,7 @@ def _reader(field: dict[str, Any]) -> Callable[[Any], Any] | None:
     if isinstance(name, str) and name in _BY_NAME:
         return _BY_NAME[name]
     if field.get("type") == "bytes" and name is None:
-        return _bytes
+        return bytes_from_json
     return None
 
 
