@@ -147,16 +147,17 @@ class KafkaSource(Source):
 
     async def _ends(self, consumer: AIOKafkaConsumer) -> dict[tuple[str, int], int]:
         """The end of every partition of the topics this source reads that exist now."""
-        pattern = self.cfg.pattern
-        if pattern is not None:
-            matches = re.compile(pattern).match  # as aiokafka matches a subscription's pattern
-            names = [t for t in await consumer.topics() if matches(t)]
-        else:
-            existing = await consumer.topics()
-            names = [t for t in self.cfg.topic_names if t in existing]
-        parts = [TopicPartition(t, p) for t in names for p in consumer.partitions_for_topic(t) or ()]
         try:
+            # one timeout for the whole: topics() alone would wait aiokafka's own 40 s request timeout
             async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                existing = await consumer.topics()
+                pattern = self.cfg.pattern
+                if pattern is not None:
+                    matches = re.compile(pattern).match  # as aiokafka matches a subscription's pattern
+                    names = [t for t in existing if matches(t)]
+                else:
+                    names = [t for t in self.cfg.topic_names if t in existing]
+                parts = [TopicPartition(t, p) for t in names for p in consumer.partitions_for_topic(t) or ()]
                 ends = await consumer.end_offsets(parts) if parts else {}
         except TimeoutError:
             raise SourceUnavailable(
