@@ -134,6 +134,21 @@ class PipelineContext:
             return None
         return earliest(self.durable.values())
 
+    def newcomers(self) -> list[str]:
+        """Sinks without a checkpoint beside sinks that hold one: added since the others' last
+        run, or never delivered to."""
+        return [sid for sid in self.sinks if sid not in self.durable] if self.durable else []
+
+    def resume_point(self, snapshot_for_newcomers: bool) -> Position | None:
+        """Where the source opens: what every sink holds (None: the source's own start without a
+        checkpoint, its oldest change kept). With :meth:`newcomers` to be given a snapshot, the
+        earliest checkpoint of the others instead: a start without a checkpoint is then *now*
+        (the snapshot's), and the sinks already there would go without what lies between (a
+        delete made while the pipeline was down)."""
+        if snapshot_for_newcomers and self.durable:
+            return earliest(self.durable.values())
+        return self.durable_min()
+
     async def load_checkpoints(self) -> dict[str, Position]:
         """Each sink's stored checkpoint (sinks without one are left out), as positions."""
         keys = {self.key(sid): sid for sid in self.sinks}

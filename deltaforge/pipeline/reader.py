@@ -95,7 +95,8 @@ class SourceReader(Actor):
 
     async def _open(self) -> None:
         ctx = self.ctx
-        resume = ctx.durable_min()
+        joined = ctx.newcomers()
+        resume = ctx.resume_point(snapshot_for_newcomers=self.snapshots.copies_rows)
         ctx.epoch += 1
         self.epoch = ctx.epoch
         self.confirmed = None
@@ -105,6 +106,8 @@ class SourceReader(Actor):
             resume_after=resume.to_doc() if resume else None,
             epoch=self.epoch,
         )
+        if joined:
+            self.log.info("sinks_without_checkpoint", sinks=joined, snapshot=self.snapshots.copies_rows)
         await self.snapshots.before_open(resume)
         source, memo_key = ctx.source, f"{ctx.source.id}::memo"
         source.remembered = await ctx.store.get(memo_key)
@@ -117,7 +120,7 @@ class SourceReader(Actor):
                     if isinstance(outcome, Exception):
                         raise outcome
                 await source.open(resume)
-                await self.snapshots.opened(resume)
+                await self.snapshots.opened(resume, joined=bool(joined) and self.snapshots.copies_rows)
             except PositionLost as lost:
                 await self._resnapshot_or_halt(lost)
         except Unavailable as exc:

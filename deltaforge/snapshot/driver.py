@@ -64,6 +64,11 @@ class SnapshotDriver:
         """``when_needed``: a lost position means a new snapshot, not a halt."""
         return self.reader is not None and self.settings.mode == "when_needed"
 
+    @property
+    def copies_rows(self) -> bool:
+        """A start without a checkpoint takes a snapshot (``mode`` other than ``never``)."""
+        return self.reader is not None and self.settings.mode != "never"
+
     async def before_open(self, resume: Position | None) -> None:
         """No checkpoint and a snapshot to come: stream from now, not from the oldest change kept;
         or, when an earlier process started so and a snapshot it began is still stored, from
@@ -74,21 +79,31 @@ class SnapshotDriver:
             stored = await self.progress.stream_start()
             source.start_from = source.load_position(stored) if stored is not None else None
 
-    async def opened(self, resume: Position | None) -> None:
-        """The source is open after ``resume``: go on with a snapshot in progress, or start one."""
+    async def opened(self, resume: Position | None, joined: bool = False) -> None:
+        """The source is open after ``resume``: go on with a snapshot in progress, or start one.
+        ``joined``: sinks without a checkpoint were added beside sinks that hold one (``resume``
+        is theirs): the snapshot a start without a checkpoint would take is taken for them."""
         self.windows = []
         if self.reader is None:
             return
         await self.reader.open(self.settings.max_parallel_tables)
         if (unprepared := await self.reader.prepare()) is not None:
             self.log.warning("snapshot_unavailable", reason=unprepared)
-        state = await self.progress.load(resume.order if resume is not None else None)
+        # A chunk every sink holds is one the new sinks never had: with them, from the start.
+        state = await self.progress.load(resume.order if resume is not None and not joined else None)
         if state is not None and state.done:
             await self.progress.clear()
             state = None
         mode = self.settings.mode
-        always = mode == "always" and not self.status.started_at_start
-        if state is None and (always or (resume is None and mode in ("initial", "when_needed"))):
+        fresh = not self.status.started_at_start
+        if joined and fresh:
+            names = self.settings.tables
+            if names is not None and state is not None:  # the one in progress goes on within it
+                names = [*names, *(n for n in state.pending if n not in names)]
+            state = await self._new(names, "initial")
+        elif state is None and (
+            (mode == "always" and fresh) or (resume is None and mode in ("initial", "when_needed"))
+        ):
             state = await self._new(self.settings.tables, "initial")
         self.status.started_at_start = True  # reopenings after this (reconnects, rewinds) are no start
         await self._take(state)
