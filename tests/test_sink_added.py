@@ -30,10 +30,17 @@ Received = dict[str, list[tuple[str, int]]]
 
 
 def collecting(sid: str, got: Received) -> ScriptedSink:
-    seen = got.setdefault(sid, [])
+    """Sink ``sid``: the changes of ``items`` into ``got[sid]``, another table's into
+    ``got["sid:table"]``."""
+    got.setdefault(sid, [])
 
     def keep(_n: int, events: list[Event]) -> None:
-        seen.extend((e.op, int((e.after or e.before or {})["id"])) for e in events if e.table == "items")
+        for e in events:
+            row = e.after or e.before
+            if row is not None and e.op != "h":
+                got.setdefault(sid if e.table == "items" else f"{sid}:{e.table}", []).append(
+                    (e.op, int(row["id"]))
+                )
 
     return ScriptedSink(sid, script=keep)
 
@@ -85,8 +92,10 @@ class Tables:
     """A database with a table ``items(id)`` and rows 1 and 2, its source's document, and a way
     to write to it."""
 
-    def __init__(self, source: dict[str, Any], write: Callable[[str], None]) -> None:
-        self.source, self.write = source, write
+    def __init__(
+        self, source: dict[str, Any], write: Callable[[str], None], qualified: Callable[[str], str]
+    ) -> None:
+        self.source, self.write, self.qualified = source, write, qualified
 
 
 async def mariadb_items(server: MariaDB) -> Tables:
@@ -99,7 +108,9 @@ async def mariadb_items(server: MariaDB) -> Tables:
     write(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO '{CDC_USER}'@'%'")  # the signal table
     write("CREATE TABLE items (id bigint PRIMARY KEY)")
     return Tables(
-        {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(db), "tables": [f"{db}.items"]}}, write
+        {"type": "mysql", "config": {"id": "my", "dsn": server.dsn(db), "tables": [f"{db}.items"]}},
+        write,
+        lambda table: f"{db}.{table}",
     )
 
 
@@ -118,7 +129,7 @@ async def postgres_items(server: Postgres) -> Tables:
         "publication": f"p_{db}",
         "tables": ["public.items"],
     }
-    return Tables({"type": "postgres", "config": config}, write)
+    return Tables({"type": "postgres", "config": config}, write, lambda table: f"public.{table}")
 
 
 async def turso_items(path: Path) -> Tables:
@@ -132,7 +143,9 @@ async def turso_items(path: Path) -> Tables:
             conn.close()
 
     write("CREATE TABLE items (id INTEGER PRIMARY KEY)")
-    return Tables({"type": "turso", "config": {"id": "t", "path": str(path)}}, write)
+    return Tables(
+        {"type": "turso", "config": {"id": "t", "path": str(path), "tables": ["items"]}}, write, str
+    )
 
 
 @pytest.fixture

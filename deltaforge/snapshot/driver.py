@@ -21,6 +21,7 @@ from deltaforge.events import Event, new_event, with_images
 from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
+from deltaforge.snapshot.listed import ListedTables, copyable
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
 from deltaforge.snapshot.window import Chunk, TableRef, Window, watch
 from deltaforge.sources.base import PositionLost
@@ -44,6 +45,8 @@ class SnapshotDriver:
         self.settings = settings if isinstance(settings, SnapshotSettings) else SnapshotSettings()
         self.reader: ChunkReader | None = self.source.chunk_reader(self.settings)
         self.progress = ProgressLog(ctx.store, self.source.id, PatientWrites(ctx))
+        listed = getattr(ctx.config.source.config, "tables", None)
+        self.listed = ListedTables(ctx.store, self.source.id, listed, PatientWrites(ctx))
         self.state: SnapshotState | None = None
         self.refs: dict[str, TableRef] = {}
         self.windows: list[Window] = []
@@ -107,6 +110,27 @@ class SnapshotDriver:
             state = await self._new(self.settings.tables, "initial")
         self.status.started_at_start = True  # reopenings after this (reconnects, rewinds) are no start
         await self._take(state)
+        if fresh:
+            await self._tables_added(copying=resume is not None and not joined)
+
+    async def _tables_added(self, copying: bool) -> None:
+        """Copy the rows of tables listed since the last start (``copying``: not already
+        copied by a snapshot of every table begun now), or say how to."""
+        added = await self.listed.added() if copying else []
+        copy, rest = copyable(added, self.settings.tables) if self.copies_rows else ([], added)
+        if copy:
+            try:
+                await self.request(copy, "tables_added")
+            except SnapshotRefused as exc:  # no primary key, say: named, streaming goes on
+                self.log.error("tables_added_not_copied", tables=copy, reason=str(exc))
+        if rest:
+            pipeline = self.ctx.config.name
+            self.log.warning(
+                "tables_added_not_copied", tables=rest,
+                reason="the stream carries their changes from now on; the rows they already had reach no sink",
+                fix=f"deltaforge snapshot {pipeline} <table>…, or snapshot.mode initial to copy tables added to tables",
+            )  # fmt: skip
+        await self.listed.remember()
 
     async def recover(self, lost: PositionLost) -> None:
         """``when_needed`` and the position is gone: read from now, and snapshot everything again."""
