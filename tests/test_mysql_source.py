@@ -423,6 +423,33 @@ async def test_a_captured_table_renamed_or_dropped_out_of_tables_is_named(mariad
     assert ev.after == {"id": 1}
 
 
+async def test_a_table_renamed_into_tables_is_named(mariadb: MariaDB) -> None:
+    """``RENAME TABLE orders TO orders_old, staging TO orders`` puts staging's rows under a
+    captured name with no change event for any of them: the sinks kept the old table's rows
+    without a word. The table renamed in is named, with the one it came from."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for table in ("orders", "staging", "t"):
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.orders", f"{db}.t"])
+    await src.open(None)
+    with capture_logs() as logs:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute("INSERT INTO staging VALUES (7)")
+            cur.execute("RENAME TABLE orders TO orders_old, staging TO orders")
+            cur.execute("INSERT INTO t VALUES (1)")
+        [ev] = await read_n(src, 1)
+    await src.close()
+    said = [(e["event"], e["table"]) for e in logs if e["event"].startswith("captured_table_")]
+    assert said == [("captured_table_renamed", f"{db}.orders"), ("captured_table_renamed_in", f"{db}.orders")]
+    [came] = [e for e in logs if e["event"] == "captured_table_renamed_in"]
+    assert (
+        came["renamed_from"] == f"{db}.staging"
+        and f"deltaforge snapshot <pipeline> {db}.orders" in came["reason"]
+    )
+    assert ev.after == {"id": 1}
+
+
 async def test_rows_changed_by_partition_maintenance_are_named(mariadb: MariaDB) -> None:
     """``ALTER TABLE … DROP PARTITION`` (how old rows are retired), ``TRUNCATE PARTITION``,
     ``EXCHANGE PARTITION … WITH TABLE`` and MariaDB's ``CONVERT PARTITION … TO TABLE`` change rows

@@ -8,6 +8,7 @@
   row image this run (its left-out values are marked, see ``rowvalues.fill_not_logged``)
 * ``("moved", table, new_name_or_None, "file:pos")``: a captured table renamed out of ``tables``,
   or dropped
+* ``("moved_in", table, old_name, "file:pos")``: a table renamed into ``tables``, with its rows
 * ``("repartitioned", table, what, "file:pos")``: a captured table's rows changed by partition
   maintenance (``DROP PARTITION``, ...), which writes no row events
 * ``("error", kind, message)`` with kind ``position_lost`` or ``source``, then exit.
@@ -355,11 +356,15 @@ def _ddl_frames(
     query: str, db: str, named: Callable[[str, str], tuple[str, str] | None], where: str
 ) -> list[tuple[Any, ...]]:
     """What a DDL statement does to captured tables that no change event says: a table moved out
-    of ``tables`` (renamed or dropped), rows changed by partition maintenance."""
+    of ``tables`` (renamed or dropped) or into it (renamed: its rows came with no change), rows
+    changed by partition maintenance."""
     frames: list[tuple[Any, ...]] = []
     for taken, into in moved(query, db):
-        if (gone := named(*taken)) is not None and (into is None or named(*into) is None):
+        gone, came = named(*taken), (named(*into) if into is not None else None)
+        if gone is not None and came is None:
             frames.append(("moved", ".".join(gone), into and ".".join(into), where))
+        elif gone is None and came is not None:
+            frames.append(("moved_in", ".".join(came), ".".join(taken), where))
     for table, what in repartitioned(query, db):
         if (hit := named(*table)) is not None:
             frames.append(("repartitioned", ".".join(hit), what, where))

@@ -285,6 +285,14 @@ class MySQLSource(Source):
                 "delivered stay in the sinks" + (f" (add {frame[2]} to tables to go on capturing it)" if frame[2] else ""),
             )  # fmt: skip
             return None
+        if kind == "moved_in":
+            log.warning(
+                "captured_table_renamed_in", source=self.id, table=frame[1], renamed_from=frame[2], at=frame[3],
+                reason=f"its rows came under a captured name without a change event for any of them: unless they are "
+                f"the rows of the table it replaced (an online schema change's cut-over: gh-ost, pt-online-schema-"
+                f"change), the sinks keep that table's rows (snapshot it again: deltaforge snapshot <pipeline> {frame[1]})",
+            )  # fmt: skip
+            return None
         if kind == "repartitioned":
             log.warning(
                 "captured_rows_changed_by_ddl", source=self.id, table=frame[1], statement=frame[2], at=frame[3],
