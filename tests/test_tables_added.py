@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.mysql.snapshot import MySQLChunks
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.test_sink_added import Received, Tables, items, reader_running, replayed, run_until
 
@@ -39,3 +42,29 @@ async def test_a_table_added_to_tables_has_its_rows_copied_or_named(items: Table
     with capture_logs() as logs:  # once: the list is remembered
         await run_until(second, ["a"], store, got, reader_running)
     assert not [e for e in logs if e["event"] in ("tables_added_not_copied", "snapshot_requested")]
+
+
+@pytest.mark.parametrize("items", ["mariadb"], indirect=True)
+async def test_a_server_down_as_an_added_table_is_looked_up_asks_again_at_the_reconnect(
+    items: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server goes away just as the start asks it for the added table (the first call of
+    ``tables`` for it fails as unavailable): the reconnect asks again, and the rows come."""
+    items.write("CREATE TABLE other (id bigint PRIMARY KEY)")
+    items.write("INSERT INTO other VALUES (10), (11)")
+    config = {**items.source["config"], "snapshot": {"mode": "initial"}}
+    store, got = MemoryCheckpointStore(), Received()
+    await run_until({**items.source, "config": config}, ["a"], store, got, reader_running)
+    failed: list[list[str] | None] = []
+    looked_up = MySQLChunks.tables
+
+    async def down_once(self: MySQLChunks, names: list[str] | None) -> list[TableRef]:
+        if names and items.qualified("other") in names and not failed:
+            failed.append(names)
+            raise SourceUnavailable("the server went away (injected)")
+        return await looked_up(self, names)
+
+    monkeypatch.setattr(MySQLChunks, "tables", down_once)
+    second = {**items.source, "config": {**config, "tables": [*config["tables"], items.qualified("other")]}}
+    await run_until(second, ["a"], store, got, lambda _: replayed(got.get("a:other", [])) == {10, 11})
+    assert failed == [[items.qualified("other")]]

@@ -110,7 +110,7 @@ class SnapshotDriver:
             state = await self._new(self.settings.tables, "initial")
         self.status.started_at_start = True  # reopenings after this (reconnects, rewinds) are no start
         await self._take(state)
-        if fresh:
+        if not self.listed.checked:  # until it went through: a server down meanwhile asks again
             await self._tables_added(copying=resume is not None and not joined)
 
     async def _tables_added(self, copying: bool) -> None:

@@ -25,6 +25,8 @@ class ListedTables:
     ):
         self.store, self.key, self.writes = store, f"{source_id}::tables", writes
         self.listed = list(listed or [])  # empty: every table, nothing to compare
+        self.checked = False
+        """The list as it is now is stored: this process need not look again."""
 
     async def added(self) -> list[str]:
         """The names listed now that the last start did not list ([] at a first start, and for
@@ -42,6 +44,7 @@ class ListedTables:
         doc: dict[str, Any] = {"tables": self.listed}
         if await self.store.get(self.key) != doc:
             await self.writes(lambda: self.store.put(self.key, doc))
+        self.checked = True
 
 
 def copyable(names: list[str], wanted: list[str] | None) -> tuple[list[str], list[str]]:
