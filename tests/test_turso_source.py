@@ -467,3 +467,26 @@ async def test_an_infinite_real_is_its_text_streamed_or_snapshotted_not_jsons_nu
         {"id": 1, "r": "Infinity"}, {"id": 2, "r": "-Infinity"}, {"id": 3, "r": 2.5}, {"id": 4, "r": None}
     ]  # fmt: skip
     assert orjson.dumps(snapshotted[0]) == b'{"id":1,"r":"Infinity"}'
+
+
+async def test_a_table_renamed_to_a_captured_name_decodes_with_its_own_columns(tmp_path: Path) -> None:
+    """Turso logs no ALTER TABLE ... RENAME in turso_cdc: a table with more columns renamed to a
+    captured name had its rows decoded with the replaced table's columns, the values past them
+    dropped without a word ({'id': 8, 'a': 'b8'} for (8, 'b8', 'c8'))."""
+    db = tmp_path / "r.db"
+    w = writer(db)
+    w.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, a TEXT)")
+    w.execute("CREATE TABLE staging (id INTEGER PRIMARY KEY, b TEXT, c TEXT)")
+    w.commit()
+    src = source(db, tables=["items"])
+    await src.open(None)
+    w.execute("INSERT INTO items VALUES (1, 'one')")
+    w.commit()
+    assert [e.after for e in await read_all(src)] == [{"id": 1, "a": "one"}]
+    for sql in ("ALTER TABLE items RENAME TO items_old", "ALTER TABLE staging RENAME TO items",
+                "INSERT INTO items VALUES (8, 'b8', 'c8')"):  # fmt: skip
+        w.execute(sql)
+        w.commit()
+    w.close()
+    assert [e.after for e in await read_all(src)] == [{"id": 8, "b": "b8", "c": "c8"}]
+    await src.close()

@@ -348,6 +348,19 @@ class TursoSource(Source):
             return None
         names, alias = self._table_columns(table)
         values = decode_record(blob)
+        if len(values) > len(names):
+            # More values than the table has columns: its columns changed with no DDL row in
+            # turso_cdc (Turso logs no ALTER TABLE ... RENAME: another table renamed to this
+            # name). zip() would drop the values past the known names in silence.
+            self._columns.pop(table, None)
+            names, alias = self._table_columns(table)
+            if len(values) > len(names):
+                raise SourceMisconfigured(
+                    f"turso source {self.id!r}: a row of {table!r} (change after {self._decode_at}) holds "
+                    f"{len(values)} values and the table has {len(names)} columns ({', '.join(names)}): its "
+                    "columns changed in a way turso_cdc does not record (a table renamed to this name); "
+                    "re-snapshot the table from a position after it"
+                )
         row = dict(zip(names, values, strict=False))
         for name in names[len(values) :]:
             row[name] = None  # a column added after this row was written
