@@ -15,8 +15,10 @@ import anyio
 import pytest
 
 from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.owner import owner_key
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.snapshot.listed import listed_key
 from deltaforge.snapshot.progress import progress_key
 from deltaforge.state.checkpoints import CheckpointStore, FileCheckpointStore, MemoryCheckpointStore, sink_key
 from deltaforge.state.sqlite_store import SqliteCheckpointStore
@@ -245,17 +247,24 @@ async def test_a_store_that_cannot_open_fails_the_pipeline_saying_where(tmp_path
 async def test_forgetting_a_pipelines_checkpoints_forgets_its_source_records_too() -> None:
     """Deleting a pipeline with its checkpoints leaves nothing a pipeline created again under
     its name would start from: not the sinks' checkpoints, not the failover identity, not a
-    snapshot's progress (with the stream position it began at, which could have been purged)."""
+    snapshot's progress (with the stream position it began at, which could have been purged),
+    not the tables listed at its last start; and its source id is free for another pipeline."""
     store = MemoryCheckpointStore()
     runner = PipelineRunner(
         config(sinks=[sink_doc("a")]), store=store, sinks={"a": ScriptedSink("a")}, source=SyntheticSource(1)
     )
-    keys = [runner.ctx.key("a"), identity_key("src"), progress_key("src")]
+    keys = [
+        runner.ctx.key("a"),
+        identity_key("src"),
+        progress_key("src"),
+        owner_key("src"),
+        listed_key("src"),
+    ]
     other = progress_key("another")
     for key in [*keys, other]:
         await store.put(key, {"seq": 1})
     await runner.forget_checkpoints()
-    assert [await store.get(k) for k in keys] == [None, None, None]
+    assert [await store.get(k) for k in keys] == [None] * len(keys)
     assert await store.get(other) == {"seq": 1}
 
 

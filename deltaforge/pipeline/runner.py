@@ -23,12 +23,14 @@ from deltaforge.pipeline.messages import (
     StopReading,
     TakeSnapshot,
 )
+from deltaforge.pipeline.owner import claim_source_id, owner_key
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
 from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import PoisonEvent, Sink
+from deltaforge.snapshot.listed import listed_key
 from deltaforge.snapshot.progress import progress_key
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
@@ -141,13 +143,20 @@ class PipelineRunner:
                 self.state = "stopped"  # asked to stop while the store's disk refused writes
                 return
             self.ctx.dlq.entries = await self.store.dead_letters.count(self.name)
+            clash = (
+                await claim_source_id(self.store, self.source.id, self.config, PatientWrites(self.ctx))
+                if self._own_store
+                else None
+            )
         except Exception as exc:  # what retrying cannot mend (see _open_store)
             storage = self.config.storage
             self.log.error("store_open_failed", storage=storage.type, path=storage.path, exc_info=True)
             self._failed(f"spec.storage: cannot open the {storage.type} store at {storage.path}: {exc}")
             return
-        if self._stop_asked:
+        if self._stop_asked or clash is not None:
             self.state = "stopped"
+            if clash is not None:
+                self._failed(clash)
             if self._own_store:
                 await self.store.close()
             return
@@ -347,6 +356,7 @@ class PipelineRunner:
         this name starts from the beginning."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
+        keys += [owner_key(source_id), listed_key(source_id)]
         keys += [held_key(source_id, sid) for sid in self.sinks]
         await self._read_store(lambda store: store.delete_keys(keys))
 

@@ -17,13 +17,17 @@ from deltaforge.state.checkpoints import CheckpointStore
 WILDCARDS = "*?["
 
 
+def listed_key(source_id: str) -> str:
+    return f"{source_id}::tables"
+
+
 class ListedTables:
     """The source's ``tables`` as configured now, against the list its last start stored."""
 
     def __init__(
         self, store: CheckpointStore, source_id: str, listed: list[str] | None, writes: PatientWrites
     ):
-        self.store, self.key, self.writes = store, f"{source_id}::tables", writes
+        self.store, self.key, self.writes = store, listed_key(source_id), writes
         self.listed = list(listed or [])  # empty: every table, nothing to compare
         self.checked = False
         """The list as it is now is stored: this process need not look again."""

@@ -1,0 +1,53 @@
+"""Pipelines sharing a checkpoint store (the default ``spec.storage.path``) must not share a
+source id: the store keeps checkpoints by it, so the second would read from the first one's."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from deltaforge.config import parse_pipeline
+from deltaforge.pipeline.runner import PipelineRunner
+from tests.helpers import wait_until
+from tests.kit import doc
+
+
+def pipeline(tmp: Path, name: str, source_id: str, db: str) -> PipelineRunner:
+    d = doc(name=name, storage={"type": "sqlite", "path": str(tmp / "shared.db")}, source_path=str(tmp / db))
+    d["spec"]["source"]["config"]["id"] = source_id
+    return PipelineRunner(parse_pipeline(d, env={}))
+
+
+async def started(runner: PipelineRunner) -> asyncio.Task[None]:
+    task = asyncio.create_task(runner.run())
+    await wait_until(lambda: runner.state in ("running", "failed"), timeout=30, what="the pipeline started")
+    return task
+
+
+async def stopped(runner: PipelineRunner, task: asyncio.Task[None]) -> None:
+    runner.stop_now()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_second_pipeline_with_the_same_source_id_in_the_same_store_is_refused(tmp_path: Path) -> None:
+    orders = pipeline(tmp_path, "orders", "db", "orders.db")
+    task = await started(orders)
+    assert orders.state == "running"
+    billing = pipeline(tmp_path, "billing", "db", "billing.db")
+    other = await started(billing)
+    await stopped(billing, other)  # it ended by itself, or it ran on orders' checkpoints
+    assert billing.state == "failed"
+    assert billing.failure is not None and billing.failure.startswith(
+        "spec.source.config.id: source id 'db' belongs to pipeline 'orders'"
+    )
+    assert str(tmp_path / "shared.db") in billing.failure
+    # Another id in the same store is fine, and so is the owner's next start.
+    billing = pipeline(tmp_path, "billing", "billing_db", "billing.db")
+    other = await started(billing)
+    assert billing.state == "running"
+    await stopped(billing, other)
+    await stopped(orders, task)
+    orders = pipeline(tmp_path, "orders", "db", "orders.db")
+    task = await started(orders)
+    assert orders.state == "running"
+    await stopped(orders, task)
