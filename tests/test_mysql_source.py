@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import shutil
+from collections.abc import MutableMapping
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import orjson
 from structlog.testing import capture_logs
 
+from deltaforge.events import Event
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.mysql_kit import fresh_db, opened_on, purge_before, read_n, source, to_file
@@ -396,25 +399,37 @@ async def test_values_a_partial_row_image_leaves_out_are_marked_never_false_null
     assert said["table"] == f"{db}.t" and said["columns"] == ["a", "b"]
 
 
+async def ddl_logged(
+    mariadb: MariaDB, tables: tuple[str, ...], captured: tuple[str, ...], *statements: str
+) -> tuple[str, list[MutableMapping[str, Any]], Event]:
+    """In a fresh database with ``tables`` (one ``id`` column each) and a source capturing
+    ``captured``: the log of running ``statements``, then ``INSERT INTO t VALUES (1)``, and that
+    insert's event (read once the reader has passed the statements)."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        for table in tables:
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
+    src = source(mariadb, [f"{db}.{t}" for t in captured])
+    await src.open(None)
+    # The decoder's pump thread says what it meets as soon as it meets it: capture from before.
+    with capture_logs() as logs:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            for sql in (*statements, "INSERT INTO t VALUES (1)"):
+                cur.execute(sql)
+        [ev] = await read_n(src, 1)
+    await src.close()
+    return db, logs, ev
+
+
 async def test_a_captured_table_renamed_or_dropped_out_of_tables_is_named(mariadb: MariaDB) -> None:
     """Capture goes by name: after ``RENAME TABLE orders TO orders_old`` the table's changes went
     on under a name outside ``tables``, and stopped arriving without a word; a dropped table's
     rows stay in every sink. Each is named when the reader passes the DDL; a rename that stays
     inside ``tables`` (a glob) is not."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        for table in ("orders", "items", "log_1", "t"):
-            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.orders", f"{db}.items", f"{db}.log_*", f"{db}.t"])
-    await src.open(None)
-    # The decoder's pump thread says what it meets as soon as it meets it: capture from before.
-    with capture_logs() as logs:
-        with mariadb.root(db) as c, c.cursor() as cur:
-            cur.execute("RENAME TABLE orders TO orders_old, log_1 TO log_2")
-            cur.execute("DROP TABLE items")
-            cur.execute("INSERT INTO t VALUES (1)")
-        [ev] = await read_n(src, 1)
-    await src.close()
+    db, logs, ev = await ddl_logged(
+        mariadb, ("orders", "items", "log_1", "t"), ("orders", "items", "log_*", "t"),
+        "RENAME TABLE orders TO orders_old, log_1 TO log_2", "DROP TABLE items",
+    )  # fmt: skip
     said = [(e["event"], e["table"], e["to"]) for e in logs if e["event"].startswith("captured_table_")]
     assert said == [
         ("captured_table_renamed", f"{db}.orders", f"{db}.orders_old"),
@@ -427,19 +442,10 @@ async def test_a_table_renamed_into_tables_is_named(mariadb: MariaDB) -> None:
     """``RENAME TABLE orders TO orders_old, staging TO orders`` puts staging's rows under a
     captured name with no change event for any of them: the sinks kept the old table's rows
     without a word. The table renamed in is named, with the one it came from."""
-    db = fresh_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        for table in ("orders", "staging", "t"):
-            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
-    src = source(mariadb, [f"{db}.orders", f"{db}.t"])
-    await src.open(None)
-    with capture_logs() as logs:
-        with mariadb.root(db) as c, c.cursor() as cur:
-            cur.execute("INSERT INTO staging VALUES (7)")
-            cur.execute("RENAME TABLE orders TO orders_old, staging TO orders")
-            cur.execute("INSERT INTO t VALUES (1)")
-        [ev] = await read_n(src, 1)
-    await src.close()
+    db, logs, ev = await ddl_logged(
+        mariadb, ("orders", "staging", "t"), ("orders", "t"),
+        "INSERT INTO staging VALUES (7)", "RENAME TABLE orders TO orders_old, staging TO orders",
+    )  # fmt: skip
     said = [(e["event"], e["table"]) for e in logs if e["event"].startswith("captured_table_")]
     assert said == [("captured_table_renamed", f"{db}.orders"), ("captured_table_renamed_in", f"{db}.orders")]
     [came] = [e for e in logs if e["event"] == "captured_table_renamed_in"]
