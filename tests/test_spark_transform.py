@@ -273,7 +273,9 @@ def test_bad_processors_are_refused_at_start_with_their_path(tmp_path: Path) -> 
     }
     docs = []
     for name, (procs, _, _) in cases.items():
-        docs.append(yaml.safe_load(pipeline_yaml(tmp_path, name, procs).read_text()))
+        doc = yaml.safe_load(pipeline_yaml(tmp_path, name, procs).read_text())
+        doc["spec"]["source"]["config"]["id"] = f"src_{name}"  # one store: a source id each
+        docs.append(doc)
     both = tmp_path / "bad.yaml"
     both.write_text(yaml.safe_dump_all(docs))
     log = tmp_path / "log.jsonl"
@@ -296,7 +298,9 @@ def test_bad_processors_are_refused_at_start_with_their_path(tmp_path: Path) -> 
             # refused before any event flowed
             assert not (tmp_path / f"{name}.jsonl").exists() or jsonl(tmp_path / f"{name}.jsonl") == []
             assert counters(serve, name)["events_read"] == 0
-    assert stored_checkpoint(tmp_path / "cp.db", "src::sink::f") is None
+    assert [stored_checkpoint(tmp_path / "cp.db", f"src_{name}::sink::f") for name in cases] == [None] * len(
+        cases
+    )
 
 
 def test_killing_the_spark_jvm_restarts_the_session_and_loses_nothing(tmp_path: Path) -> None:

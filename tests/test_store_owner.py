@@ -51,3 +51,25 @@ async def test_a_second_pipeline_with_the_same_source_id_in_the_same_store_is_re
     task = await started(orders)
     assert orders.state == "running"
     await stopped(orders, task)
+
+
+async def test_pipelines_claiming_one_source_id_at_once_leave_exactly_one_running(tmp_path: Path) -> None:
+    """Started together (a serve with several config documents), each on its own connection to
+    the store: one claim stands, the others are refused by name (before, SQLite's versioned rows
+    clashed and each failed as a store that cannot be opened)."""
+    runners = [pipeline(tmp_path, f"p{i}", "db", f"p{i}.db") for i in range(4)]
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        await wait_until(
+            lambda: all(r.state in ("running", "failed") for r in runners), timeout=30, what="all started"
+        )
+        states = sorted(r.state for r in runners)
+        assert states == ["failed", "failed", "failed", "running"], [(r.state, r.failure) for r in runners]
+        owner = next(r.name for r in runners if r.state == "running")
+        for r in runners:
+            assert r.failure is None or r.failure.startswith(
+                f"spec.source.config.id: source id 'db' belongs to pipeline {owner!r}"
+            ), r.failure
+    finally:
+        for r, t in zip(runners, tasks, strict=True):
+            await stopped(r, t)

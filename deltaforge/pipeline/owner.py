@@ -8,9 +8,20 @@ again. The first pipeline to start under an id keeps it (``<source>::pipeline``)
 
 from __future__ import annotations
 
+import asyncio
+import os
+
 from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.state.checkpoints import CheckpointStore
+
+_CLAIMS: dict[tuple[int, str], asyncio.Lock] = {}
+"""One lock per event loop and store file (a lock belongs to the loop it first waited in)."""
+
+
+def _claim_lock(store_path: str) -> asyncio.Lock:
+    key = (id(asyncio.get_running_loop()), os.path.abspath(store_path))  # the cwd: no disk read
+    return _CLAIMS.setdefault(key, asyncio.Lock())
 
 
 def owner_key(source_id: str) -> str:
@@ -22,13 +33,16 @@ async def claim_source_id(
     store: CheckpointStore, source_id: str, config: PipelineConfig, writes: PatientWrites
 ) -> str | None:
     """Why ``config``'s pipeline cannot use ``store`` (None: it can, and now owns ``source_id``
-    there). A claim written at the same time as another pipeline's is read back: the last write
-    wins, and exactly one of the two goes on."""
+    there). Claims in one process are made one at a time; a claim written at the same time by
+    another process is read back (the last write wins)."""
     key = owner_key(source_id)
-    owner = await store.get(key)
-    if owner is None:
-        await writes(lambda: store.put(key, {"name": config.name}))
+    # Pipelines of one serve start together, each on its own connection to the store: a look and
+    # a write of theirs must not interleave, or two would each find the id free and take it.
+    async with _claim_lock(config.storage.path):
         owner = await store.get(key)
+        if owner is None:
+            await writes(lambda: store.put(key, {"name": config.name}))
+            owner = await store.get(key)  # another process's claim at the same moment: the last wins
     name = owner.get("name") if owner is not None else None
     if name == config.name:
         return None
