@@ -139,13 +139,13 @@ class PipelineContext:
         run, or never delivered to."""
         return [sid for sid in self.sinks if sid not in self.durable] if self.durable else []
 
-    def resume_point(self, snapshot_for_newcomers: bool) -> Position | None:
+    def resume_point(self, from_held: bool) -> Position | None:
         """Where the source opens: what every sink holds (None: the source's own start without a
-        checkpoint, its oldest change kept). With :meth:`newcomers` to be given a snapshot, the
-        earliest checkpoint of the others instead: a start without a checkpoint is then *now*
-        (the snapshot's), and the sinks already there would go without what lies between (a
-        delete made while the pipeline was down)."""
-        if snapshot_for_newcomers and self.durable:
+        checkpoint, every change it still keeps). With :meth:`newcomers` and ``from_held`` (they
+        are given a snapshot, or the source's own start is *now*), the earliest checkpoint of the
+        others instead: the sinks already there would go without what lies between (a delete
+        made while the pipeline was down)."""
+        if from_held and self.durable:
             return earliest(self.durable.values())
         return self.durable_min()
 

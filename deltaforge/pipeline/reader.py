@@ -96,7 +96,7 @@ class SourceReader(Actor):
     async def _open(self) -> None:
         ctx = self.ctx
         joined = ctx.newcomers()
-        resume = ctx.resume_point(snapshot_for_newcomers=self.snapshots.copies_rows)
+        resume = ctx.resume_point(from_held=self.snapshots.copies_rows or not ctx.source.starts_at_oldest)
         ctx.epoch += 1
         self.epoch = ctx.epoch
         self.confirmed = None

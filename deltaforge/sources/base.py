@@ -165,6 +165,13 @@ class Source(ABC):
         """Seconds to wait after an empty read."""
         return 0.05
 
+    @property
+    def starts_at_oldest(self) -> bool:
+        """Opened without a checkpoint, the source reads every change it still keeps (MySQL's
+        oldest binlog, Turso's CDC table, PostgreSQL's slot), not from now: a sink without a
+        checkpoint beside sinks with one may be given that start (see ``resume_point``)."""
+        return True
+
     def caught_up(self) -> bool:
         """After a read: whether nothing more is ready to read right now.
 

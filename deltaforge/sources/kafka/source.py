@@ -145,6 +145,12 @@ class KafkaSource(Source):
             consumer.subscribe(topics=cfg.topic_names, listener=listener)
         self.consumer = consumer
 
+    @property
+    def starts_at_oldest(self) -> bool:
+        # With start: latest a partition with no checkpoint and no committed group offset starts
+        # at its end (a group renamed, or its offsets expired: offsets.retention.minutes).
+        return self.cfg.start == "earliest"
+
     async def _ends(self, consumer: AIOKafkaConsumer) -> dict[tuple[str, int], int]:
         """The end of every partition of the topics this source reads that exist now."""
         try:
