@@ -7,10 +7,14 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.storewait import PatientWrites
+from deltaforge.snapshot.listed import ListedTables
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.snapshot import MySQLChunks
 from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.kit import SyntheticSource, config
 from tests.test_sink_added import Received, Tables, items, reader_running, replayed, run_until
 
 __all__ = ["items"]  # the fixture, parametrized below
@@ -68,3 +72,15 @@ async def test_a_server_down_as_an_added_table_is_looked_up_asks_again_at_the_re
     second = {**items.source, "config": {**config, "tables": [*config["tables"], items.qualified("other")]}}
     await run_until(second, ["a"], store, got, lambda _: replayed(got.get("a:other", [])) == {10, 11})
     assert failed == [[items.qualified("other")]]
+
+
+async def test_a_list_narrowed_from_every_table_adds_none() -> None:
+    """``tables`` empty means every table: a later list names tables that were captured already,
+    so none of them is new (their rows are in the sinks)."""
+    store = MemoryCheckpointStore()
+    everything = ListedTables(
+        store, "s", [], PatientWrites(PipelineContext(config(), store, SyntheticSource(1), {}))
+    )
+    await everything.remember()
+    narrowed = ListedTables(store, "s", ["db.a", "db.b"], everything.writes)
+    assert await narrowed.added() == []

@@ -39,7 +39,7 @@ class ListedTables:
             return []
         stored = await self.store.get(self.key)
         before = stored.get("tables") if stored is not None else None
-        if not isinstance(before, list):
+        if not isinstance(before, list) or not before:  # none stored, or every table then
             return []
         return [t for t in self.listed if t not in before]
 
