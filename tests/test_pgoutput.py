@@ -20,7 +20,7 @@ from deltaforge.sources.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from deltaforge.sources.postgres.values import converter, parse_array
+from deltaforge.sources.postgres.values import Types, converter, parse_array
 
 
 def tup(*vals: object) -> bytes:
@@ -113,3 +113,20 @@ def test_text_values_convert_by_type() -> None:
     assert converter(3802)('{"k": [1, 2]}') == {"k": [1, 2]}
     assert str(converter(1184)("2024-01-02 03:04:05.5+00")) == "2024-01-02 03:04:05.500000+00:00"
     assert converter(2950)("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11") == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+
+
+def test_types_the_catalog_leaves_unanswered_are_text_and_never_asked_again() -> None:
+    """A domain over a domain over ``int``, and an array of it, read as their base type; an OID
+    the catalog does not answer for (a type dropped since the column named it) is text, and is
+    not missing any more (the lookup loop ends). Those in SCALARS and ARRAYS are never asked."""
+    types = Types()
+    assert types.missing([16, 1007, 90001]) == [90001]
+    types.learn([90001], [(90001, True, 90002, 0, False)])
+    assert types.missing([90001]) == [90002]
+    types.learn([90002], [(90002, True, 23, 0, False)])
+    assert types.missing([90001, 90003]) == [90003]
+    types.learn([90003, 90004], [(90003, False, 0, 90001, True)])  # 90004: not answered
+    assert types.missing([90001, 90003, 90004]) == []
+    assert types.converter(90001)("5") == 5
+    assert types.converter(90003)("{5,NULL}") == [5, None]
+    assert types.converter(90004)("{5}") == "{5}"

@@ -295,10 +295,14 @@ EVERY_TYPE = [
     ("u", "uuid", "'6ccd780c-baba-1026-9564-5b8c656024db'", "'00000000-0000-0000-0000-000000000000'"),
     ("ip", "inet", "'10.0.0.1/8'", "'::1'"), ("jb", "jsonb", "'{\"a\": [1, 2]}'", "'[]'"), ("by", "bytea", "'\\x00ff'", "''"),
     ("nn", "numeric", "'NaN'", "'-1.50'"), ("fl", "float8", "'-Infinity'", "'1e-300'"), ("f4", "real", "'NaN'", "'Infinity'"), ("e", "mood", "'ok'", "'bad'"),
-    ("dm", "positive_span", "'2 hours'", "'1 second'"),
+    ("dm", "positive_span", "'2 hours'", "'1 second'"), ("di", "small_int", "5", "-1"),
+    ("ea", "mood[]", "'{ok,bad}'", "'{}'"), ("da", "positive_span[]", "'{\"2 hours\",NULL}'", "'{}'"),
+    ("ina", "inet[]", "'{10.0.0.1,::1/128}'", "'{}'"), ("tma", "time[]", "'{01:02:03,NULL}'", "'{}'"),
+    ("bxa", "box[]", "'{(1,1),(0,0);(2,2),(1,1)}'", "'{}'"),
 ]  # fmt: skip
 TYPES_DDL = """CREATE TYPE mood AS ENUM ('ok', 'bad');
 CREATE DOMAIN positive_span AS interval CHECK (VALUE > '0');
+CREATE DOMAIN small_int AS int;
 CREATE TABLE t (id int UNIQUE, k time PRIMARY KEY, {columns}{extra})"""
 
 

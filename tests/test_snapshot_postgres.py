@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import orjson
 import psycopg
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.snapshot.chunks import SnapshotRefused
@@ -542,3 +544,93 @@ def test_a_snapshot_row_of_any_other_type_carries_what_a_change_carries(postgres
         None,
     )
     assert orjson.dumps(changes[0]["f"]) == b'"NaN"' and orjson.dumps(rows[0]["r"]) == b"1.1"
+
+
+USER_TYPES = """CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TYPE pair AS (a int, b text);
+CREATE DOMAIN amount AS numeric(10,2) CHECK (VALUE > 0);
+CREATE DOMAIN small AS int;
+CREATE DOMAIN tiny AS small CHECK (VALUE < 100);
+CREATE DOMAIN flags AS bool[];
+CREATE DOMAIN doc AS jsonb;
+CREATE DOMAIN day AS date;
+CREATE TABLE typed (id int PRIMARY KEY, am amount, sm small, ti tiny, ams amount[], fl flags, dc doc, dy day,
+    ms mood[], ips inet[], tms time[], prs pair[], bxs box[])"""
+
+
+def test_a_domain_is_its_base_type_and_every_array_a_list(postgres: Postgres) -> None:
+    """A column of a domain arrived as text (``'3.50'``, ``'5'``), a numeric's or an integer's
+    value as a string, and an array of an enum, a domain or a type read as text (``inet``,
+    ``time``, a composite) as the array's literal (``'{sad,happy}'``), where ``int[]`` is a
+    list: the stream converted by the column's type OID, which for these is not a built-in one.
+    Debezium types a domain by its base type and an array of any of them as an array. Now each
+    is its base type's value and each array a list, snapshotted or streamed (``box[]``, whose
+    elements are separated by ``;``, stays its text)."""
+
+    rows, changes = asyncio.run(
+        streamed_then_snapshotted(
+            postgres,
+            USER_TYPES,
+            "typed",
+            "INSERT INTO typed VALUES (1, 3.50, 5, 7, '{1.25,NULL}', '{t,f}', '{\"k\": [1]}', '2024-02-29', "
+            "'{sad,happy}', '{10.0.0.1,::1/128}', '{01:02:03,NULL}', ARRAY[ROW(1, 'a b')::pair], '{(1,1),(0,0);(2,2),(1,1)}')",
+            "INSERT INTO typed (id) VALUES (2)",
+        )
+    )
+    assert rows == changes
+    assert rows[0] == {
+        "id": 1, "am": Decimal("3.50"), "sm": 5, "ti": 7, "ams": [Decimal("1.25"), None], "fl": [True, False],
+        "dc": {"k": [1]}, "dy": date(2024, 2, 29), "ms": ["sad", "happy"], "ips": ["10.0.0.1", "::1"],
+        "tms": ["01:02:03", None], "prs": ['(1,"a b")'], "bxs": "{(1,1),(0,0);(2,2),(1,1)}",
+    }  # fmt: skip
+    assert rows[1] == {"id": 2, **{c: None for c in rows[0] if c != "id"}}
+
+
+@pytest.fixture
+def postgres_past_int_oids() -> Iterator[Postgres]:
+    """A cluster whose objects take oids past ``int``'s range (2^31): one that has made that many
+    temporary tables, types or large objects over its life. An oid is an unsigned 32-bit number."""
+    pg = Postgres().start()
+    try:
+        pg.set_next_oid(3_000_000_000)
+        yield pg
+    finally:
+        pg.stop()
+
+
+def test_tables_and_types_with_oids_past_int_snapshot_stream_and_have_partitions_watched(
+    postgres_past_int_oids: Postgres,
+) -> None:
+    """A table's oid was read as ``oid::int``, negative past 2^31, and handed back as an ``oid``
+    parameter, which asyncpg refuses (``value out of uint32 range``): no table of such a cluster
+    could be snapshotted, and a partition attached to one could not be looked at."""
+    pg = postgres_past_int_oids
+    rows, changes = asyncio.run(
+        streamed_then_snapshotted(
+            pg, "CREATE DOMAIN small AS int; CREATE TABLE t (id int PRIMARY KEY, s small, ss small[])", "t",
+            "INSERT INTO t VALUES (1, 5, '{6,NULL}')",
+        )
+    )  # fmt: skip
+    assert rows == changes == [{"id": 1, "s": 5, "ss": [6, None]}]
+
+    async def attached() -> list[Any]:
+        db = await fresh_db(pg)
+        conn = await asyncpg.connect(pg.dsn(db))
+        await conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        await conn.execute("CREATE TABLE p0 PARTITION OF p FOR VALUES FROM (0) TO (10)")
+        await conn.execute("CREATE TABLE loaded (id int PRIMARY KEY)")
+        await conn.execute("INSERT INTO loaded VALUES (10)")
+        assert await conn.fetchval("SELECT 'loaded'::regclass::oid::bigint") > 2**31
+        src = source(pg, db, tables=["public.p"])
+        await src.open(None)
+        await src.watch.stop()  # asked by hand below
+        try:
+            await conn.execute("ALTER TABLE p ATTACH PARTITION loaded FOR VALUES FROM (10) TO (20)")
+            with capture_logs() as logs:
+                assert await src.watch._ask(src._conn) is None
+        finally:
+            await src.close()
+            await conn.close()
+        return [(e["event"], e["partitions"]) for e in logs if e["event"].startswith("captured_partition_")]
+
+    assert asyncio.run(attached()) == [("captured_partition_attached", ["loaded"])]

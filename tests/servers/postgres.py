@@ -81,6 +81,13 @@ class Postgres(ServerProcess):
         """Start it again after :meth:`halt`, on the same port."""
         self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
 
+    def set_next_oid(self, oid: int) -> None:
+        """Stop the server, set the oid its next object takes (``pg_resetwal -o``), start it again:
+        a cluster that has made that many objects (temporary tables, types, large objects)."""
+        self.halt()
+        self._as_postgres(_bin("pg_resetwal"), "-o", str(oid), "-D", str(self.data))
+        self.resume()
+
     def copy_files(self) -> Path:
         """A copy of the files of the server, stopped by :meth:`halt` (what a disk snapshot holds)."""
         copy = self.dir / "copy"

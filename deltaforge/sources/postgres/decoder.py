@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
@@ -47,7 +48,7 @@ from deltaforge.sources.postgres.pgoutput import (
 )
 from deltaforge.sources.postgres.position import PgPosition
 from deltaforge.sources.postgres.replication import LogicalStream, StreamError
-from deltaforge.sources.postgres.values import SESSION, converter
+from deltaforge.sources.postgres.values import SESSION, TYPES, Types
 
 NOT_LOGGED = "__not_logged__"
 """The key of the marker ``{"__not_logged__": True}``: a value the change does not carry."""
@@ -81,9 +82,17 @@ class TxDecoder:
     """
 
     def __init__(
-        self, last_commit: int, safe: int, piece: int = 1 << 62, seen: tuple[int, int] | None = None
+        self,
+        last_commit: int,
+        safe: int,
+        piece: int = 1 << 62,
+        seen: tuple[int, int] | None = None,
+        lookup: Callable[[list[int]], Iterable[Sequence[Any]]] | None = None,
     ) -> None:
         self.piece = piece
+        self.types = Types()
+        self.lookup = lookup
+        """Runs :data:`TYPES` for OIDs a relation's columns need looked up (none: built-in types only)."""
         self.seen = seen
         """Commit LSN and time of the last transaction pgoutput sent, whatever it held (a heartbeat
         says it: a restored server's new transactions before the heartbeat are found by it)."""
@@ -164,7 +173,10 @@ class TxDecoder:
         self.first += len(piece)
 
     def _relation_message(self, msg: Relation) -> None:
-        convs = [None if (f := converter(c.type_oid)) is str else f for c in msg.columns]
+        if self.lookup is not None:
+            while need := self.types.missing(c.type_oid for c in msg.columns):
+                self.types.learn(need, self.lookup(need))
+        convs = [None if (f := self.types.converter(c.type_oid)) is str else f for c in msg.columns]
         known = self.relations.get(msg.relid)
         self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
         if known is not None and known[0] == msg:
@@ -242,7 +254,10 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
     start = parse_lsn(found[0])
     repl = _start(cfg, start)
     known = cfg["seen"]
-    tx = TxDecoder(int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None)
+    tx = TxDecoder(
+        int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None,
+        lambda oids: catalog.execute(TYPES, (oids,)).fetchall(),
+    )  # fmt: skip
     last_heartbeat = asked_at = time.monotonic()
     while not confirmations.closed:
         repl.confirm(confirmations.lsn)

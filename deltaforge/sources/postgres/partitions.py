@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-_TREE = "SELECT array(SELECT relid::int FROM pg_partition_tree($1::oid) WHERE relid <> $1::oid ORDER BY 1)"
+_TREE = "SELECT array(SELECT relid::bigint FROM pg_partition_tree($1::oid) WHERE relid <> $1::oid ORDER BY 1)"
 _NEWEST = "SELECT max(oid)::bigint FROM pg_class"
 _NAMES = "SELECT array(SELECT x::regclass::text FROM unnest($1::oid[]) x ORDER BY 1)"
 

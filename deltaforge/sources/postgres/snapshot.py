@@ -29,7 +29,7 @@ from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import PRIMARY_KEY, qualified, quote_ident, quote_table
-from deltaforge.sources.postgres.values import SESSION, converter
+from deltaforge.sources.postgres.values import SESSION, TYPES, Types
 
 if TYPE_CHECKING:
     from deltaforge.sources.postgres.source import PostgresSource
@@ -37,10 +37,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _COLUMNS = (
-    "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
+    "SELECT attname, atttypid::bigint, format_type(atttypid, atttypmod) FROM pg_attribute "
     "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND ($2 OR attgenerated = '') ORDER BY attnum"
 )
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
+_TYPES = TYPES.replace("%s", "$1")
 
 
 async def _columns_of(
@@ -77,12 +78,12 @@ the row filter it applies (SQL, or None)."""
 class _Table:
     """How one table is read: its select, and its columns' converters."""
 
-    def __init__(self, ref: TableRef, oid: int, shape: Shape) -> None:
+    def __init__(self, ref: TableRef, oid: int, shape: Shape, types: Types) -> None:
         self.ref, self.oid, self.shape = ref, oid, shape
         columns, where = shape
         self.columns = columns
         self.names = [c[0] for c in columns]
-        self.convs = [None if c[1] in NATIVE or (f := converter(c[1])) is str else f for c in columns]
+        self.convs = [None if c[1] in NATIVE or (f := types.converter(c[1])) is str else f for c in columns]
         self.rows = rows_of(self.names, self.convs)
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
@@ -119,6 +120,7 @@ class PostgresChunks(ChunkReader):
         self.signal = qualified(settings.signal_table) if settings.signal_table else None
         self.pool: asyncpg.Pool | None = None
         self.known: dict[str, _Table] = {}
+        self.types = Types()
 
     async def _shape(self, conn: asyncpg.Connection, oid: int, name: str) -> Shape:
         """What of table ``name`` (its ``oid``) the publication publishes now (see :data:`Shape`)."""
@@ -127,6 +129,8 @@ class PostgresChunks(ChunkReader):
         # the publication says, and its column names below follow it); a snapshot row carrying
         # one would hold a value no later change of the row updates.
         columns = await _columns_of(conn, oid, generated=version >= 18)
+        while need := self.types.missing(c[1] for c in columns):  # domains and arrays, as the stream
+            self.types.learn(need, await conn.fetch(_TYPES, need))
         if version < 15 or not columns:  # row filters and column lists: PostgreSQL 15
             return columns, None
         schema, _, table = name.partition(".")
@@ -184,7 +188,7 @@ class PostgresChunks(ChunkReader):
                     f"snapshot of {name!r}: no such table in publication {self.source.publication!r} "
                     f"(it has {', '.join(published) or 'none'})"
                 )
-            oid = await conn.fetchval("SELECT to_regclass($1)::oid::int", quote_table(name))
+            oid = await conn.fetchval("SELECT to_regclass($1)::oid::bigint", quote_table(name))
             shape = await self._shape(conn, oid, name)
             key = tuple(str(r[0]) for r in await conn.fetch(_PRIMARY_KEY, oid))
             if not key:
@@ -200,7 +204,7 @@ class PostgresChunks(ChunkReader):
                     "by their key; add them to the column list"
                 )
             ref = TableRef(name, key)
-            self.known[name] = _Table(ref, int(oid), shape)
+            self.known[name] = _Table(ref, int(oid), shape, self.types)
             out.append(ref)
         return out
 
@@ -257,7 +261,7 @@ class PostgresChunks(ChunkReader):
                     if records is not None:
                         return t, records
                 table_changed(self.source.id, table.name, [c[0] for c in columns])
-                self.known[table.name] = _Table(table, t.oid, shape)
+                self.known[table.name] = _Table(table, t.oid, shape, self.types)
 
         t, records = await self._run(read)
         more = len(records) > limit

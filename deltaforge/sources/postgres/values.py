@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -181,13 +181,72 @@ def parse_array(s: str, element: Callable[[str], Any]) -> list[Any]:
     return parse(pos)[0]
 
 
+TYPES = (
+    "SELECT t.oid::bigint, t.typtype = 'd', t.typbasetype::bigint, t.typelem::bigint, "
+    "COALESCE(e.typarray = t.oid AND e.typdelim = ',', false) "
+    "FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem WHERE t.oid = ANY(%s::bigint[]::oid[])"
+)
+"""What :class:`Types` learns of each type OID asked for (``%s``: a list of OIDs; an OID is unsigned, past ``int``'s range): whether it is
+a domain and its base type; whether it is an array whose elements a ``,`` separates, and their
+type (``box[]``'s elements are separated by ``;``; ``point``, ``name`` and the vectors have an
+element type and are not arrays)."""
+
+
+class Types:
+    """The type OIDs :data:`SCALARS` and :data:`ARRAYS` do not name, as the catalog says them.
+
+    pgoutput and a snapshot's columns name a column's type by its OID, and a domain's is its
+    own, as an array of an enum's or a composite's is: by OID alone, a domain over ``numeric``
+    read as text (``'3.50'``) and an ``enum[]`` as its literal (``'{sad,happy}'``). Debezium
+    types a domain by its base type and any array as an array. The caller looks up what
+    :meth:`missing` names (with :data:`TYPES`) and hands the rows to :meth:`learn`, until
+    nothing is missing; :meth:`converter` then reads a domain as its base type and any array as
+    a list. A type's base and element type never change (``ALTER DOMAIN`` cannot change a base),
+    so what is learnt is kept.
+    """
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int, int]] = {}
+        """OID -> (base type if a domain, else 0; element type if an array, else 0)."""
+
+    def missing(self, oids: Iterable[int]) -> list[int]:
+        """The OIDs (of ``oids``, and of the bases and elements they lead to) still to look up."""
+        need: set[int] = set()
+        todo = list(oids)
+        while todo:
+            oid = todo.pop()
+            if oid in SCALARS or oid in ARRAYS or oid in need:
+                continue
+            found = self.known.get(oid)
+            if found is None:
+                need.add(oid)
+            else:
+                todo.extend(t for t in found if t)
+        return sorted(need)
+
+    def learn(self, asked: Iterable[int], rows: Iterable[Sequence[Any]]) -> None:
+        """What :data:`TYPES` answered for ``asked``; an OID it did not answer for (a type dropped
+        since) is read as text."""
+        for oid in asked:
+            self.known[oid] = (0, 0)
+        for oid, domain, base, element, is_array in rows:
+            self.known[int(oid)] = (int(base) if domain else 0, int(element) if is_array else 0)
+
+    def converter(self, type_oid: int) -> Callable[[str], Any]:
+        """The function turning a text value of this type into a Python value (str by default)."""
+        scalar = SCALARS.get(type_oid)
+        if scalar is not None:
+            return scalar
+        base, element_oid = self.known.get(type_oid, (0, 0))
+        if base:
+            return self.converter(base)
+        element_oid = ARRAYS.get(type_oid, element_oid)
+        if element_oid:
+            element = self.converter(element_oid)
+            return lambda s: parse_array(s, element)
+        return str
+
+
 def converter(type_oid: int) -> Callable[[str], Any]:
-    """The function turning a text value of this type into a Python value (str by default)."""
-    scalar = SCALARS.get(type_oid)
-    if scalar is not None:
-        return scalar
-    element_oid = ARRAYS.get(type_oid)
-    if element_oid is not None:
-        element = SCALARS.get(element_oid, str)
-        return lambda s: parse_array(s, element)
-    return str
+    """The function turning a text value of a built-in type into a Python value (str by default)."""
+    return Types().converter(type_oid)
