@@ -442,6 +442,46 @@ async def test_partitions_attached_with_rows_or_detached_while_streaming_are_nam
     assert ("captured_partition_detached", ["orders_3"]) in said
 
 
+async def test_a_table_made_loaded_and_attached_between_two_checks_is_named(postgres: Postgres) -> None:
+    """The bulk load done in one go (CREATE TABLE, INSERT or COPY, ATTACH PARTITION), in
+    statements of their own or in one transaction, between two publication checks: its rows
+    were never sent as changes, yet the check took a partition newer than its last look for
+    one made with PARTITION OF (whose rows arrive as changes) and said nothing. Partitions made
+    with PARTITION OF and filled in that time, or attached empty and filled after, are still
+    not named."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute(
+        "CREATE TABLE orders (id int, day int, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)"
+    )
+    await conn.execute("CREATE TABLE orders_0 PARTITION OF orders FOR VALUES FROM (0) TO (1)")
+    src = source(postgres, db, tables=["public.orders"])
+    await src.open(None)
+    await src.watch.stop()  # asked by hand below
+    attach = "ALTER TABLE orders ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({} + 1)"
+    with capture_logs() as logs:
+        await conn.execute("CREATE TABLE staged (id int, day int, PRIMARY KEY (id, day))")
+        await conn.execute("INSERT INTO staged SELECT g, 1 FROM generate_series(1, 100) g")
+        await conn.execute(attach.format("staged", 1, 1))
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE staged_in_one (id int, day int, PRIMARY KEY (id, day))")
+            await conn.execute("INSERT INTO staged_in_one VALUES (1, 2)")
+            await conn.execute(attach.format("staged_in_one", 2, 2))
+        await conn.execute("CREATE TABLE orders_3 PARTITION OF orders FOR VALUES FROM (3) TO (4)")
+        await conn.execute("INSERT INTO orders VALUES (1, 3)")
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE orders_4 PARTITION OF orders FOR VALUES FROM (4) TO (5)")
+            await conn.execute("INSERT INTO orders VALUES (1, 4)")
+        await conn.execute("CREATE TABLE empty_then_filled (id int, day int, PRIMARY KEY (id, day))")
+        await conn.execute(attach.format("empty_then_filled", 5, 5))
+        await conn.execute("INSERT INTO orders VALUES (1, 5)")
+        assert await src.watch._ask(src._conn) is None
+    await src.close()
+    await conn.close()
+    said = [(e["event"], e["partitions"]) for e in logs if e["event"].startswith("captured_partition_")]
+    assert said == [("captured_partition_attached", ["staged", "staged_in_one"])]
+
+
 async def test_a_table_set_unlogged_while_streaming_is_position_lost(postgres: Postgres) -> None:
     """A publication naming a table keeps it from being set UNLOGGED; one FOR TABLES IN SCHEMA or
     FOR ALL TABLES does not, and the table's changes then leave the WAL: pgoutput went silent on

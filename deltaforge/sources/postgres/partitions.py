@@ -8,9 +8,14 @@ neither can be delivered, so each is named (``captured_partition_attached``,
 ``captured_partition_detached``) with the ``deltaforge snapshot`` that puts the sinks right.
 
 A partition made with ``CREATE TABLE … PARTITION OF`` is new and empty, and its rows arrive as
-changes: it is told from an attached one by its oid, newer than every relation the check before
-saw (``max(oid)`` of ``pg_class``; oids grow until they wrap at 2^32). A table made and attached
-between two checks (5 s apart) is taken for a new partition.
+changes. A partition the check before did not see is told from one that existed then by its oid,
+newer than every relation that check saw (``max(oid)`` of ``pg_class``; oids grow until they wrap
+at 2^32). The one that existed was attached: named if it holds rows. A new one may still have been
+made, loaded and attached since, the bulk load done in one go (one script, or one transaction): it
+is named if a row of it is older than its being a partition, written by a transaction before the
+one whose ``pg_class`` row for it is current (ATTACH writes that row anew; PARTITION OF makes it),
+or by an earlier command of that same transaction (``cmin``). Rows written into a partition made
+with PARTITION OF, or attached empty, are all newer.
 """
 
 from __future__ import annotations
@@ -58,7 +63,10 @@ class PartitionWatch:
         for table, was in self.trees.items():
             oid = oids.get(table)
             now = set(await conn.fetchval(_TREE, oid)) if oid is not None else set()
-            attached = [p for p in now - was if p <= self.newest and await _holds_rows(conn, p)]
+            attached = [
+                p for p in sorted(now - was)
+                if await (_holds_rows(conn, p) if p <= self.newest else _loaded_before_attached(conn, p))
+            ]  # fmt: skip
             detached = sorted(was - now) if oid is not None else []  # dropped whole: said elsewhere
             for event, parts, what in (
                 ("captured_partition_attached", attached, "the rows it held before were never sent as changes"),
@@ -76,8 +84,24 @@ class PartitionWatch:
 
 async def _holds_rows(conn: asyncpg.Connection, oid: int) -> bool:
     """Whether partition ``oid`` holds a row (one the source's user may not read: taken as yes)."""
+    return await _exists(conn, oid, "SELECT 1 FROM {}")
+
+
+_OLDER = (
+    "SELECT 1 FROM {} r, (SELECT xmin AS x, cmin::text::bigint AS c FROM pg_class WHERE oid = $1) k "
+    "WHERE age(r.xmin) > age(k.x) OR (r.xmin = k.x AND r.cmin::text::bigint < k.c)"
+)
+
+
+async def _loaded_before_attached(conn: asyncpg.Connection, oid: int) -> bool:
+    """Whether partition ``oid``, made since the last check, holds a row written before it was a
+    partition (see the module; one the source's user may not read: taken as yes)."""
+    return await _exists(conn, oid, _OLDER, oid)
+
+
+async def _exists(conn: asyncpg.Connection, oid: int, rows: str, *args: Any) -> bool:
     name = await conn.fetchval("SELECT $1::oid::regclass::text", oid)
     try:
-        return bool(await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {name})"))
+        return bool(await conn.fetchval(f"SELECT EXISTS ({rows.format(name)})", *args))
     except asyncpg.InsufficientPrivilegeError:
         return True
