@@ -143,6 +143,8 @@ class PipelinesCollector(Collector):
         src_errors = CounterMetricFamily("deltaforge_source_errors", "Failed reads.", labels=s_labels)
         src_reconnects = CounterMetricFamily("deltaforge_source_reconnects", "Openings of the source after "
                                              "the first.", labels=s_labels)  # fmt: skip
+        src_retained = GaugeMetricFamily("deltaforge_source_retained_bytes", "Log the source server keeps "
+                                         "for the pipeline (PostgreSQL: WAL its slot holds).", labels=s_labels)  # fmt: skip
         k_labels = ["pipeline", "sink"]
         sink_counters = {
             attr: CounterMetricFamily(f"deltaforge_sink_{name}", doc, labels=k_labels)
@@ -198,6 +200,8 @@ class PipelinesCollector(Collector):
             src_bytes.add_metric(src, st.bytes_read)
             src_errors.add_metric(src, st.source_errors)
             src_reconnects.add_metric(src, max(0, runner.ctx.epoch - 1))
+            if (retained := runner.ctx.source.retained_bytes) is not None:
+                src_retained.add_metric(src, retained)
             for sid, sk in st.sinks.items():
                 lab = [name, sid]
                 for attr, family in sink_counters.items():
@@ -212,7 +216,7 @@ class PipelinesCollector(Collector):
                     capacity.add_metric([name, node.name], node.mailbox_capacity)
                 for reason, n in node.restart_reasons:
                     restarts.add_metric([name, node.name, reason], n)
-        yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects,
+        yield from (status, committed, commit_failures, src_events, src_bytes, src_errors, src_reconnects, src_retained,
                     *sink_counters.values(), sink_errors, age,
                     depth, capacity, restarts, dlq_entries, dlq_events,
                     snap_rows, snap_running, snap_done, snap_estimate, snap_wait)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import PositionLost, SourceMisconfigured
 from deltaforge.sources.postgres import publication as pubcheck
+from deltaforge.sources.postgres.retention import SlotRetention
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until
-from tests.kit import ScriptedSink
+from tests.kit import ScriptedSink, config, sink_doc
 from tests.postgres_kit import fresh_db, read_n, slot_lsn, source
 from tests.servers.postgres import Postgres
+from tests.test_metrics import scrape, value
 
 
 async def test_a_closed_source_has_let_go_of_its_slot(postgres: Postgres, proxies: ProxyServer) -> None:
@@ -675,3 +678,85 @@ async def logs_of_reopening(
         await again.open(after.checkpoint)
     await again.close()
     return logs
+
+
+@pytest.fixture
+def postgres_own() -> Iterator[Postgres]:
+    """A cluster of this test's own: it changes server settings."""
+    pg = Postgres().start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+async def test_wal_a_slot_keeps_for_a_sink_behind_is_said_as_it_grows(postgres_own: Postgres) -> None:
+    """The slot keeps the server's WAL from the position every sink holds durably, so a sink behind
+    (an optional one lagging, which the others never wait for; a required one down) keeps it on
+    the database server's disk, which nothing bounds unless ``max_slot_wal_keep_size`` is set; past
+    that, the server removes WAL the slot needs at its next checkpoint and the pipeline halts with
+    position lost. Nothing was said of either until then. Now ``slot_wal_retained`` warns at
+    ``wal_warn_mb`` and again at each doubling, ``slot_wal_at_risk`` once past
+    ``max_slot_wal_keep_size``, and ``deltaforge_source_retained_bytes`` tells the bytes."""
+    pg = postgres_own
+    db = await fresh_db(pg)
+    conn = await asyncpg.connect(pg.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    src = source(pg, db, wal_warn_mb=1)
+    await src.open(None)
+    await src.watch.stop()  # asked by hand below; nothing is confirmed, as when a sink is behind
+    said: list[dict[str, Any]] = []
+
+    async def ask() -> list[tuple[str, Any]]:
+        with capture_logs() as logs:
+            assert await src.watch._ask(src._conn) is None
+        said.extend(logs)
+        return [(e["event"], e.get("warn_mb")) for e in logs if e["event"].startswith("slot_wal_")]
+
+    try:
+        assert await ask() == []
+        await conn.execute("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 10000) g")
+        assert await ask() == [("slot_wal_retained", 2)]  # 1 MB passed, and 2: said once, at 2
+        assert await ask() == []
+        await conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        await conn.execute("SELECT pg_reload_conf()")
+        for i in range(3):  # whole segments, so the slot's oldest is past what the setting keeps
+            await conn.execute("INSERT INTO t VALUES ($1, 'y')", 20_000 + i)
+            await conn.execute("SELECT pg_switch_wal()")
+        assert await ask() == [("slot_wal_retained", 32), ("slot_wal_at_risk", None)]
+        assert await ask() == []
+        retained = src.retained_bytes
+        runner = PipelineRunner(
+            config(sinks=[sink_doc("a")], name="p"), store=MemoryCheckpointStore(), source=src
+        )
+        samples, sid = await scrape({"p": runner}), runner.config.source.id
+    finally:
+        await src.close()
+        await conn.close()
+    assert retained is not None and 32 << 20 <= retained < 64 << 20
+    assert value(samples, "deltaforge_source_retained_bytes", pipeline="p", source=sid) == retained
+    risk = next(e for e in said if e["event"] == "slot_wal_at_risk")
+    assert risk["log_level"] == "error" and "max_slot_wal_keep_size" in risk["reason"]
+
+
+async def test_wal_retention_is_said_at_each_doubling_and_once_back_under() -> None:
+    """The thresholds alone (the server's part is the test above): 1, 2, 4 … times ``wal_warn_mb``,
+    each said once on the way up, and ``slot_wal_released`` once under the first again."""
+
+    class Slot:
+        retained = 0
+
+        async def fetchrow(self, query: str, slot: str) -> tuple[str, int, None]:
+            return ("reserved", self.retained, None)
+
+    retention, slot = SlotRetention("pg", "s", 1 << 20), Slot()
+    said = []
+    for mb in (0.5, 1, 1.5, 3.9, 4, 2, 9, 0.9, 0.5, 1.2):
+        slot.retained = int(mb * (1 << 20))
+        with capture_logs() as logs:
+            await retention.check(slot)  # type: ignore[arg-type]
+        said += [(mb, e["event"], e.get("warn_mb")) for e in logs]
+    assert said == [
+        (1, "slot_wal_retained", 1), (3.9, "slot_wal_retained", 2), (4, "slot_wal_retained", 4),
+        (9, "slot_wal_retained", 8), (0.9, "slot_wal_released", None), (1.2, "slot_wal_retained", 1),
+    ]  # fmt: skip

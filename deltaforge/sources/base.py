@@ -98,6 +98,12 @@ class Source(ABC):
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 
+    @property
+    def retained_bytes(self) -> int | None:
+        """How much of its log the server keeps for this source, as last looked at (PostgreSQL: the
+        WAL its replication slot holds); None: not known, or nothing the source holds back."""
+        return None
+
     remembered: dict[str, Any] | None = None
     """What :meth:`memo` returned after the last opening, in this process or an earlier one:
     the SourceReader stores it beside the checkpoints and sets it before each ``open``."""

@@ -36,3 +36,8 @@ class PostgresSourceConfig(ServerSourceSettings):
         "lost its connection (PostgreSQL's own wal_receiver_timeout rule): a network that drops "
         "packets without closing is noticed. 0: never.",
     )
+    wal_warn_mb: PositiveInt = Field(
+        1024,
+        description="Warn when the slot keeps more WAL than this on the server (a sink behind holds it "
+        "there), and again at each doubling.",
+    )

@@ -21,6 +21,7 @@ from deltaforge.sources.postgres.publication import (
     memberships,
     out_in_between,
 )
+from deltaforge.sources.postgres.retention import SlotRetention
 
 
 class PublicationWatch:
@@ -34,8 +35,10 @@ class PublicationWatch:
 
     every_s = 5.0
 
-    def __init__(self, publication: str, listed: list[str]) -> None:
+    def __init__(self, publication: str, listed: list[str], retention: SlotRetention | None = None) -> None:
         self.publication = publication
+        self.retention = retention
+        """The slot's WAL, looked at with each check (on the same connection, which runs one query at a time)."""
         self.listed = listed
         """The tables the publication must have (none: it publishes all tables)."""
         self.at_open: Memberships | None = None
@@ -98,7 +101,10 @@ class PublicationWatch:
     async def _ask(self, conn: asyncpg.Connection) -> str | None:
         """What the publication left out since open (None: nothing); a listed table dropped since
         is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE), and partitions
-        attached or detached since the last ask (see ``partitions.py``)."""
+        attached or detached since the last ask (see ``partitions.py``); and the WAL the slot keeps
+        (``retention.py``)."""
+        if self.retention is not None:
+            await self.retention.check(conn)
         gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
         if gone is None and now is not None:
             await self.partitions.check(conn, now["oids"])

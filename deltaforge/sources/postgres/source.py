@@ -49,6 +49,7 @@ from deltaforge.sources.postgres.names import quote_table, split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 from deltaforge.sources.postgres.publication_watch import PublicationWatch
+from deltaforge.sources.postgres.retention import SlotRetention
 
 if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child process needs (70 ms)
     from deltaforge.sources.postgres.decoder import DecoderSettings
@@ -78,7 +79,8 @@ class PostgresSource(Source):
         self._silence = config.receiver_timeout_ms / 1000
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
-        self.watch = PublicationWatch(self.publication, self._listed())
+        self.retention = SlotRetention(self.id, self.slot, config.wal_warn_mb << 20)
+        self.watch = PublicationWatch(self.publication, self._listed(), self.retention)
         self.txs = Transactions(self.connector, tenant)
         self._seen: tuple[int, int, int] | None = None  # see DecoderSettings.seen
         self._confirmed = 0  # the slot's confirmed_flush_lsn as we last set or saw it
@@ -103,6 +105,10 @@ class PostgresSource(Source):
     @property
     def idle_wait(self) -> float:
         return self._idle
+
+    @property
+    def retained_bytes(self) -> int | None:
+        return self.retention.retained
 
     async def open(self, resume_after: Position | None) -> None:
         try:
