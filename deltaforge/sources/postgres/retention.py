@@ -21,10 +21,13 @@ import asyncpg
 import structlog
 
 _SLOT = (
-    "SELECT wal_status, ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-    "ELSE pg_current_wal_flush_lsn() END) - restart_lsn)::bigint, safe_wal_size "
+    "SELECT {}, ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+    "ELSE pg_current_wal_flush_lsn() END) - restart_lsn)::bigint, {} "
     "FROM pg_replication_slots WHERE slot_name = $1"
 )
+_SLOT_13 = _SLOT.format("wal_status", "safe_wal_size")
+_SLOT_12 = _SLOT.format("NULL", "NULL")
+"""Before PostgreSQL 13, no ``wal_status`` (nor ``max_slot_wal_keep_size``): the bytes alone."""
 
 _HELD = (
     "the slot keeps the WAL from the position every sink holds durably: a sink behind (an optional "
@@ -46,10 +49,10 @@ class SlotRetention:
 
     async def check(self, conn: asyncpg.Connection) -> None:
         """Read the slot's row and say what changed since the last look."""
-        row = await conn.fetchrow(_SLOT, self.slot)
+        row = await conn.fetchrow(_SLOT_13 if conn.get_server_version().major >= 13 else _SLOT_12, self.slot)
         if row is None:  # dropped: the stream halts as position lost
             return
-        status, retained, safe = str(row[0]), int(row[1] or 0), row[2]
+        status, retained, safe = row[0], int(row[1] or 0), row[2]
         self.retained = retained
         log = structlog.get_logger()
         level = self._threshold(retained)
