@@ -765,3 +765,40 @@ async def test_wal_retention_is_said_at_each_doubling_and_once_back_under() -> N
         (1, "slot_wal_retained", 1), (3.9, "slot_wal_retained", 2), (4, "slot_wal_retained", 4),
         (9, "slot_wal_retained", 8), (0.9, "slot_wal_released", None), (1.2, "slot_wal_retained", 1),
     ]  # fmt: skip
+
+
+async def test_a_publication_check_that_fails_says_why_once(postgres: Postgres) -> None:
+    """The publication check runs in a task of its own every 5 s; one that raised was dropped
+    without a word, so a check failing every time (a query the server refuses) left every
+    guarantee it keeps silently unkept. Now ``publication_check_failed`` says why, once per
+    distinct error, and the checks go on."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    src = source(postgres, db)
+    await src.open(None)
+    await src.watch.stop()
+    failures = iter([RuntimeError("refused"), RuntimeError("refused"), RuntimeError("other")])
+
+    async def failing(_: asyncpg.Connection) -> None:
+        if (exc := next(failures, None)) is not None:
+            raise exc
+
+    src.retention.check = failing  # type: ignore[method-assign]
+    try:
+        with capture_logs() as logs:
+            for _ in range(4):
+                src.watch._next = 0.0  # due now
+                src.watch.poll(src._conn)
+                task = src.watch._task
+                assert task is not None
+                await asyncio.gather(task, return_exceptions=True)
+            src.watch.poll(src._conn)  # takes the last one's outcome
+    finally:
+        await src.close()
+        await conn.close()
+    said = [(e["event"], e["error"]) for e in logs if e["event"] == "publication_check_failed"]
+    assert said == [
+        ("publication_check_failed", "RuntimeError: refused"),
+        ("publication_check_failed", "RuntimeError: other"),
+    ]

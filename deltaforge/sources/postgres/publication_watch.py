@@ -12,6 +12,7 @@ import asyncpg
 import structlog
 
 from deltaforge.sources.base import PositionLost
+from deltaforge.sources.postgres.errors import is_unavailable
 from deltaforge.sources.postgres.partitions import PartitionWatch
 from deltaforge.sources.postgres.publication import (
     Memberships,
@@ -47,6 +48,7 @@ class PublicationWatch:
         self.named: set[str] = set()
         """Tables whose drop was logged (once each)."""
         self.partitions = PartitionWatch()
+        self._last_failure: str | None = None
 
     async def opened(
         self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
@@ -90,13 +92,33 @@ class PublicationWatch:
         task = self._task
         if task is not None and task.done():
             self._task = None
-            gone = None if task.cancelled() or task.exception() is not None else task.result()
+            failed = None if task.cancelled() else task.exception()
+            if failed is not None:
+                self._failed(failed)
+            elif not task.cancelled():
+                self._last_failure = None  # through again: the next failure is said
+            gone = None if task.cancelled() or failed is not None else task.result()
             if gone is not None:
                 raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
         if self._task is None and time.monotonic() >= self._next:
             self._next = time.monotonic() + self.every_s
             if conn is not None and not conn.is_closed():
                 self._task = asyncio.get_running_loop().create_task(self._ask(conn))
+
+    def _failed(self, exc: BaseException) -> None:
+        """A check that raised: the guarantees it keeps are not kept until one goes through, so say
+        why, once per distinct error (every 5 s would drown the log). A lost connection is not
+        said: the stream's own reading notices it and reconnects."""
+        if is_unavailable(exc):
+            return
+        error = f"{type(exc).__name__}: {exc}"
+        if error != self._last_failure:
+            self._last_failure = error
+            structlog.get_logger().warning(
+                "publication_check_failed", actor="PostgresSource", publication=self.publication, error=error,
+                reason="the publication, partitions and slot checks did not run; tried again in "
+                f"{self.every_s:g} s",
+            )  # fmt: skip
 
     async def _ask(self, conn: asyncpg.Connection) -> str | None:
         """What the publication left out since open (None: nothing); a listed table dropped since
