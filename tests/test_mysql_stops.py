@@ -293,6 +293,38 @@ def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_s
     assert "set log_bin_compress=OFF" in msg
 
 
+def test_table_maps_without_column_names_met_while_reading_halt_with_their_coordinates() -> None:
+    """``binlog_row_metadata`` switched from FULL while the reader runs (it is checked at start):
+    the table maps after it carry no column names and no primary key, and the rows were delivered
+    as ``{'UNKNOWN_COL0': 2, 'UNKNOWN_COL1': 'b'}``, without a key, in silence. They stop it now,
+    saying where and what to set; what came before is delivered."""
+
+    async def scenario(server: MariaDB) -> str:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'a')")
+        src = source(server, ["z.t"])
+        await src.open(None)
+        first = await read_n(src, 1)
+        assert first[0].after == {"id": 1, "note": "a"}
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL binlog_row_metadata = MINIMAL")
+            cur.execute("INSERT INTO z.t VALUES (2, 'b')")
+        try:
+            with pytest.raises(SourceMisconfigured) as info:
+                got = await read_n(src, 1)
+                raise AssertionError(f"delivered {[e.after for e in got]}")
+            return str(info.value)
+        finally:
+            await src.close()
+
+    with MariaDB(server_id=13) as server:
+        msg = asyncio.run(scenario(server))
+    assert "the table map of z.t at mysql-bin.000001:" in msg and "no column names" in msg
+    assert "set binlog_row_metadata=FULL" in msg
+
+
 def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivered() -> None:
     """A byte changed in a closed binlog file on the server's disk. MariaDB's dump thread sends it
     as it is (master_verify_checksum is OFF by default); the event fails its CRC32, so reading

@@ -30,6 +30,7 @@ from deltaforge.sources.mysql.rowvalues import (
     Retyped,
     as_bytes,
     as_utc,
+    columns_named,
     fill_not_logged,
     primary_key,
     sized,
@@ -238,6 +239,16 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             pos = int(ev.packet.log_pos)
             known = described.get(table)
             if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
+                if not columns_named(ev):
+                    raise halting(
+                        Undecodable(
+                            f"the table map of {table} at {file}:{pos} carries no column names "
+                            "(binlog_row_metadata is not FULL: switched after the pipeline started, or "
+                            "when this binlog was written), so its rows can be told neither by column nor "
+                            "by key; set binlog_row_metadata=FULL and re-snapshot the table from a "
+                            "position after it"
+                        )
+                    )
                 texts = server_types(ev) if cfg["is_mariadb"] else {}  # UUID, INET4, INET6
                 columns = tuple(
                     (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c))

@@ -13,6 +13,8 @@ from typing import Any
 from deltaforge.sources.mysql.mariadbtypes import AS_TEXT
 
 KEY_ORDER = "_deltaforge_key"
+NAMED = "_deltaforge_named"
+"""Set on a table map's ``Table`` by ``tablemaps``: whether its optional metadata named the columns."""
 """The attribute of the library's ``Table`` (what a rows event finds in its ``table_map``) that
 holds the table's primary-key columns in the key's own order. The library keeps only which columns
 are in the key (``is_primary``, in column order); the table map lists them in key order, the order
@@ -42,6 +44,14 @@ def primary_key(ev: Any) -> tuple[str, ...]:
     if order is not None:
         return order
     return tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
+
+
+def columns_named(ev: Any) -> bool:
+    """Whether a rows event's table map named its columns (binlog_row_metadata=FULL). Without the
+    names python-mysql-replication calls them ``UNKNOWN_COL0``…, and without the primary key's
+    list the rows have no key. True where the table map was not one of ours."""
+    table = (getattr(ev, "table_map", None) or {}).get(ev.table_id)
+    return bool(getattr(table, NAMED, True))
 
 
 STRING_TYPES = {15, 253, 254}  # VARCHAR, VAR_STRING, STRING (BINARY/VARBINARY with charset binary)

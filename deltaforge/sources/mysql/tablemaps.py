@@ -19,7 +19,7 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent
 
 from deltaforge.sources.mysql.charsets import encoding
-from deltaforge.sources.mysql.rowvalues import KEY_ORDER
+from deltaforge.sources.mysql.rowvalues import KEY_ORDER, NAMED
 
 LIMIT = 4096
 """Distinct table maps kept (each ALTER, and each server restart, makes new ones)."""
@@ -95,6 +95,7 @@ class KnownTableMap(TableMapEvent):  # type: ignore[misc]  # the library has no 
             if self._processed:
                 _members(self)
                 setattr(self.table_obj, KEY_ORDER, _key_order(self))
+                setattr(self.table_obj, NAMED, bool(self.optional_metadata.column_name_list))
             if self._processed and self.optional_metadata.column_name_list:
                 if len(self.parsed) >= LIMIT:
                     self.parsed.clear()
