@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -323,6 +324,50 @@ def test_table_maps_without_column_names_met_while_reading_halt_with_their_coord
         msg = asyncio.run(scenario(server))
     assert "the table map of z.t at mysql-bin.000001:" in msg and "no column names" in msg
     assert "set binlog_row_metadata=FULL" in msg
+
+
+def test_binlog_checksum_switched_while_reading_or_between_files_is_read_through() -> None:
+    """``binlog_checksum`` is the server's to change (MariaDB rotates to a new file when it does),
+    and each file says its own in its format description. The binlog library took the setting
+    once, at connecting: switched to NONE while reading, the next file's events failed their
+    CRC32 and the pipeline halted calling them damaged; opened from a file written with CRC32
+    while the setting was NONE, the server refused the library, which had not said it reads
+    checksums, and it halted as position lost. Now each file is read as its format description
+    says, whichever way the setting went, in a reading and across openings."""
+
+    async def scenario(server: MariaDB) -> tuple[list[Any], list[Any]]:
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("CREATE DATABASE z")
+            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+            cur.execute("INSERT INTO z.t VALUES (1, 'crc')")
+        src = source(server, ["z.t"])
+        await src.open(None)
+        got = await read_n(src, 1)
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL binlog_checksum = NONE")
+            cur.execute("INSERT INTO z.t VALUES (2, 'none')")
+            cur.execute("SET GLOBAL binlog_checksum = CRC32")
+            cur.execute("INSERT INTO z.t VALUES (3, 'crc again')")
+            cur.execute("SET GLOBAL binlog_checksum = NONE")
+            cur.execute("INSERT INTO z.t VALUES (4, 'none again')")
+        try:
+            got += await read_n(src, 3)
+        finally:
+            await src.close()
+        again = source(server, ["z.t"])  # the setting NONE, the first file CRC32
+        await again.open(again.load_position({"file": "mysql-bin.000001", "pos": 4, "row": 0, "gtid": ""}))
+        try:
+            reread = await read_n(again, 4)
+        finally:
+            await again.close()
+        return [e.after for e in got], [e.after for e in reread]
+
+    with MariaDB(server_id=15) as server:
+        got, reread = asyncio.run(scenario(server))
+    rows = [{"id": 1, "note": "crc"}, {"id": 2, "note": "none"}, {"id": 3, "note": "crc again"},
+            {"id": 4, "note": "none again"}]  # fmt: skip
+    assert got == rows
+    assert reread == rows
 
 
 def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivered() -> None:

@@ -32,10 +32,13 @@ class DecoderSettings(TypedDict):
 HEARTBEAT_S = 0.05  # the server says it is alive when quiet (and a finished transaction goes on)
 
 
-def open_reader(cfg: DecoderSettings, resume: BinlogPosition, only_events: list[type]) -> Any:
-    """A blocking ``BinLogStreamReader`` from ``resume``, for the event classes the decoder reads
-    (``only_events``: it imports them for its own loop)."""
-    from pymysqlreplication import BinLogStreamReader, binlogstream
+def open_reader(
+    cfg: DecoderSettings, resume: BinlogPosition, only_events: list[type], checksums: ChecksumsPerFile
+) -> Any:
+    """A blocking ``BinLogStreamReader`` (``checksums``' own) from ``resume``, for the event classes
+    the decoder reads (``only_events``: it imports them for its own loop, and lists
+    ``checksums.event`` among them)."""
+    from pymysqlreplication import binlogstream
 
     from deltaforge.sources.mysql.connection import Connection
 
@@ -52,7 +55,7 @@ def open_reader(cfg: DecoderSettings, resume: BinlogPosition, only_events: list[
     else:
         # Inside a transaction: from its beginning (the rest of its rows event included).
         kw.update(resume_stream=True, log_file=resume.file, log_pos=resume.resume_pos)
-    return BinLogStreamReader(
+    return checksums.reader(
         connection_settings=cfg["connection"],
         pymysql_wrapper=Connection,  # one TLS context for its two connections (see connection.py)
         server_id=cfg["server_id"],
@@ -69,6 +72,57 @@ def open_reader(cfg: DecoderSettings, resume: BinlogPosition, only_events: list[
         verify_checksum=True,
         **kw,
     )
+
+
+class ChecksumsPerFile:
+    """Each binlog file's events read as the file's format description says (``binlog_checksum``
+    CRC32 or NONE), not as the server's setting was when the reader connected.
+
+    The setting is the server's to change, and MariaDB and MySQL rotate to a new file when it
+    changes; each file's format description carries its algorithm. The binlog library took the
+    setting once, at connecting, and told the server it reads checksums only if the setting was
+    CRC32: a switch to NONE while reading made the next file's events fail their checksum (the
+    decoder halts on those as damaged), and a reading opened in a file written with CRC32 while
+    the setting was NONE was refused by the server (``Slave can not handle replication events
+    with the checksum that master is configured to log``): position lost. So the reader always
+    says it reads checksums (``@master_binlog_checksum``: the server then sends every event as
+    its file has it), and each format description's algorithm is taken for the events after it
+    (the format description itself always ends in a checksum field).
+
+    :meth:`reader` makes the reader class; :meth:`event` the format description class to list in
+    ``only_events`` (the library builds only the classes listed; the decoder skips its events).
+    """
+
+    def __init__(self) -> None:
+        from pymysqlreplication import BinLogStreamReader
+        from pymysqlreplication.constants.BINLOG import FORMAT_DESCRIPTION_EVENT
+        from pymysqlreplication.event import FormatDescriptionEvent
+        from pymysqlreplication.packet import BinLogPacketWrapper
+
+        per_file = self
+
+        class Described(FormatDescriptionEvent):  # type: ignore[misc]  # the library has no type hints
+            def __init__(self, *args: Any, **kw: Any) -> None:
+                super().__init__(*args, **kw)
+                if per_file.current is not None and self.checksum_algorithm is not None:
+                    per_file.current._BinLogStreamReader__use_checksum = self.checksum_algorithm != 0
+
+        class Reader(BinLogStreamReader):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kw: Any) -> None:
+                super().__init__(*args, **kw)
+                per_file.current = self
+
+            def _BinLogStreamReader__checksum_enabled(self) -> bool:
+                with self._stream_connection.cursor() as cur:
+                    cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum")
+                    cur.execute("SELECT @@global.binlog_checksum")
+                    (setting,) = cur.fetchone()
+                return str(setting).upper() != "NONE"
+
+        BinLogPacketWrapper._BinLogPacketWrapper__event_map[FORMAT_DESCRIPTION_EVENT] = Described
+        self.current: Any = None
+        self.reader: type = Reader
+        self.event: type = Described
 
 
 class Captured:

@@ -21,12 +21,20 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from deltaforge.sources.childproc import child_setup, log_crash, write_frame
-from deltaforge.sources.mysql.binlog import Captured, DecoderSettings, drained, each_once, open_reader
+from deltaforge.sources.mysql.binlog import (
+    Captured,
+    ChecksumsPerFile,
+    DecoderSettings,
+    drained,
+    each_once,
+    open_reader,
+)
 from deltaforge.sources.mysql.mariadbtypes import server_types
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.rowvalues import (
     BYTES_TYPES,
     TIMESTAMP_TYPES,
+    UNNAMED,
     Retyped,
     as_bytes,
     as_utc,
@@ -133,6 +141,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     resume = BinlogPosition.from_doc(cfg["resume"])
     keys: dict[str, tuple[str, ...]] = {}  # what the schema frames said, as serve's pump keeps it
     send = frame_sender(cfg.get("envelopes"), resume.gtid, out, keys)
+    checksums = ChecksumsPerFile()
     reader = open_reader(
         cfg,
         resume,
@@ -149,8 +158,11 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             XAPrepareEvent,
             # its column types decode the rows after it: its checksum counts too
             install_table_maps(),
+            checksums.event,  # says whether the file's events end in a checksum (skipped below)
         ],
+        checksums,
     )
+    skipped = (TableMapEvent, checksums.event)  # read by the library for the events after them
     file = resume.file
     tx_start = resume.resume_pos  # where the transaction being read began in ``file``
     tx_gtid = resume.gtid
@@ -195,7 +207,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
                     "CRC32 checksum: damaged on the server's disk or in transit; its rows are not delivered"
                 )
             )
-        if isinstance(ev, TableMapEvent):
+        if isinstance(ev, skipped):
             continue
         if isinstance(ev, HeartbeatLogEvent):
             if pending:
@@ -240,15 +252,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             known = described.get(table)
             if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
                 if not columns_named(ev):
-                    raise halting(
-                        Undecodable(
-                            f"the table map of {table} at {file}:{pos} carries no column names "
-                            "(binlog_row_metadata is not FULL: switched after the pipeline started, or "
-                            "when this binlog was written), so its rows can be told neither by column nor "
-                            "by key; set binlog_row_metadata=FULL and re-snapshot the table from a "
-                            "position after it"
-                        )
-                    )
+                    raise halting(Undecodable(f"the table map of {table} at {file}:{pos} {UNNAMED}"))
                 texts = server_types(ev) if cfg["is_mariadb"] else {}  # UUID, INET4, INET6
                 columns = tuple(
                     (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c))

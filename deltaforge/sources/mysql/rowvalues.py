@@ -46,6 +46,13 @@ def primary_key(ev: Any) -> tuple[str, ...]:
     return tuple(c.name for c in ev.columns if getattr(c, "is_primary", False))
 
 
+UNNAMED = (
+    "carries no column names (binlog_row_metadata is not FULL: switched after the pipeline started, or "
+    "when this binlog was written), so its rows can be told neither by column nor by key; set "
+    "binlog_row_metadata=FULL and re-snapshot the table from a position after it"
+)
+
+
 def columns_named(ev: Any) -> bool:
     """Whether a rows event's table map named its columns (binlog_row_metadata=FULL). Without the
     names python-mysql-replication calls them ``UNKNOWN_COL0``…, and without the primary key's
