@@ -264,32 +264,47 @@ def test_a_replica_that_does_not_log_what_it_applies_is_refused_at_start() -> No
     )
 
 
-def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
-    """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
+async def streaming_z_t(server: MariaDB, note: str = "plain") -> MySQLSource:
+    """``z.t`` made on ``server`` holding ``(1, note)``, and a source reading it that has read that
+    row (its reading is up, from before what the test does next)."""
+    with server.root() as c, c.cursor() as cur:
+        cur.execute("CREATE DATABASE z")
+        cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
+        cur.execute("INSERT INTO z.t VALUES (1, %s)", (note,))
+    src = source(server, ["z.t"])
+    await src.open(None)
+    first = await read_n(src, 1)
+    assert first[0].after == {"id": 1, "note": note}
+    return src
+
+
+def halted_once_set(server_id: int, settings: list[str], note: str) -> str:
+    """What stops a source reading ``z.t`` on a server of its own at the row ``(2, note)``, written
+    in a new session after ``SET GLOBAL`` of each of ``settings`` (a delivery fails the test)."""
 
     async def scenario(server: MariaDB) -> str:
+        src = await streaming_z_t(server)
         with server.root() as c, c.cursor() as cur:
-            cur.execute("CREATE DATABASE z")
-            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
-            cur.execute("INSERT INTO z.t VALUES (1, 'plain')")
-        src = source(server, ["z.t"])
-        await src.open(None)
-        first = await read_n(src, 1)
-        assert first[0].after == {"id": 1, "note": "plain"}
-        with server.root() as c, c.cursor() as cur:
-            cur.execute("SET GLOBAL log_bin_compress_min_len = 10")
-            cur.execute("SET GLOBAL log_bin_compress = ON")
-        with server.root() as c, c.cursor() as cur:  # a new session: the setting applies
-            cur.execute("INSERT INTO z.t VALUES (2, %s)", ("x" * 150,))
+            for setting in settings:
+                cur.execute(f"SET GLOBAL {setting}")
+        with server.root() as c, c.cursor() as cur:  # a new session: the settings apply
+            cur.execute("INSERT INTO z.t VALUES (2, %s)", (note,))
         try:
             with pytest.raises(SourceMisconfigured) as info:
-                await read_n(src, 1)
+                got = await read_n(src, 1)
+                raise AssertionError(f"delivered {[e.after for e in got]}")
             return str(info.value)
         finally:
             await src.close()
 
-    with MariaDB(server_id=9) as server:
-        msg = asyncio.run(scenario(server))
+    with MariaDB(server_id=server_id) as server:
+        return asyncio.run(scenario(server))
+
+
+def test_compressed_events_met_while_reading_halt_with_their_coordinates_never_skip() -> None:
+    """Compression switched on while the reader runs: rows it cannot decode stop it, with where."""
+
+    msg = halted_once_set(9, ["log_bin_compress_min_len = 10", "log_bin_compress = ON"], "x" * 150)
     assert "a MariaDB compressed" in msg and "at mysql-bin.000001:" in msg
     assert "set log_bin_compress=OFF" in msg
 
@@ -300,28 +315,7 @@ def test_table_maps_without_column_names_met_while_reading_halt_with_their_coord
     as ``{'UNKNOWN_COL0': 2, 'UNKNOWN_COL1': 'b'}``, without a key, in silence. They stop it now,
     saying where and what to set; what came before is delivered."""
 
-    async def scenario(server: MariaDB) -> str:
-        with server.root() as c, c.cursor() as cur:
-            cur.execute("CREATE DATABASE z")
-            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
-            cur.execute("INSERT INTO z.t VALUES (1, 'a')")
-        src = source(server, ["z.t"])
-        await src.open(None)
-        first = await read_n(src, 1)
-        assert first[0].after == {"id": 1, "note": "a"}
-        with server.root() as c, c.cursor() as cur:
-            cur.execute("SET GLOBAL binlog_row_metadata = MINIMAL")
-            cur.execute("INSERT INTO z.t VALUES (2, 'b')")
-        try:
-            with pytest.raises(SourceMisconfigured) as info:
-                got = await read_n(src, 1)
-                raise AssertionError(f"delivered {[e.after for e in got]}")
-            return str(info.value)
-        finally:
-            await src.close()
-
-    with MariaDB(server_id=13) as server:
-        msg = asyncio.run(scenario(server))
+    msg = halted_once_set(13, ["binlog_row_metadata = MINIMAL"], "b")
     assert "the table map of z.t at mysql-bin.000001:" in msg and "no column names" in msg
     assert "set binlog_row_metadata=FULL" in msg
 
@@ -336,13 +330,7 @@ def test_binlog_checksum_switched_while_reading_or_between_files_is_read_through
     says, whichever way the setting went, in a reading and across openings."""
 
     async def scenario(server: MariaDB) -> tuple[list[Any], list[Any]]:
-        with server.root() as c, c.cursor() as cur:
-            cur.execute("CREATE DATABASE z")
-            cur.execute("CREATE TABLE z.t (id INT PRIMARY KEY, note VARCHAR(200))")
-            cur.execute("INSERT INTO z.t VALUES (1, 'crc')")
-        src = source(server, ["z.t"])
-        await src.open(None)
-        got = await read_n(src, 1)
+        src = await streaming_z_t(server, "crc")
         with server.root() as c, c.cursor() as cur:
             cur.execute("SET GLOBAL binlog_checksum = NONE")
             cur.execute("INSERT INTO z.t VALUES (2, 'none')")
@@ -351,7 +339,7 @@ def test_binlog_checksum_switched_while_reading_or_between_files_is_read_through
             cur.execute("SET GLOBAL binlog_checksum = NONE")
             cur.execute("INSERT INTO z.t VALUES (4, 'none again')")
         try:
-            got += await read_n(src, 3)
+            got = await read_n(src, 3)
         finally:
             await src.close()
         again = source(server, ["z.t"])  # the setting NONE, the first file CRC32
@@ -364,10 +352,10 @@ def test_binlog_checksum_switched_while_reading_or_between_files_is_read_through
 
     with MariaDB(server_id=15) as server:
         got, reread = asyncio.run(scenario(server))
-    rows = [{"id": 1, "note": "crc"}, {"id": 2, "note": "none"}, {"id": 3, "note": "crc again"},
+    rows = [{"id": 2, "note": "none"}, {"id": 3, "note": "crc again"},
             {"id": 4, "note": "none again"}]  # fmt: skip
     assert got == rows
-    assert reread == rows
+    assert reread == [{"id": 1, "note": "crc"}, *rows]
 
 
 def test_a_damaged_binlog_event_stops_the_source_and_its_rows_are_never_delivered() -> None:
