@@ -62,7 +62,8 @@ BPCHAR = 1042
 
 def _as_text(column: str, oid: int) -> str:
     """A column as pgoutput's text has it: its type's output function. A cast to text is that,
-    but for ``char(n)``, whose cast drops the padding its output keeps (``'ab   '``)."""
+    but for ``char(n)`` (``oid``: a domain's base type), whose cast drops the padding its output
+    keeps (``'ab   '``)."""
     return f"textin(bpcharout({column}))" if oid == BPCHAR else f"{column}::text"
 
 
@@ -92,7 +93,7 @@ class _Table:
         cols = ", ".join(
             quote_ident(c[0])
             if c[1] in NATIVE
-            else f"{_as_text(quote_ident(c[0]), c[1])} AS {quote_ident(c[0])}"
+            else f"{_as_text(quote_ident(c[0]), types.base(c[1]))} AS {quote_ident(c[0])}"
             for c in columns
         )
         # Qualified: ORDER BY a bare name would sort by the output column, the text cast.

@@ -232,6 +232,12 @@ class Types:
         for oid, domain, base, element, is_array in rows:
             self.known[int(oid)] = (int(base) if domain else 0, int(element) if is_array else 0)
 
+    def base(self, type_oid: int) -> int:
+        """The type a domain is of, through domains over domains; any other type is its own."""
+        while base := self.known.get(type_oid, (0, 0))[0]:
+            type_oid = base
+        return type_oid
+
     def converter(self, type_oid: int) -> Callable[[str], Any]:
         """The function turning a text value of this type into a Python value (str by default)."""
         scalar = SCALARS.get(type_oid)
