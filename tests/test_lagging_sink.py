@@ -4,14 +4,27 @@ it lags (issue 13, item 11). Through ``serve``: PostgreSQL → file (required) +
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import orjson
+import pytest
+from structlog.testing import capture_logs
 
-from tests.helpers import jsonl, wait_until_sync
+from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.plugins import build_sink
+from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import jsonl, wait_until, wait_until_sync
+from tests.kit import ScriptedSink
+from tests.mysql_kit import fresh_db
 from tests.serve_proc import serve_pipeline
+from tests.servers.mariadb import CDC_USER, MariaDB
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis, restart
 
@@ -99,3 +112,86 @@ def test_a_lagging_optional_sink_catches_up_in_the_run_and_nothing_is_read_twice
     # 60 transactions were written. The slot was read once, plus once more from the Redis sink's
     # checkpoint when it came back (at most the 40 it missed): no re-reading per poll.
     assert 60 <= decoded <= 60 + 40 + 5, f"{decoded} transactions decoded for 60 written"
+
+
+@pytest.mark.parametrize("mode", ["never", "initial"])
+async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
+    mariadb: MariaDB, tmp_path: Path, mode: str
+) -> None:
+    """An optional sink down long enough for the server to purge the binlog its checkpoint is in:
+    when it answered again, the rewind to its checkpoint was position lost, and the whole
+    pipeline failed, the required sink with it (it never got the next row). Now only that sink's
+    position is lost: ``sink_position_lost`` names it, the source opens from the others'
+    checkpoints, and with a snapshot mode the sink is given a snapshot, as a sink added is
+    (it ends holding every row); under ``never`` it is parked: nothing more goes to it, in this
+    run or the next start, which the others go on through."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO '{CDC_USER}'@'%'")  # the signal table
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (100)")
+    down, got = [False], set[int]()
+
+    def script(call: int, events: list[Event]) -> None:
+        if down[0]:
+            raise RetryableSinkError("b is down")
+        got.update(int(e.after["id"]) for e in events if e.after is not None and e.table == "t")
+
+    store = MemoryCheckpointStore()
+    source = {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"], "snapshot": {"mode": mode}}
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "lost"}, "spec": {
+        "source": {"type": "mysql", "config": source},
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "f.jsonl")}},
+                  {"type": "stdout", "config": {"id": "b", "required": False}}],
+        "batch": {"max_events": 10, "max_ms": 20}, "supervision": {"backoff": {"base_ms": 50, "max_ms": 200}},
+    }}  # fmt: skip
+
+    def insert(i: int) -> None:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute(f"INSERT INTO t VALUES ({i})")
+
+    def in_f() -> set[int]:
+        return {int(d["after"]["id"]) for d in jsonl(tmp_path / "f.jsonl") if d["after"]}
+
+    @contextlib.asynccontextmanager
+    async def running() -> AsyncIterator[PipelineRunner]:
+        cfg = parse_pipeline(doc, env={})
+        b = ScriptedSink("b", required=False, script=script)
+        runner = PipelineRunner(cfg, store=store, sinks={"f": build_sink(cfg.sinks[0]), "b": b})
+        task = asyncio.create_task(runner.run())
+        try:
+            yield runner
+        finally:
+            await runner.drain()
+            await asyncio.wait_for(task, 30)
+
+    with capture_logs() as logs:
+        async with running() as runner:
+            await wait_until(lambda: 100 in got and 100 in in_f(), timeout=30, what="the first row in both")
+            down[0] = True
+            insert(1)
+            await wait_until(lambda: runner.ctx.stats.sinks["b"].lagging, timeout=30, what="b lagging")
+            with mariadb.root() as c, c.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                held = cur.fetchone()[0]
+            mariadb.purge_all_but_newest(held)  # the file b's checkpoint is in
+            insert(2)
+            await wait_until(lambda: {1, 2} <= in_f(), timeout=30, what="f goes on")
+            down[0] = False
+            insert(3)
+            await wait_until(
+                lambda: 3 in in_f() and (mode == "never" or 3 in got), timeout=30, what="3 delivered"
+            )
+            assert runner.failure is None
+        said = [(e["sinks"], e["action"]) for e in logs if e["event"] == "sink_position_lost"]
+        assert said == [(["b"], "parked" if mode == "never" else "snapshot")]
+        assert got == ({100} if mode == "never" else {100, 1, 2, 3})
+        async with running() as runner:  # the next start
+            insert(4)
+            await wait_until(
+                lambda: 4 in in_f() and (mode == "never" or 4 in got), timeout=30, what="4 delivered"
+            )
+            assert runner.failure is None
+    said = [(e["sinks"], e["action"]) for e in logs if e["event"] == "sink_position_lost"]
+    assert said == [(["b"], "parked")] * 2 if mode == "never" else [(["b"], "snapshot")]
+    assert got == ({100} if mode == "never" else {100, 1, 2, 3, 4})

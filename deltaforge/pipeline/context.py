@@ -127,17 +127,29 @@ class PipelineContext:
     """Snapshot progress (the SourceReader's SnapshotDriver writes it; REST and metrics read it)."""
     dlq: DeadLetterQueue | None = None
     """Where poison events go when ``spec.journal.enabled`` (the runner sets it)."""
+    parked: dict[str, str] = field(default_factory=dict)
+    """Optional sinks whose checkpoint the source no longer has (why), left out of this run (the
+    SourceReader parks them; see ``SourceReader._spare``): nothing is delivered to them, and where
+    the source opens no longer waits for them."""
+
+    def _held(self) -> dict[str, Position]:
+        return {s: cp for s, cp in self.durable.items() if s not in self.parked}
 
     def durable_min(self) -> Position | None:
-        """The checkpoint every sink holds durably, or None while any sink has none."""
-        if len(self.durable) < len(self.sinks):
+        """The checkpoint every sink holds durably (parked ones aside), or None while any has none."""
+        held = self._held()
+        if len(held) < len(self.sinks) - len(self.parked):
             return None
-        return earliest(self.durable.values())
+        return earliest(held.values()) if held else None
 
     def newcomers(self) -> list[str]:
         """Sinks without a checkpoint beside sinks that hold one: added since the others' last
         run, or never delivered to."""
-        return [sid for sid in self.sinks if sid not in self.durable] if self.durable else []
+        return (
+            [sid for sid in self.sinks if sid not in self.durable and sid not in self.parked]
+            if self.durable
+            else []
+        )
 
     def resume_point(self, from_held: bool) -> Position | None:
         """Where the source opens: what every sink holds (None: the source's own start without a
@@ -145,8 +157,8 @@ class PipelineContext:
         are given a snapshot, or the source's own start is *now*), the earliest checkpoint of the
         others instead: the sinks already there would go without what lies between (a delete
         made while the pipeline was down)."""
-        if from_held and self.durable:
-            return earliest(self.durable.values())
+        if from_held and (held := self._held()):
+            return earliest(held.values())
         return self.durable_min()
 
     async def load_checkpoints(self) -> dict[str, Position]:

@@ -160,18 +160,22 @@ class DeliveryCoordinator(Actor):
         if scope.cancelled_caught:
             self.log.info("checkpoints_not_written_at_stop", reason=f"no answer in {STOP_WRITE_S:g} s")
 
+    def _unprobed(self) -> set[str]:
+        """Lagging sinks not probed: given up, or parked (their position lost; ``ctx.parked``)."""
+        return self.given_up | self.ctx.parked.keys()
+
     def _probe_later(self) -> None:
         """Run the probe timer while some sink is lagging (and not given up)."""
-        if (self._prober is None or self._prober.done()) and self.lagging.keys() - self.given_up:
+        if (self._prober is None or self._prober.done()) and self.lagging.keys() - self._unprobed():
             self._prober = asyncio.create_task(self._probe_timer())
 
     async def _probe_timer(self) -> None:
-        while self.rewind_due or self.lagging.keys() - self.back - self.given_up:
+        while self.rewind_due or self.lagging.keys() - self.back - self._unprobed():
             await self.ctx.clock.sleep(self.backoff.delay(min(self.comebacks_failed + 1, 30), self.rng))
             self.ref.try_tell(ProbeLagging())
 
     async def _probe(self) -> None:
-        for sink_id in sorted(self.lagging.keys() - self.back - self.given_up):
+        for sink_id in sorted(self.lagging.keys() - self.back - self._unprobed()):
             reason = await self.workers[sink_id].ask(ProbeSink(), timeout=ASK_TIMEOUT)
             if reason is None:
                 self.back.add(sink_id)
@@ -187,6 +191,7 @@ class DeliveryCoordinator(Actor):
         """The first batch of a new reading: sinks that are back and fell behind before it began
         take part again (the reading started at or before their durable checkpoint)."""
         self.epoch = batch.epoch
+        self.back -= self.ctx.parked.keys()  # back, but the reading went on without them
         for sink_id in [s for s in self.back if self.lagging[s] < batch.epoch]:
             del self.lagging[sink_id]
             self.back.discard(sink_id)
@@ -274,7 +279,10 @@ class DeliveryCoordinator(Actor):
         attempt = 0
         started = time.perf_counter()
         while True:
-            todo = [s for s in self.required if s not in acked and s not in self.lagging and s not in dead]
+            todo = [
+                s for s in self.required
+                if s not in acked and s not in self.lagging and s not in dead and s not in self.ctx.parked
+            ]  # fmt: skip
             results = await asyncio.gather(*(self._ask(s, batch) for s in todo))
             failed = {}
             for sink_id, result in zip(todo, results, strict=True):

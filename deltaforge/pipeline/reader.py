@@ -22,7 +22,7 @@ from deltaforge.pipeline.messages import (
 )
 from deltaforge.pipeline.reconciler import Reconcile
 from deltaforge.pipeline.storewait import PatientWrites
-from deltaforge.position import Position
+from deltaforge.position import Position, earliest
 from deltaforge.snapshot.chunks import SnapshotRefused
 from deltaforge.snapshot.driver import SnapshotDriver
 from deltaforge.sources.base import PositionLost
@@ -122,6 +122,9 @@ class SourceReader(Actor):
                 await source.open(resume)
                 await self.snapshots.opened(resume, joined=bool(joined) and self.snapshots.copies_rows)
             except PositionLost as lost:
+                if await self._spare(lost):
+                    await self._open()  # without them
+                    return
                 await self._resnapshot_or_halt(lost)
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
@@ -143,6 +146,46 @@ class SourceReader(Actor):
             await self.settle(SETTLE_S)
         except Exception as exc:  # noqa: BLE001 - the source's error is the one raised
             self.log.warning("delivery_before_error_incomplete", reason=f"{type(exc).__name__}: {exc}")
+
+    async def _spare(self, lost: PositionLost) -> bool:
+        """The position is lost only for optional sinks behind the others (one down long enough
+        for the server to drop what it had not taken: a purged binlog): the sinks they are
+        optional to must not stop for them. So the source opens again from the others'
+        checkpoints, and each is named (``sink_position_lost``) and, with a snapshot mode that
+        copies rows, given a snapshot as a sink added is; under ``never`` it is parked for this
+        run (nothing is delivered to it). True when some were; False: the position is lost for
+        sinks that are needed (the commit policy ``required`` only: under ``all`` or a quorum
+        every sink counts)."""
+        ctx = self.ctx
+        if ctx.config.commit_policy.mode != "required":
+            return False
+        required = {s.id: s.required for s in ctx.config.sinks}
+        held = {s: cp for s, cp in ctx.durable.items() if s not in ctx.parked}
+        needed = [cp for s, cp in held.items() if required.get(s, True)]
+        if not needed:
+            return False
+        floor = earliest(needed)
+        behind = sorted(
+            s for s, cp in held.items()
+            if not required.get(s, True) and earliest([floor, cp]).to_doc() != floor.to_doc()
+        )  # fmt: skip
+        if not behind:
+            return False
+        copies = self.snapshots.spared = self.snapshots.copies_rows
+        for sink_id in behind:
+            if copies:
+                del ctx.durable[sink_id]  # a sink without a checkpoint: given a snapshot as one added
+            else:
+                ctx.parked[sink_id] = str(lost)
+                ctx.stats.sinks[sink_id].lagging = True
+        self.log.error(
+            "sink_position_lost", sinks=behind, reason=str(lost), action="snapshot" if copies else "parked",
+            detail="the source no longer has what these optional sinks had not taken; the other sinks go on "
+            + ("and these are given a snapshot of the tables, as a sink added is" if copies else
+               "and these take nothing more until they are copied again: set snapshot.mode to initial (or "
+               "when_needed) to give them a snapshot at the next start"),
+        )  # fmt: skip
+        return True
 
     async def _resnapshot_or_halt(self, lost: PositionLost) -> None:
         """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt."""

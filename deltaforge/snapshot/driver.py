@@ -61,6 +61,7 @@ class SnapshotDriver:
         self.log = log
         self.status = ctx.snapshot
         self.status.waits.warn_s = self.settings.stream_lag_warning_s
+        self.spared = False  # sinks without a checkpoint at the next opening too: given one (reader._spare)
 
     @property
     def recovers(self) -> bool:
@@ -98,7 +99,7 @@ class SnapshotDriver:
             await self.progress.clear()
             state = None
         mode = self.settings.mode
-        fresh = not self.status.started_at_start
+        fresh, self.spared = not self.status.started_at_start or self.spared, False
         if joined and fresh:
             names = self.settings.tables
             if names is not None and state is not None:  # the one in progress goes on within it
