@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 from pathlib import Path
 
 import asyncpg
@@ -175,3 +176,32 @@ def test_a_pipeline_meeting_a_damaged_wal_record_halts_saying_where(tmp_path: Pa
         state, failure = asyncio.run(scenario(pg))
     assert state == "failed"
     assert failure is not None and "incorrect resource manager data checksum in record at" in failure
+
+
+async def test_the_decoders_catalog_connection_closed_while_idle_is_opened_again(postgres: Postgres) -> None:
+    """The decoder child asks the catalog (a connection of its own) for a table's primary key and
+    column types when a table's first change arrives; between such changes it idles, and a server
+    closes idle sessions (``idle_session_timeout``, or a DBA's clean-up): the next new table's
+    first change failed the stream as ``IdleSessionTimeout``/``AdminShutdown``, a source error and
+    a restart with a traceback. It is opened again and asked once more."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    src = source(postgres, db)
+    await src.open(None)
+    try:
+        await conn.execute("INSERT INTO a VALUES (1)")
+        assert [e.after for e in await read_n(src, 1)] == [{"id": 1}]
+        catalog = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'deltaforge decoder'"
+        )
+        pid = await conn.fetchval(catalog, db)
+        assert pid is not None
+        await conn.execute("SELECT pg_terminate_backend($1, 10000)", pid)  # returns once it is gone
+        await conn.execute("CREATE TABLE b (id int PRIMARY KEY, n numeric)")
+        await conn.execute("INSERT INTO b VALUES (2, 2.5)")
+        [ev] = await read_n(src, 1)
+        assert (ev.source.table, ev.after, ev.source.key) == ("b", {"id": 2, "n": Decimal("2.5")}, ("id",))
+    finally:
+        await src.close()
+        await conn.close()

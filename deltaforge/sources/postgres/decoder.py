@@ -237,17 +237,49 @@ class Confirmations:
             self.closed = True
 
 
-def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
-    import psycopg
+class Catalog:
+    """The child's catalog connection (primary keys, column types; ``deltaforge decoder`` in
+    ``pg_stat_activity``). It idles between tables' first changes, and a server closes idle
+    sessions (``idle_session_timeout``, a DBA's clean-up): a query on a connection found closed
+    is asked again once on a new one, where it failed the stream as a source error."""
 
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = self._connect()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            return psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=10, application_name="deltaforge decoder"
+            )
+        except psycopg.OperationalError as exc:
+            raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
+
+    def rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        try:
+            return list(self.conn.execute(query, params).fetchall())
+        except psycopg.OperationalError:
+            if not self.conn.closed:
+                raise
+        self.conn = self._connect()
+        return list(self.conn.execute(query, params).fetchall())
+
+
+def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
     slot, chunk = cfg["slot"], int(cfg["chunk"])
-    try:
-        catalog = psycopg.connect(cfg["dsn"], autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
-    found = catalog.execute(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-    ).fetchone()
+    catalog = Catalog(cfg["dsn"])
+    found = next(
+        iter(
+            catalog.rows(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
+        ),
+        None,
+    )
     if found is None or found[0] is None:
         write_frame(out, ("error", "position_lost", f"replication slot {slot!r} is gone (dropped?)"))
         return
@@ -256,7 +288,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
     known = cfg["seen"]
     tx = TxDecoder(
         int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None,
-        lambda oids: catalog.execute(TYPES, (oids,)).fetchall(),
+        lambda oids: catalog.rows(TYPES, (oids,)),
     )  # fmt: skip
     last_heartbeat = asked_at = time.monotonic()
     while not confirmations.closed:
@@ -264,7 +296,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         rows = repl.read(chunk, cfg["idle_s"])
         txs = tx.decode(rows)
         for relid in tx.unresolved:  # filled in place: the changes hold the same lists
-            if pk := [r[0] for r in catalog.execute(PRIMARY_KEY, (relid,)).fetchall()]:
+            if pk := [r[0] for r in catalog.rows(PRIMARY_KEY, (relid,))]:
                 flagged, rel = tx.keys[relid], tx.relations[relid][0]
                 if rel.replica_identity == "i" and not set(pk) <= set(flagged):
                     write_frame(out, ("keyless", f"{rel.namespace}.{rel.name}", pk, list(flagged)))
