@@ -28,6 +28,7 @@ from tests.kit import ScriptedSink, config, sink_doc
 from tests.postgres_kit import fresh_db, read_n, slot_lsn, source
 from tests.servers.postgres import Postgres
 from tests.test_metrics import scrape, value
+from tests.test_postgres_sink import _reader_up
 
 
 async def test_a_closed_source_has_let_go_of_its_slot(postgres: Postgres, proxies: ProxyServer) -> None:
@@ -802,3 +803,46 @@ async def test_a_publication_check_that_fails_says_why_once(postgres: Postgres) 
         ("publication_check_failed", "RuntimeError: refused"),
         ("publication_check_failed", "RuntimeError: other"),
     ]
+
+
+async def test_a_control_connection_closed_under_the_source_is_opened_again_and_checks_go_on(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The publication checks (every 5 s) run on the source's control connection. Closed by the
+    server (terminated, ``idle_session_timeout``, a restart of that backend alone), no check ran
+    again and nothing said so: a table then taken out of the publication had its changes never
+    delivered, without the halt the checks exist for. The closed connection now makes the source
+    unavailable, the reader opens it again, and the opening finds the table taken out: position
+    lost, as when no connection was lost."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)")
+    out = tmp_path / "events.jsonl"
+    source = {"id": "pg", "dsn": postgres.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}",
+              "tables": ["public.a", "public.b"]}  # fmt: skip
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "ctl"}, "spec": {
+        "source": {"type": "postgres", "config": source},
+        "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}],
+        "batch": {"max_events": 10, "max_ms": 10}, "supervision": {"backoff": {"base_ms": 50, "max_ms": 200}},
+    }}  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore())
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: _reader_up(runner), timeout=30, what="the reader up")
+        await conn.execute("INSERT INTO a VALUES (1)")
+        await wait_until(lambda: out.exists() and len(jsonl(out)) == 1, timeout=30, what="first row")
+        control = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid() AND application_name <> 'deltaforge decoder'"
+        )
+        for pid in [r[0] for r in await conn.fetch(control, db)]:
+            await conn.execute("SELECT pg_terminate_backend($1, 10000)", pid)
+        await conn.execute(f"ALTER PUBLICATION p_{db} DROP TABLE b")
+        await conn.execute("INSERT INTO b VALUES (2)")
+        await wait_until(lambda: runner.failure is not None, timeout=30, what="the pipeline halted")
+    finally:
+        await runner.drain()
+        await asyncio.wait_for(task, 30)
+        await conn.close()
+    assert str(runner.failure).startswith("position lost: ")
+    assert "public.b" in str(runner.failure)

@@ -333,6 +333,12 @@ class PostgresSource(Source):
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"postgres source {self.id!r} is not open")
+        if self._conn is not None and self._conn.is_closed():
+            # The checks run on it (the publication, partitions, the slot's WAL): without it none
+            # would run again. Opened again, the opening compares the publication with its memo.
+            raise SourceUnavailable(
+                f"postgres source {self.id!r}: its control connection was closed by the server"
+            )
         self.watch.poll(self._conn)
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
