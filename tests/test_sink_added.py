@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 import turso
+from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
@@ -64,12 +65,15 @@ async def run_until(
     got: Received,
     done: Callable[[PipelineRunner], bool],
     then: Callable[[], None] | None = None,
-) -> None:
-    """A pipeline from ``source`` into ``sinks`` until ``done()``, a checkpoint written after it
-    (``then()`` runs once the pipeline has started delivering); drained and stopped."""
+    optional: tuple[str, ...] = (),
+) -> PipelineRunner:
+    """A pipeline from ``source`` into ``sinks`` (``optional`` ones not required) until ``done()``,
+    a checkpoint written after it (``then()`` runs once the pipeline has started delivering);
+    drained and stopped."""
     doc = {
         "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "added"},
-        "spec": {"source": source, "sinks": [{"type": "stdout", "config": {"id": s}} for s in sinks],
+        "spec": {"source": source,
+                 "sinks": [{"type": "stdout", "config": {"id": s, "required": s not in optional}} for s in sinks],
                  "batch": {"max_events": 100, "max_ms": 20},
                  "supervision": {"max_restarts": 50, "within_seconds": 60, "backoff": {"base_ms": 1, "max_ms": 20}}},
     }  # fmt: skip
@@ -86,6 +90,7 @@ async def run_until(
     finally:
         runner.stop_now()
         await asyncio.gather(task, return_exceptions=True)
+    return runner
 
 
 class Tables:
@@ -193,3 +198,55 @@ async def test_a_sink_added_takes_nothing_from_the_sinks_already_there(items: Ta
         assert got["b"] == [("d", 1), ("c", 4)], got["b"]
     else:  # every change the binlog and the CDC table still have
         assert got["b"] == [("c", 1), ("c", 2), ("c", 3), ("d", 1), ("c", 4)], got["b"]
+
+
+@pytest.mark.parametrize("b_required", [True, False])
+async def test_a_sink_added_back_after_its_binlog_was_purged_is_named(
+    mariadb: MariaDB, b_required: bool
+) -> None:
+    """Sink b taken out of the pipeline for a while and put back, the binlog its checkpoint is in
+    purged meanwhile. A required b halts the pipeline as position lost, as before, and
+    ``position_lost_at_sinks`` names b (the source's message names only the binlog file); an
+    optional b is its own loss: it is given a snapshot (``initial``) and a goes on."""
+    items = await mariadb_items(mariadb)
+    source = {**items.source, "config": {**items.source["config"], "snapshot": {"mode": "initial"}}}
+    store, got = MemoryCheckpointStore(), Received()
+    items.write("INSERT INTO items VALUES (1)")
+    optional = () if b_required else ("b",)
+    both = lambda _: 1 in replayed(got["a"]) and 1 in replayed(got["b"])  # noqa: E731
+    await run_until(source, ["a", "b"], store, got, both, optional=optional)
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        older = cur.fetchone()[0]  # b's checkpoint is in it
+        cur.execute("FLUSH BINARY LOGS")  # a's next checkpoints in a file of their own
+        cur.execute("SHOW MASTER STATUS")
+        newer = cur.fetchone()[0]
+    items.write("INSERT INTO items VALUES (2)")
+    await run_until(source, ["a"], store, got, lambda _: 2 in replayed(got["a"]))
+
+    def purged() -> bool:  # the stopped reading's dump thread may hold the file a moment longer
+        with mariadb.root() as c, c.cursor() as cur:
+            cur.execute(f"PURGE BINARY LOGS TO '{newer}'")
+            cur.execute("SHOW BINARY LOGS")
+            return older not in {r[0] for r in cur.fetchall()}
+
+    await wait_until(purged, timeout=15, what=f"{older} purged")
+    items.write("INSERT INTO items VALUES (3)")
+    got["b"] = []
+    with capture_logs() as logs:
+        runner = await run_until(
+            source, ["a", "b"], store, got,
+            lambda r: r.failure is not None if b_required else {1, 2, 3} <= replayed(got["b"]),
+            optional=optional,
+        )  # fmt: skip
+    said = [
+        (e["event"], e["sinks"])
+        for e in logs
+        if e["event"] in ("position_lost_at_sinks", "sink_position_lost")
+    ]
+    if b_required:
+        assert str(runner.failure).startswith("position lost: binlog file ")
+        assert said == [("position_lost_at_sinks", ["b"])]
+    else:
+        assert runner.failure is None and 3 in replayed(got["a"])
+        assert said == [("sink_position_lost", ["b"])]

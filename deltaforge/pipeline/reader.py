@@ -188,7 +188,17 @@ class SourceReader(Actor):
         return True
 
     async def _resnapshot_or_halt(self, lost: PositionLost) -> None:
-        """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt."""
+        """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt. The
+        sinks whose checkpoints alone were lost (behind the others: taken out of the pipeline for
+        a while and put back, say) are named first: the source's reason names only its log."""
+        held = {s: cp for s, cp in self.ctx.durable.items() if s not in self.ctx.parked}
+        if len(held) > 1:
+            floor = earliest(held.values()).to_doc()
+            behind = sorted(
+                s for s in held if earliest([cp for o, cp in held.items() if o != s]).to_doc() != floor
+            )  # fmt: skip
+            if behind:
+                self.log.error("position_lost_at_sinks", sinks=behind, reason=str(lost))
         if not self.snapshots.recovers:
             raise lost
         await self.snapshots.recover(lost)
