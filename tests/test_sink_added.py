@@ -250,3 +250,41 @@ async def test_a_sink_added_back_after_its_binlog_was_purged_is_named(
     else:
         assert runner.failure is None and 3 in replayed(got["a"])
         assert said == [("sink_position_lost", ["b"])]
+
+
+@pytest.mark.parametrize("items", ["postgres"], indirect=True)
+async def test_an_optional_sink_put_back_after_the_slot_moved_on_is_given_a_snapshot(items: Tables) -> None:
+    """PostgreSQL's side of the test above: optional sink b taken out, the slot moved on for a
+    alone (past b's checkpoint: position lost for b), b put back. It is given a snapshot and
+    a goes on; before, the slot past the checkpoint halted the whole pipeline."""
+    config = items.source["config"]
+    source = {**items.source, "config": {**config, "snapshot": {"mode": "initial"}, "heartbeat_ms": 100}}
+    store, got = MemoryCheckpointStore(), Received()
+    items.write("INSERT INTO items VALUES (1)")
+    both = lambda _: 1 in replayed(got["a"]) and 1 in replayed(got["b"])  # noqa: E731
+    await run_until(source, ["a", "b"], store, got, both, optional=("b",))
+    [b_at] = (await store.get_many([k for k in await store.list_all() if k.endswith("::b")])).values()
+
+    def slot_past_b() -> bool:
+        with psycopg.connect(config["dsn"], autocommit=True) as conn:
+            confirmed = (
+                "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = %s"
+            )
+            row = conn.execute(confirmed.encode(), (config["slot"],)).fetchone()
+        return row is not None and int(row[0]) > int(b_at["lsn"])
+
+    items.write("INSERT INTO items VALUES (2)")
+    await run_until(source, ["a"], store, got, lambda _: 2 in replayed(got["a"]) and slot_past_b())
+    items.write("INSERT INTO items VALUES (3)")
+    got["b"] = []
+    with capture_logs() as logs:
+        runner = await run_until(
+            source, ["a", "b"], store, got, lambda _: {1, 2, 3} <= replayed(got["b"]), optional=("b",)
+        )
+    said = [
+        (e["event"], e["sinks"])
+        for e in logs
+        if e["event"] in ("position_lost_at_sinks", "sink_position_lost")
+    ]
+    assert runner.failure is None and said == [("sink_position_lost", ["b"])]
+    assert replayed(got["a"]) == replayed(got["b"]) == {1, 2, 3}
