@@ -132,12 +132,13 @@ class PipelineContext:
     SourceReader parks them; see ``SourceReader._spare``): nothing is delivered to them, and where
     the source opens no longer waits for them."""
 
-    def _held(self) -> dict[str, Position]:
+    def held(self) -> dict[str, Position]:
+        """Each sink's durable checkpoint, parked sinks left out."""
         return {s: cp for s, cp in self.durable.items() if s not in self.parked}
 
     def durable_min(self) -> Position | None:
         """The checkpoint every sink holds durably (parked ones aside), or None while any has none."""
-        held = self._held()
+        held = self.held()
         if len(held) < len(self.sinks) - len(self.parked):
             return None
         return earliest(held.values()) if held else None
@@ -157,7 +158,7 @@ class PipelineContext:
         are given a snapshot, or the source's own start is *now*), the earliest checkpoint of the
         others instead: the sinks already there would go without what lies between (a delete
         made while the pipeline was down)."""
-        if from_held and (held := self._held()):
+        if from_held and (held := self.held()):
             return earliest(held.values())
         return self.durable_min()
 

@@ -160,7 +160,7 @@ class SourceReader(Actor):
         if ctx.config.commit_policy.mode != "required":
             return False
         required = {s.id: s.required for s in ctx.config.sinks}
-        held = {s: cp for s, cp in ctx.durable.items() if s not in ctx.parked}
+        held = ctx.held()
         needed = [cp for s, cp in held.items() if required.get(s, True)]
         if not needed:
             return False
@@ -191,7 +191,7 @@ class SourceReader(Actor):
         """``snapshot.mode: when_needed`` reads from now and snapshots again; otherwise, halt. The
         sinks whose checkpoints alone were lost (behind the others: taken out of the pipeline for
         a while and put back, say) are named first: the source's reason names only its log."""
-        held = {s: cp for s, cp in self.ctx.durable.items() if s not in self.ctx.parked}
+        held = self.ctx.held()
         if len(held) > 1:
             floor = earliest(held.values()).to_doc()
             behind = sorted(

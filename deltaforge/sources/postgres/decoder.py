@@ -258,12 +258,10 @@ class Catalog:
             raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
 
     def rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        import psycopg
-
         try:
             return list(self.conn.execute(query, params).fetchall())
-        except psycopg.OperationalError:
-            if not self.conn.closed:
+        except Exception:
+            if not self.conn.closed:  # an answer from the server: its error stands
                 raise
         self.conn = self._connect()
         return list(self.conn.execute(query, params).fetchall())
