@@ -45,9 +45,11 @@ class Postgres(ServerProcess):
         os.chmod(self.dir, 0o700)
         self._as_postgres(_bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
         with open(self.data / "postgresql.conf", "a") as f:
+            # A worker's server serves every PostgreSQL test it runs, and most leave their slot behind
+            # (a test database each): 40 ran out on 4 Dec, once a worker happened to run more of them.
             f.write(
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
-                "wal_level = logical\nmax_replication_slots = 40\nmax_wal_senders = 40\nfsync = off\n"
+                "wal_level = logical\nmax_replication_slots = 200\nmax_wal_senders = 40\nfsync = off\n"
                 "synchronous_commit = on\nfull_page_writes = off\n"
             )
         self._start_on_a_free_port()
