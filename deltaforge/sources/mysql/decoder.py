@@ -29,20 +29,9 @@ from deltaforge.sources.mysql.binlog import (
     each_once,
     open_reader,
 )
-from deltaforge.sources.mysql.mariadbtypes import server_types
+from deltaforge.sources.mysql.halts import PARTIAL_JSON, UNDECODABLE, CorruptEvent, Undecodable, XaUnknown
 from deltaforge.sources.mysql.position import BinlogPosition
-from deltaforge.sources.mysql.rowvalues import (
-    BYTES_TYPES,
-    TIMESTAMP_TYPES,
-    UNNAMED,
-    Retyped,
-    as_bytes,
-    as_utc,
-    columns_named,
-    fill_not_logged,
-    primary_key,
-    sized,
-)
+from deltaforge.sources.mysql.rowvalues import fill_not_logged
 from deltaforge.sources.mysql.statements import (
     Unreadable,
     moved,
@@ -50,33 +39,15 @@ from deltaforge.sources.mysql.statements import (
     rows_of_statement,
     session_db,
 )
+from deltaforge.sources.mysql.tableshapes import TableShapes
 from deltaforge.sources.mysql.txevents import frame_sender
 from deltaforge.sources.mysql.xa import PreparedXa, xa_key
 
 FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: at once, see drained)
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
-Described = tuple[tuple[tuple[str, int, str], ...], tuple[str, ...]]
-"""A table's columns (name, type code, size) and primary-key columns, as a table map gives them."""
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _XA = 0x40 | 0x80  # MariaDB GTID flags FL_PREPARED_XA, FL_COMPLETED_XA: an XA transaction's group
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
-# Events python-mysql-replication cannot decode and that may carry rows: MariaDB's compressed
-# query and row events (log_bin_compress=ON) and MySQL's transaction payload
-# (binlog_transaction_compression=ON). Skipping them would skip rows: the reader halts instead.
-_UNDECODABLE = {
-    165: "a MariaDB compressed query event",
-    166: "a MariaDB compressed row event",
-    167: "a MariaDB compressed row event",
-    168: "a MariaDB compressed row event",
-    169: "a MariaDB compressed row event",
-    170: "a MariaDB compressed row event",
-    171: "a MariaDB compressed row event",
-    40: "a MySQL compressed transaction payload",
-}
-_PARTIAL_JSON = (
-    "a MySQL partial JSON update (binlog_row_value_options=PARTIAL_JSON, set for the session that wrote "
-    "it): it carries only the changed part of a document, so its row cannot be delivered whole"
-)
 
 
 def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
@@ -87,23 +58,9 @@ def _advance(domains: dict[str, str], gtid: str, is_mariadb: bool) -> str:
     return gtid
 
 
-class XaUnknown(Exception):
-    """An XA COMMIT whose prepared rows were never read: the position cannot serve them."""
-
-
 def gtid_domains(state: str) -> dict[str, str]:
     """``"0-1-5,1-1-9"`` -> ``{"0": "0-1-5", "1": "1-1-9"}`` (MariaDB GTID positions)."""
     return {g.split("-", 1)[0]: g for g in (p.strip() for p in state.split(",")) if g.count("-") == 2}
-
-
-class Undecodable(Exception):
-    """The binlog holds an event whose rows cannot be decoded here; the message says where and why."""
-
-
-class CorruptEvent(Exception):
-    """An event whose bytes do not match its CRC32 checksum: damaged on the server's disk or on the
-    way. Reading again from the checkpoint cures the second, not the first: the source restarts a
-    few times, then the pipeline halts with this message, instead of delivering damaged rows."""
 
 
 def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
@@ -172,13 +129,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     full = resume.gtid
     xa = PreparedXa()
     xa_current: str | None = None
-    # A table's columns (name, type, size) and primary key, as its last schema frame told serve.
-    schemas: dict[str, Described] = {}
-    # by the table map's list; with the columns the catalogue says are MariaDB's UUID, INET4, INET6
-    described: dict[str, tuple[list[Any], Described, dict[str, str]]] = {}
-    instants: dict[str, tuple[str, ...]] = {}  # a table's TIMESTAMP columns
-    binaries: dict[str, tuple[str, ...]] = {}  # a table's BINARY/VARBINARY columns
-    retyped: dict[str, Retyped | None] = {}  # a table's values the library gives otherwise than a snapshot
+    shapes = TableShapes(bool(cfg["is_mariadb"]))
     partial: set[str] = set()  # tables a partial row image was met in (said once each)
     tx: list[tuple[Any, ...]] = []
     standalone = False
@@ -219,7 +170,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             tx_start = int(ev.position)
             continue
         if isinstance(ev, NotImplementedEvent):
-            what = _UNDECODABLE.get(ev.event_type)
+            what = UNDECODABLE.get(ev.event_type)
             if what is not None:
                 raise halting(
                     Undecodable(
@@ -243,52 +194,29 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
             if op is None:  # a PartialUpdateRowsEvent (the only row event type not in op_of)
                 raise halting(
                     Undecodable(
-                        f"{_PARTIAL_JSON} at {file}:{ev.packet.log_pos} on {ev.schema}.{ev.table}; set "
+                        f"{PARTIAL_JSON} at {file}:{ev.packet.log_pos} on {ev.schema}.{ev.table}; set "
                         "binlog_row_value_options='' and re-snapshot the table from a position after it"
                     )
                 )
             table = f"{ev.schema}.{ev.table}"
             pos = int(ev.packet.log_pos)
-            known = described.get(table)
-            if known is None or known[0] is not ev.columns:  # a new table map (the list is its own)
-                if not columns_named(ev):
-                    raise halting(Undecodable(f"the table map of {table} at {file}:{pos} {UNNAMED}"))
-                texts = server_types(ev) if cfg["is_mariadb"] else {}  # UUID, INET4, INET6
-                columns = tuple(
-                    (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c))
-                    for c in ev.columns
-                )
-                known = described[table] = (ev.columns, (columns, primary_key(ev)), texts)
-            # A new primary key is a new schema too, its columns unchanged or not: each change's
-            # key columns (the Kafka record key, a target's conflict key) are the ones it was written with.
-            if schemas.get(table) != known[1]:
-                schemas[table] = known[1]
-                columns, pk = known[1]
-                instants[table] = tuple(n for n, t, _ in columns if t in TIMESTAMP_TYPES)
-                binaries[table] = tuple(
-                    c.name for c in ev.columns
-                    if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
-                )  # fmt: skip
-                # None: nothing to set right, no call per event
-                retyped[table] = Retyped(ev.columns, known[2]) or None
+            try:
+                frame = shapes.schema_frame(ev, table, file, pos, tx_gtid)
+            except Undecodable as exc:
+                raise halting(exc) from None
+            if frame is not None:
                 if pending:  # read before this schema: serve makes their events with the keys before it
                     send(pending)
                     pending, pending_rows = [], 0
-                cols = [{"name": n, "type": t, "mod": m, "key": n in pk} for n, t, m in columns]
-                keys[table] = pk
-                write_frame(out, ("schema", table, cols, BinlogPosition(file, pos, 0, tx_gtid).to_doc(), pk))
+                keys[table] = frame[-1]
+                write_frame(out, frame)
             ts = int(ev.timestamp)
             rows = images.rows_of(ev, 2 if op == "u" else 1)
             absent = fill_not_logged(ev, op)
             if absent and table not in partial:
                 partial.add(table)
                 write_frame(out, ("partial", table, f"{file}:{pos}", absent))
-            if instants[table]:
-                as_utc(rows, instants[table])
-            if binaries[table]:
-                as_bytes(rows, binaries[table])  # before the padding of BINARY(n) (retyped)
-            if (fix := retyped[table]) is not None:
-                fix(rows)
+            shapes.fix(table, rows)
             for i, row in enumerate(rows):
                 if op == "u":
                     tx.append(
