@@ -159,6 +159,35 @@ async def test_a_type_narrowed_within_its_type_code_is_named_as_retyped(
     assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.t", [], ["price", "note"])]
 
 
+async def test_an_enum_or_set_that_lost_a_member_is_named_as_retyped(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """An ENUM or SET whose list loses a member converts, without a row event, each row that held
+    it (to ``''`` outside strict mode; and a renamed member is a lost one): the type code and the
+    sizes stay, only the table map's member list tells. ``columns_changed`` names the column; a
+    member added, which changes no row, is not named."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, m ENUM('a','b','c'), s SET('x','y'), n ENUM('p'))")
+        cur.execute("INSERT INTO t VALUES (1, 'c', 'x,y', 'p')")
+        cur.execute("ALTER TABLE t MODIFY n ENUM('p','q')")  # added: no row changes
+        cur.execute("INSERT INTO t VALUES (2, 'a', 'x', 'q')")
+        cur.execute("ALTER TABLE t MODIFY m ENUM('a','b','sea'), MODIFY s SET('x')")
+        cur.execute("SELECT m, s FROM t WHERE id = 1")
+        assert cur.fetchone() == ("", "x")  # what the sinks were never told
+        cur.execute("INSERT INTO t VALUES (3, 'sea', 'x', 'q')")
+    store = MemoryCheckpointStore()
+    runner = to_file(mariadb, "ddl", f"{db}.*", tmp_path / "events.jsonl", store)
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
+        await runner.drain()
+        await task
+    said = [e for e in logs if e["event"] == "columns_changed"]
+    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.t", [], ["m", "s"])]
+
+
 async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:
     """TIMESTAMP is stored as UTC and comes out aware, whatever the writer's time zone; DATETIME
     has no zone and stays naive, so the two are never confused."""

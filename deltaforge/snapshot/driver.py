@@ -394,6 +394,10 @@ class SnapshotDriver:
 
 
 def _retyped(was: dict[str, Any], now: dict[str, Any]) -> bool:
-    """Whether a column's type changed: its type, or its length, precision or scale where the
-    source reports one (PostgreSQL's ``mod``; a schema recorded before it was reported has none)."""
-    return bool(was["type"] != now["type"] or ("mod" in was and "mod" in now and was["mod"] != now["mod"]))
+    """Whether a column's type changed so that rows may have been converted: its type, its
+    length, precision or scale where the source reports one (PostgreSQL's ``mod``; a schema
+    recorded before it was reported has none), or an ENUM or SET that lost a member (renamed or
+    dropped: the rows that held it hold another value now; one added changes no row)."""
+    if was["type"] != now["type"] or ("mod" in was and "mod" in now and was["mod"] != now["mod"]):
+        return True
+    return "members" in was and "members" in now and not set(was["members"]) <= set(now["members"])

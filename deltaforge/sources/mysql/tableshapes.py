@@ -23,8 +23,17 @@ from deltaforge.sources.mysql.rowvalues import (
     sized,
 )
 
-Described = tuple[tuple[tuple[str, int, str], ...], tuple[str, ...]]
-"""A table's columns (name, type code, size) and primary-key columns, as a table map gives them."""
+Described = tuple[tuple[tuple[str, int, str, tuple[str, ...] | None], ...], tuple[str, ...]]
+"""A table's columns (name, type code, size, an ENUM's or SET's members) and primary-key columns,
+as a table map gives them."""
+
+
+def members(column: Any) -> tuple[str, ...] | None:
+    """An ENUM's or SET's members, as the table map lists them (binlog_row_metadata=FULL): a
+    member taken out of the list converts the rows that held it, and nothing else tells (the
+    type code and sizes stay)."""
+    listed = column.enum_values or column.set_values
+    return tuple(listed) if listed else None
 
 
 class TableShapes:
@@ -53,7 +62,7 @@ class TableShapes:
                 raise Undecodable(f"the table map of {table} at {file}:{pos} {UNNAMED}")
             texts = server_types(ev) if self._is_mariadb else {}  # UUID, INET4, INET6
             columns = tuple(
-                (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c))
+                (c.name, c.type, f"{sized(c)} {texts[c.name]}" if c.name in texts else sized(c), members(c))
                 for c in ev.columns
             )
             known = self._described[table] = (ev.columns, (columns, primary_key(ev)), texts)
@@ -61,13 +70,16 @@ class TableShapes:
             return None
         self._schemas[table] = known[1]
         columns, pk = known[1]
-        self._instants[table] = tuple(n for n, t, _ in columns if t in TIMESTAMP_TYPES)
+        self._instants[table] = tuple(n for n, t, _, _ in columns if t in TIMESTAMP_TYPES)
         self._binaries[table] = tuple(
             c.name for c in ev.columns
             if c.type in BYTES_TYPES and getattr(c, "character_set_name", None) == "binary"
         )  # fmt: skip
         self._retyped[table] = Retyped(ev.columns, known[2]) or None  # None: nothing to set right
-        cols = [{"name": n, "type": t, "mod": m, "key": n in pk} for n, t, m in columns]
+        cols = [
+            {"name": n, "type": t, "mod": m, "key": n in pk} | ({"members": list(e)} if e else {})
+            for n, t, m, e in columns
+        ]
         return ("schema", table, cols, BinlogPosition(file, pos, 0, gtid).to_doc(), pk)
 
     def fix(self, table: str, rows: list[dict[str, Any]]) -> None:
