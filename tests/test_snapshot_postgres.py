@@ -287,6 +287,66 @@ def test_a_column_added_with_a_default_is_said_or_snapshotted_again(
         assert rows[1001]["extra"] == 8
 
 
+@pytest.mark.parametrize("on_column_change", ["warn", "snapshot"])
+def test_an_enum_value_renamed_is_said_or_snapshotted_again(
+    postgres: Postgres, tmp_path: Path, on_column_change: str
+) -> None:
+    """``ALTER TYPE mood RENAME VALUE 'sad' TO 'blue'`` changes every row holding ``'sad'`` (as
+    the enum, in an array of it, through a domain over it, inside a composite) with no change event, and no Relation
+    message follows: the sinks kept ``'sad'`` and nothing said so. The watch that asks after the
+    publication every few seconds compares the labels of the enums captured columns use:
+    ``columns_changed`` names the columns, and with ``on_column_change: snapshot`` the table is
+    read again. A value added changes no row and is not named; nor is an enum no captured column
+    uses. Renamed while no pipeline runs, it is named at the next start."""
+    db = prepare(postgres, 0)
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('happy', 'sad')")
+        conn.execute("CREATE TYPE other AS ENUM ('x')")
+        conn.execute("CREATE DOMAIN feeling AS mood")
+        conn.execute("CREATE TYPE how AS (how mood, n int)")
+        conn.execute("CREATE TABLE elsewhere (id int PRIMARY KEY, o other)")
+        conn.execute(
+            "ALTER TABLE items ADD COLUMN m mood, ADD COLUMN ms mood[], ADD COLUMN f feeling, ADD COLUMN p how"
+        )
+        conn.execute(
+            "INSERT INTO items VALUES (1, 1, 'a', 'sad', '{happy,sad}', 'sad', '(sad,1)'), "
+            "(2, 2, 'b', 'happy', '{}', NULL, NULL)"
+        )
+    doc = spec(tmp_path, postgres, db, mode="initial", on_column_change=on_column_change)
+    out = tmp_path / "events.jsonl"
+
+    def said() -> list[dict[str, Any]]:
+        return [e for e in jsonl(tmp_path / "log.jsonl") if e["event"] == "columns_changed"]
+
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the first snapshot")
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            conn.execute("ALTER TYPE mood ADD VALUE 'calm'")  # changes no row
+            conn.execute("ALTER TYPE other RENAME VALUE 'x' TO 'y'")  # no captured column
+            conn.execute("ALTER TYPE mood RENAME VALUE 'sad' TO 'blue'")
+        wait_until_sync(lambda: said(), timeout=30, what="the rename named")
+        if on_column_change == "snapshot":
+            wait_until_sync(lambda: len(jsonl(out)) == 4, timeout=60, what="the table read again")
+        assert serve.terminate() == 0
+    assert [(e["table"], e["added"], e["retyped"], e["action"]) for e in said()] == [
+        ("public.items", [], ["m", "ms", "f", "p"], "none" if on_column_change == "warn" else "snapshot")
+    ]
+    rows = [d["after"] for d in jsonl(out)]
+    if on_column_change == "snapshot":
+        assert [(r["m"], r["ms"], r["f"]) for r in rows[2:] if r["id"] == 1] == [
+            ("blue", ["happy", "blue"], "blue")
+        ]
+        return
+    assert "ALTER TYPE mood RENAME VALUE ('sad' to 'blue')" in said()[0]["reason"]
+    assert "deltaforge snapshot shop public.items" in said()[0]["reason"]
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute("ALTER TYPE mood RENAME VALUE 'happy' TO 'glad'")  # while no pipeline runs
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: len(said()) == 2, timeout=30, what="the rename named at start")
+        assert serve.terminate() == 0
+    assert (said()[1]["table"], said()[1]["retyped"]) == ("public.items", ["m", "ms", "f", "p"])
+
+
 def test_serve_on_a_terminal_draws_snapshot_progress(postgres: Postgres, tmp_path: Path) -> None:
     db = prepare(postgres, 100_000)
     doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "shop"},

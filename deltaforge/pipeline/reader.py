@@ -129,9 +129,14 @@ class SourceReader(Actor):
         except Unavailable as exc:
             ctx.availability.down("source", exc)  # the supervisor retries with backoff
             raise
+        await self._remember()
+
+    async def _remember(self) -> None:
+        """Store what the source's next opening compares with, when it changed."""
+        source = self.ctx.source
         memo = source.memo()
         if memo is not None and memo != source.remembered:
-            await self.patient(lambda: ctx.store.put(memo_key, memo))
+            await self.patient(lambda: self.ctx.store.put(f"{source.id}::memo", memo))
             source.remembered = memo
 
     async def _deliver_what_was_read(self) -> None:
@@ -216,7 +221,7 @@ class SourceReader(Actor):
         if was == columns:
             return
         if was is not None:
-            await self.snapshots.columns_changed(table, was, columns)
+            await self.snapshots.columns.changed(table, was, columns)
         # Tried until the store takes it (a full disk: degraded meanwhile, see storewait).
         await self.patient(lambda: store.record_schema(source_id, table, columns, position.to_doc()))
         self.schemas[table] = columns
@@ -244,6 +249,10 @@ class SourceReader(Actor):
                 # A column change may ask the server for a snapshot: down, it is unavailable too.
                 for table, columns, position in source.take_schema_changes():
                     await self._record_schema(table, columns, position)
+                if rewritten := source.take_rewritten():
+                    for fact in rewritten:
+                        await self.snapshots.columns.rewritten(fact)
+                    await self._remember()  # told: the next opening does not find them again
             except Unavailable as exc:
                 self.ctx.stats.source_errors += 1
                 self.ctx.availability.down("source", exc)

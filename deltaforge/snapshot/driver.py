@@ -21,11 +21,11 @@ from deltaforge.events import Event, new_event, with_images
 from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
+from deltaforge.snapshot.columnchange import ColumnChanges
 from deltaforge.snapshot.listed import ListedTables, copyable
 from deltaforge.snapshot.progress import ProgressLog, SnapshotState
 from deltaforge.snapshot.window import Chunk, TableRef, Window, watch
 from deltaforge.sources.base import PositionLost
-from supervision import Unavailable
 
 if TYPE_CHECKING:
     from deltaforge.pipeline.context import PipelineContext
@@ -62,6 +62,7 @@ class SnapshotDriver:
         self.status = ctx.snapshot
         self.status.waits.warn_s = self.settings.stream_lag_warning_s
         self.spared = False  # sinks without a checkpoint at the next opening too: given one (reader._spare)
+        self.columns = ColumnChanges(self)
 
     @property
     def recovers(self) -> bool:
@@ -279,39 +280,6 @@ class SnapshotDriver:
             out.append(e)
         return out
 
-    async def columns_changed(self, table: str, was: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
-        """``table`` gained a column, or one changed type (``was`` → ``now``). The DDL may have
-        changed rows already delivered without a change event for any of them (logical decoding
-        and the binlog carry none): a default filling the new column (one that leaves them NULL
-        changed nothing, and is not counted), a conversion. Say so, and
-        with ``on_column_change: snapshot`` read the table again, so sinks take the rows as they
-        are now."""
-        types = {c["name"]: c for c in was}
-        added = [c["name"] for c in now if c["name"] not in types]
-        retyped = [c["name"] for c in now if c["name"] in types and _retyped(types[c["name"]], c)]
-        if added:  # a column existing rows hold NULL in changed none of them
-            try:
-                added = await self.source.filled(table, added)
-            except Unavailable:
-                raise  # down: asked again after the reconnect (see SourceReader._record_schema)
-            except Exception as exc:  # noqa: BLE001 - cannot tell: taken as filled, said below
-                self.log.info("column_defaults_unknown", table=table, reason=f"{type(exc).__name__}: {exc}")
-        if not added and not retyped:
-            return
-        again = self.settings.on_column_change == "snapshot" and self.reader is not None
-        self.log.warning(
-            "columns_changed", table=table, added=added, retyped=retyped,
-            action="snapshot" if again else "none",
-            reason="a DDL that fills or converts a column changes rows without a change event; rows "
-            "delivered before keep their old values until they change"
-            + ("" if again else f" (snapshot the table again: deltaforge snapshot {self.ctx.config.name} {table})"),
-        )  # fmt: skip
-        if again:
-            try:
-                await self.request([table], "column_change")
-            except SnapshotRefused as exc:  # e.g. a table without a primary key: said, not fatal
-                self.log.error("snapshot_after_column_change_refused", table=table, error=str(exc))
-
     async def _signalled(self, names: list[str]) -> None:
         try:
             await self.request(names, "signal")
@@ -391,13 +359,3 @@ class SnapshotDriver:
         self.windows, self.next_key, self.exhausted, self.bounds = [], {}, set(), {}
         if self.reader is not None:
             await self.reader.close()
-
-
-def _retyped(was: dict[str, Any], now: dict[str, Any]) -> bool:
-    """Whether a column's type changed so that rows may have been converted: its type, its
-    length, precision or scale where the source reports one (PostgreSQL's ``mod``; a schema
-    recorded before it was reported has none), or an ENUM or SET that lost a member (renamed or
-    dropped: the rows that held it hold another value now; one added changes no row)."""
-    if was["type"] != now["type"] or ("mod" in was and "mod" in now and was["mod"] != now["mod"]):
-        return True
-    return "members" in was and "members" in now and not set(was["members"]) <= set(now["members"])

@@ -19,6 +19,16 @@ SchemaChange = tuple[str, list[dict[str, Any]], Position]
 """A table's columns as first seen: ``(table, [{name, type}, ...], position)``."""
 
 
+@dataclass(frozen=True)
+class ColumnsRewritten:
+    """A DDL changed the values ``columns`` of ``table`` hold in existing rows, without a change
+    event for any of them (a PostgreSQL enum label renamed); ``why`` says which and how."""
+
+    table: str
+    columns: tuple[str, ...]
+    why: str
+
+
 class SourceError(Exception):
     """A source failed in a way a restart may fix (see SourceUnavailable for a server that is down)."""
 
@@ -146,6 +156,12 @@ class Source(ABC):
 
     def take_schema_changes(self) -> list[SchemaChange]:
         """Schemas first seen since the last call: ``(table, columns, position)``."""
+        return []
+
+    def take_rewritten(self) -> list[ColumnsRewritten]:
+        """Columns a DDL changed in existing rows without a change event, found since the last
+        call and not told by a schema change (a type whose values were renamed). Once taken,
+        :meth:`memo` notes them as told."""
         return []
 
     async def describe_tables(self) -> list[DeclaredTable]:

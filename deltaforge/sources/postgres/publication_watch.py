@@ -12,6 +12,7 @@ import asyncpg
 import structlog
 
 from deltaforge.sources.base import PositionLost
+from deltaforge.sources.postgres.enums import EnumWatch
 from deltaforge.sources.postgres.errors import is_unavailable
 from deltaforge.sources.postgres.partitions import PartitionWatch
 from deltaforge.sources.postgres.publication import (
@@ -48,6 +49,7 @@ class PublicationWatch:
         self.named: set[str] = set()
         """Tables whose drop was logged (once each)."""
         self.partitions = PartitionWatch()
+        self.enums = EnumWatch(listed)
         self._last_failure: str | None = None
 
     async def opened(
@@ -70,6 +72,7 @@ class PublicationWatch:
             await self.partitions.opened(
                 conn, self.at_open["oids"], (noted or {}).get("partitions") if same else None
             )
+            await self.enums.opened(conn, self.publication, (noted or {}).get("enums") if same else None)
         if self.listed and self.at_open is not None and self.at_open["unlogged"]:
             # (all tables: check_publication named them) published by their schema, which does not
             # keep a table from being unlogged: nothing of it reaches the WAL
@@ -84,7 +87,10 @@ class PublicationWatch:
         """What the next opening compares with (None before an opening)."""
         if self.at_open is None:
             return None
-        return {"publication_name": self.publication, **self.at_open, "partitions": self.partitions.memo()}
+        return {
+            "publication_name": self.publication, **self.at_open,
+            "partitions": self.partitions.memo(), "enums": self.enums.memo(),
+        }  # fmt: skip
 
     def poll(self, conn: asyncpg.Connection | None) -> None:
         """Raise :class:`PositionLost` when the last check found something left out; start the
@@ -123,13 +129,15 @@ class PublicationWatch:
     async def _ask(self, conn: asyncpg.Connection) -> str | None:
         """What the publication left out since open (None: nothing); a listed table dropped since
         is said once (its rows stay in the sinks: nothing is sent for a DROP TABLE), and partitions
-        attached or detached since the last ask (see ``partitions.py``); and the WAL the slot keeps
+        attached or detached since the last ask (see ``partitions.py``), enum labels renamed
+        (``enums.py``); and the WAL the slot keeps
         (``retention.py``)."""
         if self.retention is not None:
             await self.retention.check(conn)
         gone, now = await left_out(conn, self.publication, self.listed, self.at_open)
         if gone is None and now is not None:
             await self.partitions.check(conn, now["oids"])
+            await self.enums.check(conn, self.publication)
             if self.at_open is not None and self._via_root_changed(
                 self.at_open.get("via_root"), now["via_root"]
             ):

@@ -30,6 +30,7 @@ from deltaforge.plugins import decoder_module
 from deltaforge.position import Position, PositionDoc
 from deltaforge.snapshot.chunks import ChunkReader
 from deltaforge.sources.base import (
+    ColumnsRewritten,
     DeclaredTable,
     PositionLost,
     SchemaChange,
@@ -324,6 +325,9 @@ class PostgresSource(Source):
             return
         await slot_ops.advance(self._conn, self.slot, lsn, f"postgres source {self.id!r}")
         self._confirmed = lsn
+
+    def take_rewritten(self) -> list[ColumnsRewritten]:
+        return self.watch.enums.take()
 
     def take_schema_changes(self) -> list[SchemaChange]:
         with self._lock:
