@@ -204,8 +204,8 @@ async def test_a_sink_added_takes_nothing_from_the_sinks_already_there(items: Ta
 async def test_a_sink_added_back_after_its_binlog_was_purged_is_named(
     mariadb: MariaDB, b_required: bool
 ) -> None:
-    """Sink b taken out of the pipeline for a while and put back, the binlog its checkpoint is in
-    purged meanwhile. A required b halts the pipeline as position lost, as before, and
+    """Sink b taken out of the pipeline for a while and put back, the binlog holding a row it
+    never got purged meanwhile. A required b halts the pipeline as position lost, as before, and
     ``position_lost_at_sinks`` names b (the source's message names only the binlog file); an
     optional b is its own loss: it is given a snapshot (``initial``) and a goes on."""
     items = await mariadb_items(mariadb)
@@ -215,14 +215,14 @@ async def test_a_sink_added_back_after_its_binlog_was_purged_is_named(
     optional = () if b_required else ("b",)
     both = lambda _: 1 in replayed(got["a"]) and 1 in replayed(got["b"])  # noqa: E731
     await run_until(source, ["a", "b"], store, got, both, optional=optional)
+    items.write("INSERT INTO items VALUES (2)")  # after b's checkpoint, in the same file
+    await run_until(source, ["a"], store, got, lambda _: 2 in replayed(got["a"]))
     with mariadb.root() as c, c.cursor() as cur:
         cur.execute("SHOW MASTER STATUS")
-        older = cur.fetchone()[0]  # b's checkpoint is in it
-        cur.execute("FLUSH BINARY LOGS")  # a's next checkpoints in a file of their own
+        older = cur.fetchone()[0]  # b's checkpoint and the row it never got are in it
+        cur.execute("FLUSH BINARY LOGS")
         cur.execute("SHOW MASTER STATUS")
         newer = cur.fetchone()[0]
-    items.write("INSERT INTO items VALUES (2)")
-    await run_until(source, ["a"], store, got, lambda _: 2 in replayed(got["a"]))
 
     def purged() -> bool:  # the stopped reading's dump thread may hold the file a moment longer
         with mariadb.root() as c, c.cursor() as cur:

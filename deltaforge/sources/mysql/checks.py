@@ -320,14 +320,24 @@ def _name_unmatched(conn: Any, captured: Sequence[tuple[str, ...]], fold: bool) 
         )  # fmt: skip
 
 
-def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> None:
-    """Raise :class:`PositionLost` when the checkpointed position is no longer on the server."""
+def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo, by_gtid: bool) -> None:
+    """Raise :class:`PositionLost` when the checkpointed position is no longer on the server.
+
+    ``by_gtid``: reading resumes from the checkpoint's GTID state (MariaDB), so its own file may
+    be gone as long as the oldest file left starts at or before that state: nothing was written
+    in between (a rotation and a purge on a quiet server)."""
     file, pos = checkpoint.file, checkpoint.pos
     with conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
         logs = {str(r[0]): int(r[1]) for r in cur.fetchall()}
-    if file and file not in logs:
         oldest = min(logs, key=binlog_index) if logs else "none"
+        gone = bool(file) and file not in logs
+        if gone and by_gtid and checkpoint.gtid and logs:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest,))
+            gone = not _holds(checkpoint.gtid, str(cur.fetchone()[0] or ""))
+            if not gone:
+                file = ""  # served from the GTID state: the checks of the file below do not apply
+    if gone:
         raise PositionLost(
             f"binlog file {file} is no longer on the server (purged; oldest available is {oldest})"
         )
@@ -357,6 +367,15 @@ def check_position(conn: Any, checkpoint: BinlogPosition, info: ServerInfo) -> N
                     f"GTID {gtid} is ahead of the server's binlog state {info.gtid_binlog_pos or 'empty'} "
                     "(RESET MASTER, or a different server)"
                 )
+
+
+def _holds(state: str, start: str) -> bool:
+    """Whether the GTID state ``state`` has every transaction before ``start`` (a binlog file's
+    GTID list: the state it starts at), in every replication domain ``start`` names."""
+    seqs = {g.split("-")[0]: int(g.split("-")[2]) for g in state.split(",") if g.count("-") == 2}
+    return all(
+        seqs.get(g.split("-")[0], -1) >= int(g.split("-")[2]) for g in start.split(",") if g.count("-") == 2
+    )
 
 
 def earliest_position(conn: Any, info: ServerInfo) -> BinlogPosition:

@@ -241,7 +241,7 @@ class MySQLSource(Source):
     def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
         info = check_preconditions(conn, self.settings.where, self.captured, self.cascades)
         if resume_after:
-            check_position(conn, resume_after, info)
+            check_position(conn, resume_after, info, by_gtid=info.is_mariadb and not self.by_file)
         if resume_after is None and self.from_now:
             return info, current_position(conn, info)
         return info, earliest_position(conn, info)
