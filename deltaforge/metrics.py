@@ -144,7 +144,7 @@ class PipelinesCollector(Collector):
         src_reconnects = CounterMetricFamily("deltaforge_source_reconnects", "Openings of the source after "
                                              "the first.", labels=s_labels)  # fmt: skip
         src_retained = GaugeMetricFamily("deltaforge_source_retained_bytes", "Log the source server keeps "
-                                         "for the pipeline (PostgreSQL: WAL its slot holds).", labels=s_labels)  # fmt: skip
+                                         "for the pipeline (PostgreSQL: WAL its slot holds; MySQL/MariaDB: binlog bytes from the checkpoint on).", labels=s_labels)  # fmt: skip
         k_labels = ["pipeline", "sink"]
         sink_counters = {
             attr: CounterMetricFamily(f"deltaforge_sink_{name}", doc, labels=k_labels)

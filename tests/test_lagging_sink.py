@@ -19,6 +19,7 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.plugins import build_sink
 from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.sources.mysql.retention import BinlogRetention
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until, wait_until_sync
 from tests.kit import ScriptedSink
@@ -114,6 +115,34 @@ def test_a_lagging_optional_sink_catches_up_in_the_run_and_nothing_is_read_twice
     assert 60 <= decoded <= 60 + 40 + 5, f"{decoded} transactions decoded for 60 written"
 
 
+class FileAndB:
+    """A MariaDB pipeline of table ``t`` into a file sink f (required) and a scripted optional
+    sink b, which fails while ``down``; ``got`` holds the ids b took."""
+
+    def __init__(self, mariadb: MariaDB, db: str, tmp_path: Path, **source: Any) -> None:
+        self.down, self.got, self.path = False, set[int](), tmp_path / "f.jsonl"
+        source = {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"], **source}
+        self.doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "fb"}, "spec": {
+            "source": {"type": "mysql", "config": source},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(self.path)}},
+                      {"type": "stdout", "config": {"id": "b", "required": False}}],
+            "batch": {"max_events": 10, "max_ms": 20}, "supervision": {"backoff": {"base_ms": 50, "max_ms": 200}},
+        }}  # fmt: skip
+
+    def _b(self, call: int, events: list[Event]) -> None:
+        if self.down:
+            raise RetryableSinkError("b is down")
+        self.got.update(int(e.after["id"]) for e in events if e.after is not None and e.table == "t")
+
+    def runner(self, store: MemoryCheckpointStore) -> PipelineRunner:
+        cfg = parse_pipeline(self.doc, env={})
+        b = ScriptedSink("b", required=False, script=self._b)
+        return PipelineRunner(cfg, store=store, sinks={"f": build_sink(cfg.sinks[0]), "b": b})
+
+    def in_f(self) -> set[int]:
+        return {int(d["after"]["id"]) for d in jsonl(self.path) if d["after"]}
+
+
 @pytest.mark.parametrize("mode", ["never", "initial"])
 async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
     mariadb: MariaDB, tmp_path: Path, mode: str
@@ -130,34 +159,16 @@ async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
         cur.execute(f"GRANT CREATE, INSERT, UPDATE ON {db}.* TO '{CDC_USER}'@'%'")  # the signal table
         cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
         cur.execute("INSERT INTO t VALUES (100)")
-    down, got = [False], set[int]()
-
-    def script(call: int, events: list[Event]) -> None:
-        if down[0]:
-            raise RetryableSinkError("b is down")
-        got.update(int(e.after["id"]) for e in events if e.after is not None and e.table == "t")
-
-    store = MemoryCheckpointStore()
-    source = {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"], "snapshot": {"mode": mode}}
-    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "lost"}, "spec": {
-        "source": {"type": "mysql", "config": source},
-        "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "f.jsonl")}},
-                  {"type": "stdout", "config": {"id": "b", "required": False}}],
-        "batch": {"max_events": 10, "max_ms": 20}, "supervision": {"backoff": {"base_ms": 50, "max_ms": 200}},
-    }}  # fmt: skip
+    pipe, store = FileAndB(mariadb, db, tmp_path, snapshot={"mode": mode}), MemoryCheckpointStore()
+    got, in_f = pipe.got, pipe.in_f
 
     def insert(i: int) -> None:
         with mariadb.root(db) as c, c.cursor() as cur:
             cur.execute(f"INSERT INTO t VALUES ({i})")
 
-    def in_f() -> set[int]:
-        return {int(d["after"]["id"]) for d in jsonl(tmp_path / "f.jsonl") if d["after"]}
-
     @contextlib.asynccontextmanager
     async def running() -> AsyncIterator[PipelineRunner]:
-        cfg = parse_pipeline(doc, env={})
-        b = ScriptedSink("b", required=False, script=script)
-        runner = PipelineRunner(cfg, store=store, sinks={"f": build_sink(cfg.sinks[0]), "b": b})
+        runner = pipe.runner(store)
         task = asyncio.create_task(runner.run())
         try:
             yield runner
@@ -168,7 +179,7 @@ async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
     with capture_logs() as logs:
         async with running() as runner:
             await wait_until(lambda: 100 in got and 100 in in_f(), timeout=30, what="the first row in both")
-            down[0] = True
+            pipe.down = True
             insert(1)
             await wait_until(lambda: runner.ctx.stats.sinks["b"].lagging, timeout=30, what="b lagging")
             with mariadb.root() as c, c.cursor() as cur:
@@ -177,7 +188,7 @@ async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
             mariadb.purge_all_but_newest(held)  # the file b's checkpoint is in
             insert(2)
             await wait_until(lambda: {1, 2} <= in_f(), timeout=30, what="f goes on")
-            down[0] = False
+            pipe.down = False
             insert(3)
             await wait_until(
                 lambda: 3 in in_f() and (mode == "never" or 3 in got), timeout=30, what="3 delivered"
@@ -195,3 +206,58 @@ async def test_an_optional_sink_whose_position_is_lost_never_stops_the_others(
     said = [(e["sinks"], e["action"]) for e in logs if e["event"] == "sink_position_lost"]
     assert said == [(["b"], "parked")] * 2 if mode == "never" else [(["b"], "snapshot")]
     assert got == ({100} if mode == "never" else {100, 1, 2, 3, 4})
+
+
+async def test_a_sink_behind_whose_binlog_is_the_oldest_left_is_warned_of(
+    mariadb: MariaDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL says the WAL a slot keeps for a sink behind; MariaDB said nothing until the
+    binlog that sink needs was purged, and the next opening was position lost. Now, while a sink
+    is behind: ``binlog_at_risk`` once the file holding the first transaction it needs is the
+    oldest left with newer ones (the next purge takes it), ``binlog_purged_under_checkpoint``
+    once it is gone, and the bytes from its checkpoint on in ``retained_bytes``. A pipeline
+    caught up whose file is purged needs nothing from it (its GTID is in the newest file's list)
+    and is told nothing."""
+    monkeypatch.setattr(BinlogRetention, "every_s", 0.05)
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (100)")
+    pipe = FileAndB(mariadb, db, tmp_path)
+    runner = pipe.runner(MemoryCheckpointStore())
+
+    def sql(*statements: str) -> str:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            for s in statements:
+                cur.execute(s)
+            cur.execute("SHOW MASTER STATUS")
+            return str(cur.fetchone()[0])
+
+    async def looked(times: int) -> None:
+        retention = runner.ctx.source.retention  # type: ignore[attr-defined]
+        start = retention.looks
+        await wait_until(lambda: retention.looks >= start + times, timeout=30, what=f"{times} looks")
+
+    def said() -> list[tuple[str, str]]:
+        return [(e["event"], e["file"]) for e in logs if e["event"].startswith("binlog_")]
+
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: 100 in pipe.got, timeout=30, what="the first row delivered")
+        mariadb.purge_all_but_newest(sql())  # the caught-up checkpoint's file: needed by nobody
+        await looked(3)
+        assert said() == []
+        pipe.down = True
+        needed = sql("INSERT INTO t VALUES (1)")
+        await wait_until(lambda: runner.ctx.stats.sinks["b"].lagging, timeout=30, what="b lagging")
+        await looked(3)
+        assert said() == []  # the file b needs is the only one
+        sql("FLUSH BINARY LOGS", "INSERT INTO t VALUES (2)")
+        await wait_until(lambda: said() != [], timeout=30, what="binlog_at_risk")
+        assert said() == [("binlog_at_risk", needed)]
+        assert (runner.ctx.source.retained_bytes or 0) > 0
+        mariadb.purge_all_but_newest(needed)
+        await wait_until(lambda: len(said()) == 2, timeout=30, what="binlog_purged_under_checkpoint")
+        assert said()[1] == ("binlog_purged_under_checkpoint", needed)
+        await runner.drain()
+        await asyncio.wait_for(task, 30)

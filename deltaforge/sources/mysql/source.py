@@ -12,6 +12,7 @@ so a resume starts exactly after the committed transaction.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -51,6 +52,7 @@ from deltaforge.sources.mysql.checks import (
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition
+from deltaforge.sources.mysql.retention import BinlogRetention
 from deltaforge.sources.mysql.txevents import TxEvents
 
 T = TypeVar("T")
@@ -85,6 +87,10 @@ class MySQLSource(Source):
         self._schema_changes: list[SchemaChange] = []
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
+        self.retention = BinlogRetention(self.id, self.by_file)
+        self._checks = BlockingRunner(1)  # beside the reading, which holds the other thread
+        self._look: asyncio.Future[None] | None = None
+        self._look_failed: str | None = None
 
     def captures(self, db: str, table: str) -> bool:
         """Whether ``db.table`` is one of the tables this source delivers changes of (in any case
@@ -246,7 +252,42 @@ class MySQLSource(Source):
             return info, current_position(conn, info)
         return info, earliest_position(conn, info)
 
+    @property
+    def retained_bytes(self) -> int | None:
+        return self.retention.retained
+
+    async def confirm(self, checkpoint: Position) -> None:
+        held = own_position(checkpoint, BinlogPosition)
+        if (
+            held is not None and held.gen == self._gen
+        ):  # (a position on the server before a failover: not here)
+            self.retention.confirmed(held)
+
+    def _watch_binlog(self) -> None:
+        """Start a look at the binlog files when one is due (see ``retention.py``), in a task of
+        its own: a server that does not answer must not hold up reading, whose own checks notice."""
+        check = self._look
+        if check is not None and check.done():
+            self._look = None
+            failed = None if check.cancelled() else check.exception()
+            if failed is not None and not isinstance(failed, SourceUnavailable):
+                error = f"{type(failed).__name__}: {failed}"
+                if error != self._look_failed:  # once per distinct error
+                    self._look_failed = error
+                    log.warning("binlog_check_failed", source=self.id, error=error,
+                                reason=f"the binlog retention check did not run; tried again in {self.retention.every_s:g} s")  # fmt: skip
+            elif failed is None and not check.cancelled():
+                self._look_failed = None
+        if self._look is None and self.retention.due():
+            self._look = asyncio.ensure_future(
+                self._checks.run(self._with_connection, self.retention.check, abandon_on_cancel=True)
+            )
+
     async def close(self) -> None:
+        check, self._look = self._look, None
+        if check is not None:
+            check.cancel()
+            await asyncio.gather(check, return_exceptions=True)
         decoder, self._decoder = self._decoder, None
         if decoder is not None:
             await self._threads.run(decoder.stop)
@@ -257,9 +298,14 @@ class MySQLSource(Source):
     async def read(self) -> list[Event]:
         if self._decoder is None:
             raise SourceError(f"mysql source {self.id!r} is not open")
+        self._watch_binlog()
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
+        if item:
+            first, last = item[0].checkpoint, item[-1].checkpoint
+            assert isinstance(first, BinlogPosition) and isinstance(last, BinlogPosition)
+            self.retention.read(first, last)
         return item
 
     def take_schema_changes(self) -> list[SchemaChange]:
