@@ -5,6 +5,7 @@ last one noted, and asked again every few seconds while streaming (the checks th
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -167,8 +168,10 @@ class PublicationWatch:
         return True
 
     async def stop(self) -> bool:
-        """Cancel a check in flight; True when it was still waiting for its answer, which leaves
-        the connection mid-query (to be dropped, not closed politely: that would wait on it too)."""
+        """Cancel a check in flight, and start none until the next opening; True when it was
+        still waiting for its answer, which leaves the connection mid-query (to be dropped, not
+        closed politely: that would wait on it too)."""
+        self._next = math.inf
         task, self._task = self._task, None
         if task is None:
             return False
