@@ -25,7 +25,7 @@ from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.position import Position, earliest
 from deltaforge.snapshot.chunks import SnapshotRefused
 from deltaforge.snapshot.driver import SnapshotDriver
-from deltaforge.sources.base import PositionLost
+from deltaforge.sources.base import PositionLost, Source
 from supervision import Unavailable
 
 SETTLE_S = 30.0
@@ -109,8 +109,8 @@ class SourceReader(Actor):
         if joined:
             self.log.info("sinks_without_checkpoint", sinks=joined, snapshot=self.snapshots.copies_rows)
         await self.snapshots.before_open(resume)
-        source, memo_key = ctx.source, f"{ctx.source.id}::memo"
-        source.remembered = await ctx.store.get(memo_key)
+        source = ctx.source
+        source.remembered = await ctx.store.get(_memo_key(source))
         try:
             try:
                 if self.reconciler is not None:
@@ -136,7 +136,7 @@ class SourceReader(Actor):
         source = self.ctx.source
         memo = source.memo()
         if memo is not None and memo != source.remembered:
-            await self.patient(lambda: self.ctx.store.put(f"{source.id}::memo", memo))
+            await self.patient(lambda: self.ctx.store.put(_memo_key(source), memo))
             source.remembered = memo
 
     async def _deliver_what_was_read(self) -> None:
@@ -312,3 +312,8 @@ class SourceReader(Actor):
     async def on_stop(self) -> None:
         await self.snapshots.close()
         await self.ctx.source.close()
+
+
+def _memo_key(source: Source) -> str:
+    """Where the source's memo is kept beside the checkpoints."""
+    return f"{source.id}::memo"
