@@ -148,15 +148,22 @@ async def test_a_type_narrowed_within_its_type_code_is_named_as_retyped(
         cur.execute("ALTER TABLE t MODIFY price DECIMAL(6,1), MODIFY note VARCHAR(20)")
         cur.execute("INSERT INTO t VALUES (3, 3.5, 'c')")
     store = MemoryCheckpointStore()
+    assert await column_changes(mariadb, db, tmp_path, store) == [(f"{db}.t", [], ["price", "note"])]
+    assert len(await store.schema_history("my", f"{db}.t")) == 2
+
+
+async def column_changes(
+    mariadb: MariaDB, db: str, tmp_path: Path, store: MemoryCheckpointStore
+) -> list[tuple[str, list[str], list[str]]]:
+    """What ``columns_changed`` says while a pipeline reads the first three events of ``db``:
+    ``(table, added, retyped)`` each time."""
     runner = to_file(mariadb, "ddl", f"{db}.*", tmp_path / "events.jsonl", store)
     with capture_logs() as logs:
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
         await runner.drain()
         await task
-    assert len(await store.schema_history("my", f"{db}.t")) == 2
-    said = [e for e in logs if e["event"] == "columns_changed"]
-    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.t", [], ["price", "note"])]
+    return [(e["table"], e["added"], e["retyped"]) for e in logs if e["event"] == "columns_changed"]
 
 
 async def test_an_enum_or_set_that_lost_a_member_is_named_as_retyped(
@@ -177,15 +184,8 @@ async def test_an_enum_or_set_that_lost_a_member_is_named_as_retyped(
         cur.execute("SELECT m, s FROM t WHERE id = 1")
         assert cur.fetchone() == ("", "x")  # what the sinks were never told
         cur.execute("INSERT INTO t VALUES (3, 'sea', 'x', 'q')")
-    store = MemoryCheckpointStore()
-    runner = to_file(mariadb, "ddl", f"{db}.*", tmp_path / "events.jsonl", store)
-    with capture_logs() as logs:
-        task = asyncio.create_task(runner.run())
-        await wait_until(lambda: runner.ctx.stats.events_committed >= 3, timeout=30, what="3 events")
-        await runner.drain()
-        await task
-    said = [e for e in logs if e["event"] == "columns_changed"]
-    assert [(e["table"], e["added"], e["retyped"]) for e in said] == [(f"{db}.t", [], ["m", "s"])]
+    said = await column_changes(mariadb, db, tmp_path, MemoryCheckpointStore())
+    assert said == [(f"{db}.t", [], ["m", "s"])]
 
 
 async def test_timestamp_is_an_instant_in_utc_and_datetime_a_wall_clock(mariadb: MariaDB) -> None:
