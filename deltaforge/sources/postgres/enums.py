@@ -22,8 +22,9 @@ _LABELS = "SELECT enumtypid::bigint, oid::bigint, enumlabel::text FROM pg_enum"
 """Every enum label of the database (a small catalog: read at every check, in well under a ms)."""
 
 # The columns of the publication's tables that hold one of the enums $2, followed through domains
-# (their base type), arrays (their element type) and composites (their attributes' types). Asked
-# only when a label was renamed.
+# (their base type), arrays (their element type) and composites (their attributes' types), each
+# table's name then its partition ancestors', nearest first (the publication lists a partitioned table's
+# partitions unless publish_via_partition_root is on). Asked only when a label was renamed.
 _COLUMNS_HOLDING = """
 WITH RECURSIVE col(rel, attnum, attname, typ) AS (
     SELECT c.oid, a.attnum, a.attname::text, a.atttypid
@@ -42,7 +43,12 @@ WITH RECURSIVE col(rel, attnum, attname, typ) AS (
             WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
     ) x(typ)
 )
-SELECT n.nspname || '.' || c.relname, col.attname, col.typ::bigint, col.typ::regtype::text
+SELECT array[n.nspname || '.' || c.relname] || array(
+           SELECT an.nspname || '.' || ac.relname
+           FROM pg_partition_ancestors(c.oid) WITH ORDINALITY AS x(relid, i)
+           JOIN pg_class ac ON ac.oid = x.relid JOIN pg_namespace an ON an.oid = ac.relnamespace
+           WHERE x.relid <> c.oid ORDER BY x.i),
+       col.attname, col.typ::bigint, col.typ::regtype::text
 FROM col
 JOIN pg_class c ON c.oid = col.rel JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE col.typ = ANY($2::bigint[]::oid[])
@@ -103,8 +109,10 @@ class EnumWatch:
             return []
         columns: dict[str, list[str]] = {}
         changes: dict[str, dict[str, None]] = {}
-        for table, column, typ, name in await conn.fetch(_COLUMNS_HOLDING, publication, list(renamed)):
-            if self.listed and table not in self.listed:
+        for names, column, typ, name in await conn.fetch(_COLUMNS_HOLDING, publication, list(renamed)):
+            # under its own name, or the nearest partitioned table listed (which a snapshot reads whole)
+            table = next((t for t in names if t in self.listed), None) if self.listed else names[0]
+            if table is None:
                 continue
             if column not in columns.setdefault(table, []):
                 columns[table].append(column)
