@@ -263,6 +263,34 @@ async def test_a_pruned_cdc_table_is_position_lost_not_a_silent_gap(tmp_path: Pa
     assert "pruned" in str(info.value) and str(info.value).endswith("Re-snapshot required.")
 
 
+async def test_a_cdc_table_emptied_while_reading_is_position_lost_not_a_silent_skip(tmp_path: Path) -> None:
+    """Turso keeps no AUTOINCREMENT sequence (probed, pyturso 0.8.3: ``sqlite_sequence`` stays
+    empty), so once ``turso_cdc`` is emptied (its read rows deleted while the reader is caught up:
+    the obvious clean-up) change ids start again at 1, below the reader's position, and the
+    reader asked only for ids above it: every later change was skipped without a word until a
+    restart found the position lost. Now the next read halts as position lost. Rows pruned while
+    a newer one remains keep the ids going, and reading goes on."""
+    db = tmp_path / "p.db"
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", "INSERT INTO t VALUES (1, 'a')")
+    src = source(db)
+    await src.open(None)
+    assert [e.after["id"] for e in await read_all(src) if e.after] == [1]
+    for sql in ("DELETE FROM turso_cdc WHERE change_id < (SELECT max(change_id) FROM turso_cdc)",
+                "INSERT INTO t VALUES (2, 'b')"):  # fmt: skip
+        w.execute(sql)
+        w.commit()
+    assert [e.after["id"] for e in await read_all(src) if e.after] == [2]
+    for sql in ("DELETE FROM turso_cdc", "INSERT INTO t VALUES (3, 'c')"):
+        w.execute(sql)
+        w.commit()
+    with pytest.raises(PositionLost) as lost:
+        await read_all(src)
+    await src.close()
+    w.close()
+    assert "change ids started again below the position" in str(lost.value)
+    assert str(lost.value).endswith("Re-snapshot required.")
+
+
 async def test_a_change_written_without_full_images_halts_saying_why_after_what_came_before(
     tmp_path: Path,
 ) -> None:

@@ -34,6 +34,7 @@ from deltaforge.sources.base import (
     SourceMisconfigured,
     own_position,
 )
+from deltaforge.sources.turso.cdcids import ids_went_back
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import decode_record, quote_name, table_info
@@ -60,6 +61,7 @@ class TursoSource(Source):
         self.tenant = tenant
         self._conn: Any = None
         self._after = 0
+        self._after_tx: tuple[int, int] | None = None  # the last change read's transaction and time
         self._resume: TursoPosition | None = None
         self._columns: dict[str, tuple[list[str], int | None]] = {}
         self._decode_at = 0  # the change_id of the transaction being decoded
@@ -99,6 +101,7 @@ class TursoSource(Source):
         self.snapshot_marks = []
         self.last_mark = resume
         self._after = resume.change_id if resume else 0
+        self._after_tx = (resume.txn, int(resume.at or 0)) if resume and resume.txn is not None else None
         self._resume = resume
         self._pending = []
         self._columns = {}
@@ -245,6 +248,8 @@ class TursoSource(Source):
             if not found:
                 return []
             self._has_cdc_table = True
+        if (why := ids_went_back(self._conn, self._after, self._after_tx)) is not None:
+            raise PositionLost(why)
         out: list[Event] = []
         while True:
             cursor = self._pending[-1][0] if self._pending else self._after
@@ -260,7 +265,7 @@ class TursoSource(Source):
                     if not self._take(out, tx, row):
                         return out
                     tx = []
-                    self._after = row[0]
+                    self._after, self._after_tx = row[0], (row[2], row[1])
                 else:
                     tx.append(row)
             if len(tx) > self.chunk:
