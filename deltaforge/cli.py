@@ -227,6 +227,17 @@ async def _checkpoints(args: argparse.Namespace) -> int:
     store = open_store(args.storage_type, args.storage_path)
     await store.open()
     try:
+        if args.forget:
+            held = await store.get_many(args.forget)
+            if missing := [k for k in args.forget if k not in held]:
+                print(
+                    f"no checkpoint {', '.join(missing)} (deltaforge checkpoints lists them)", file=sys.stderr
+                )
+                return 1
+            await store.delete_keys(args.forget)
+            print(f"forgot {', '.join(args.forget)}: at the next start each is a sink added, given a snapshot "
+                  "under snapshot.mode initial or when_needed")  # fmt: skip
+            return 0
         if args.rollback:
             await store.rollback(args.rollback, args.to)
             print(f"rolled back {args.rollback} to version {args.to}")
@@ -251,6 +262,12 @@ async def _checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
+    if args.forget and (odd := [k for k in args.forget if "::sink::" not in k]):
+        print(
+            f"--forget takes sinks' checkpoint keys (<source>::sink::<sink>), got {', '.join(odd)}",
+            file=sys.stderr,
+        )
+        return 2
     if args.rollback and args.to is None:
         print("--rollback KEY needs --to VERSION", file=sys.stderr)
         return 2
@@ -313,12 +330,16 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("-o", "--output", help="write it to this file instead of stdout")
     sc.set_defaults(fn=cmd_schema)
 
-    c = sub.add_parser("checkpoints", help="list checkpoints, their versions, or roll one back")
+    c = sub.add_parser(
+        "checkpoints", help="list checkpoints, their versions, roll one back, or forget a sink's"
+    )
     c.add_argument("--storage-path", default="./data/deltaforge.db")
     c.add_argument("--storage-type", default="sqlite", choices=["sqlite", "file"])
     c.add_argument("--versions", metavar="KEY", help="list the versions of one checkpoint")
     c.add_argument("--rollback", metavar="KEY", help="make an older version current")
     c.add_argument("--to", type=int, metavar="VERSION")
+    c.add_argument("--forget", metavar="KEY", nargs="+",
+                   help="drop sinks' checkpoints (stopped pipeline): each is a sink added at the next start")  # fmt: skip
     c.set_defaults(fn=cmd_checkpoints)
 
     pl = sub.add_parser("pipelines", help="list, get, create, patch, pause, resume, stop or delete pipelines")

@@ -74,6 +74,29 @@ def test_default_pipeline_runs_with_no_external_server(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert r.returncode == 0 and len(r.stdout.splitlines()) >= 1
+    # One sink's checkpoint forgotten (a sink whose position alone was lost): the others stay.
+    forget = [
+        sys.executable,
+        "-m",
+        "deltaforge",
+        "checkpoints",
+        "--storage-path",
+        "data/deltaforge.db",
+        "--forget",
+    ]
+    r = subprocess.run(
+        [*forget, "demo::sink::nope"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 1 and "no checkpoint demo::sink::nope" in r.stderr
+    r = subprocess.run([*forget, "demo::memo"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "sinks' checkpoint keys" in r.stderr
+    r = subprocess.run(
+        [*forget, "demo::sink::events-file"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(forget[:-1], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    held = [x.split()[0] for x in r.stdout.splitlines()]
+    assert "demo::sink::events-file" not in held and "demo::sink::console" in held
     r = subprocess.run(
         [sys.executable, "-m", "deltaforge", "logs", "--pipeline", "demo", "--actor", "SourceReader",
          "--color", "never", "data/deltaforge.log"],

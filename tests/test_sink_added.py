@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.state.checkpoints import MemoryCheckpointStore
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import wait_until
 from tests.kit import ScriptedSink
 from tests.mysql_kit import fresh_db
@@ -247,6 +247,12 @@ async def test_a_sink_added_back_after_its_binlog_was_purged_is_named(
     if b_required:
         assert str(runner.failure).startswith("position lost: binlog file ")
         assert said == [("position_lost_at_sinks", ["b"])]
+        [named] = [e for e in logs if e["event"] == "position_lost_at_sinks"]
+        key = sink_key(items.source["config"]["id"], "b")
+        assert f"deltaforge checkpoints --forget {key}" in named["reason"]
+        await store.delete_keys([key])  # what that command does
+        runner = await run_until(source, ["a", "b"], store, got, lambda _: {1, 2, 3} <= replayed(got["b"]))
+        assert runner.failure is None and 3 in replayed(got["a"])  # b given a snapshot, a went on
     else:
         assert runner.failure is None and 3 in replayed(got["a"])
         assert said == [("sink_position_lost", ["b"])]

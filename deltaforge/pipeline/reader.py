@@ -26,6 +26,7 @@ from deltaforge.position import Position, earliest
 from deltaforge.snapshot.chunks import SnapshotRefused
 from deltaforge.snapshot.driver import SnapshotDriver
 from deltaforge.sources.base import PositionLost, Source
+from deltaforge.state.checkpoints import sink_key
 from supervision import Unavailable
 
 SETTLE_S = 30.0
@@ -203,7 +204,13 @@ class SourceReader(Actor):
                 s for s in held if earliest([cp for o, cp in held.items() if o != s]).to_doc() != floor
             )  # fmt: skip
             if behind:
-                self.log.error("position_lost_at_sinks", sinks=behind, reason=str(lost))
+                keys = " ".join(sink_key(self.ctx.source.id, b) for b in behind)
+                self.log.error(
+                    "position_lost_at_sinks", sinks=behind,
+                    reason=f"{lost}; the others hold positions still on the server: `deltaforge checkpoints "
+                    f"--forget {keys}` makes these sinks new, given a snapshot at the next start under "
+                    "snapshot.mode initial or when_needed while the others go on",
+                )  # fmt: skip
         if not self.snapshots.recovers:
             raise lost
         await self.snapshots.recover(lost)
