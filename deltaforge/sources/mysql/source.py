@@ -54,6 +54,7 @@ from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition
 from deltaforge.sources.mysql.retention import BinlogRetention
 from deltaforge.sources.mysql.txevents import TxEvents
+from deltaforge.sources.saidonce import SaidOnce
 
 T = TypeVar("T")
 log = structlog.get_logger()
@@ -90,7 +91,7 @@ class MySQLSource(Source):
         self.retention = BinlogRetention(self.id, self.by_file)
         self._checks = BlockingRunner(1)  # beside the reading, which holds the other thread
         self._look: asyncio.Future[None] | None = None
-        self._look_failed: str | None = None
+        self._look_failures = SaidOnce()
 
     def captures(self, db: str, table: str) -> bool:
         """Whether ``db.table`` is one of the tables this source delivers changes of (in any case
@@ -258,9 +259,8 @@ class MySQLSource(Source):
 
     async def confirm(self, checkpoint: Position) -> None:
         held = own_position(checkpoint, BinlogPosition)
-        if (
-            held is not None and held.gen == self._gen
-        ):  # (a position on the server before a failover: not here)
+        # (a position read from the server before a failover names files of another server)
+        if held is not None and held.gen == self._gen:
             self.retention.confirmed(held)
 
     def _watch_binlog(self) -> None:
@@ -271,13 +271,11 @@ class MySQLSource(Source):
             self._look = None
             failed = None if check.cancelled() else check.exception()
             if failed is not None and not isinstance(failed, SourceUnavailable):
-                error = f"{type(failed).__name__}: {failed}"
-                if error != self._look_failed:  # once per distinct error
-                    self._look_failed = error
+                if (error := self._look_failures.new(failed)) is not None:
                     log.warning("binlog_check_failed", source=self.id, error=error,
                                 reason=f"the binlog retention check did not run; tried again in {self.retention.every_s:g} s")  # fmt: skip
             elif failed is None and not check.cancelled():
-                self._look_failed = None
+                self._look_failures.through()
         if self._look is None and self.retention.due():
             self._look = asyncio.ensure_future(
                 self._checks.run(self._with_connection, self.retention.check, abandon_on_cancel=True)

@@ -25,6 +25,7 @@ from deltaforge.sources.postgres.publication import (
     out_in_between,
 )
 from deltaforge.sources.postgres.retention import SlotRetention
+from deltaforge.sources.saidonce import SaidOnce
 
 
 class PublicationWatch:
@@ -51,7 +52,7 @@ class PublicationWatch:
         """Tables whose drop was logged (once each)."""
         self.partitions = PartitionWatch()
         self.enums = EnumWatch(listed)
-        self._last_failure: str | None = None
+        self._failures = SaidOnce()
 
     async def opened(
         self, conn: asyncpg.Connection, noted: dict[str, Any] | None, resuming: bool, create: bool, who: str
@@ -103,7 +104,7 @@ class PublicationWatch:
             if failed is not None:
                 self._failed(failed)
             elif not task.cancelled():
-                self._last_failure = None  # through again: the next failure is said
+                self._failures.through()
             gone = None if task.cancelled() or failed is not None else task.result()
             if gone is not None:
                 raise PositionLost(f"{gone} while streaming: what it left out was never decoded")
@@ -118,9 +119,7 @@ class PublicationWatch:
         said: the stream's own reading notices it and reconnects."""
         if is_unavailable(exc):
             return
-        error = f"{type(exc).__name__}: {exc}"
-        if error != self._last_failure:
-            self._last_failure = error
+        if (error := self._failures.new(exc)) is not None:
             structlog.get_logger().warning(
                 "publication_check_failed", actor="PostgresSource", publication=self.publication, error=error,
                 reason="the publication, partitions and slot checks did not run; tried again in "
