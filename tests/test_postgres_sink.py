@@ -255,6 +255,54 @@ async def test_postgres_to_postgres_keeps_untouched_toast_values_and_follows_key
     assert got == want  # the 20,000-character body kept, not replaced by the marker
 
 
+FAMILY = (
+    "CREATE TABLE parent (id int PRIMARY KEY{pos}); "
+    "CREATE TABLE child (id int PRIMARY KEY, pid int REFERENCES parent (id){pos})"
+)
+
+
+async def test_tables_truncated_together_in_the_source_are_truncated_together_in_the_target(
+    postgres: Postgres,
+) -> None:
+    """``TRUNCATE parent CASCADE`` (or ``TRUNCATE parent, child``) empties a table and the tables
+    referencing it at once; pgoutput sends one message naming both. Truncated one by one, the
+    target refused the first (``cannot truncate a table referenced in a foreign key constraint``),
+    and the batch was retried for ever: the pipeline stood still behind a statement the source
+    had run without error."""
+    source_db = await target(postgres, FAMILY.format(pos=""))
+    target_db = await target(postgres, FAMILY.format(pos=", _df_position text"))
+    source = {"type": "postgres", "config": {"id": "src", "dsn": postgres.dsn(source_db),
+                                             "slot": f"s_{source_db}", "publication": f"p_{source_db}"}}  # fmt: skip
+    async with running(into_target("family", source, postgres.dsn(target_db))) as runner:
+        conn = await asyncpg.connect(postgres.dsn(source_db))
+        for truncate in ("TRUNCATE parent CASCADE", "TRUNCATE child, parent"):
+            await conn.execute("INSERT INTO parent VALUES (1), (2); INSERT INTO child VALUES (1, 1), (2, 2)")
+            await conn.execute(truncate)
+        await conn.execute("INSERT INTO parent VALUES (3); INSERT INTO child VALUES (3, 3)")
+        await conn.close()
+        await wait_until(  # 4 rows and 2 truncates, twice, then 2 rows
+            lambda: runner.ctx.stats.events_committed >= 14, timeout=30, what="every change applied"
+        )
+    for table in ("parent", "child"):
+        got = await rows(postgres.dsn(target_db), f"SELECT id FROM {table} ORDER BY id")
+        assert got == await rows(postgres.dsn(source_db), f"SELECT id FROM {table} ORDER BY id") == [(3,)]
+
+
+async def test_a_truncate_the_targets_own_foreign_keys_refuse_stops_the_sink_saying_why(
+    postgres: Postgres,
+) -> None:
+    """A table of the target only references the truncated one: no retry can apply the
+    truncate, and waiting for ever would look like an outage."""
+    from deltaforge.sinks.base import NonRetryableSinkError
+
+    db = await target(postgres, FAMILY.format(pos=", _df_position text"))
+    sink = PostgresSink(parse_pipeline(pg_doc(postgres.dsn(db), table="parent"), env={}).sinks[0])
+    truncate = replace(make_event(1), op="t", before=None, after=None)
+    with pytest.raises(NonRetryableSinkError, match="cannot truncate a table referenced in a foreign key"):
+        await sink.deliver([truncate])
+    await sink.close()
+
+
 async def test_a_value_a_partial_mysql_row_image_left_out_is_kept_in_the_target(
     postgres: Postgres, mariadb: MariaDB
 ) -> None:

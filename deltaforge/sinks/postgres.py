@@ -36,6 +36,7 @@ _PERMANENT = (
     asyncpg.InvalidAuthorizationSpecificationError,
     asyncpg.InsufficientPrivilegeError,
     asyncpg.InvalidColumnReferenceError,
+    asyncpg.FeatureNotSupportedError,  # e.g. a truncate a foreign key of the target's own refuses
 )
 _REFUSED = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 """A row the target refuses (a value out of range, a constraint): the event's fault, not the sink's."""
@@ -238,9 +239,17 @@ class PostgresSink(Sink[PostgresSinkConfig]):
 
     def _runs(self, events: list[Event]) -> list[tuple[str, list[tuple[Any, ...]]]]:
         """Consecutive changes with the same statement go out together (executemany pipelines
-        them); order is kept because runs are cut whenever the statement changes."""
+        them); order is kept because runs are cut whenever the statement changes. Tables a
+        transaction truncates one after another are truncated in one statement: the source's
+        ``TRUNCATE parent CASCADE`` arrives as one truncate per table, and the target refuses to
+        truncate a table referenced by a foreign key unless the referencing one goes with it."""
         runs: list[tuple[str, list[tuple[Any, ...]]]] = []
+        truncating: Event | None = None  # the truncate the last run ends with
         for e in events:
+            if e.op == "t" and truncating is not None and truncating.tx_id == e.tx_id:
+                runs[-1] = (f"{runs[-1][0]}, {self.table_of(e)}", [()])
+                continue
+            truncating = e if e.op == "t" else None
             for sql, args in self._statements(e):
                 if runs and runs[-1][0] == sql and args:
                     runs[-1][1].append(args)
