@@ -52,6 +52,21 @@ class _Ordered(Protocol):
 E = TypeVar("E", bound=_Ordered)
 
 
+RESET_BASE = 1 << 62
+"""Leads the order of a position read after ``resets`` lost positions (see :func:`after_resets`):
+above any coordinate a source has (an LSN of 2**62 is four exabytes of WAL), and inside the
+64-bit integers that JSON, SQLite and orjson keep (stored snapshot progress holds orders)."""
+
+
+def after_resets(resets: int, order: tuple[int, ...]) -> tuple[int, ...]:
+    """``order`` of a position read after ``resets`` lost positions (``Source.resets``): led by
+    ``RESET_BASE + resets``, above any coordinate, so it sorts after every position of an earlier
+    reset, whatever its coordinates. Without a reset the order is the coordinates' own, as stored
+    before resets were counted. As text (``position_text``, 16 hex digits a part) the lead starts
+    with 4 where a coordinate starts with 0, so it sorts after them there too."""
+    return (RESET_BASE + resets, *order) if resets else order
+
+
 def as_int(doc: PositionDoc, key: str, default: int = 0) -> int:
     """An integer field of a stored position (``default`` when an older version left it out)."""
     value = doc.get(key, default)

@@ -159,6 +159,37 @@ def test_when_needed_resnapshots_a_purged_binlog_instead_of_halting(mariadb: Mar
     assert snapshot_rows_in(out) == initial + 1990
 
 
+def test_after_reset_master_the_new_snapshot_and_changes_reach_the_sink(tmp_path: Path) -> None:
+    """``RESET MASTER`` empties the binlog: numbering starts again at ``mysql-bin.000001`` and the
+    GTID state at nothing, below the position every sink holds. ``when_needed`` takes the table
+    again; its rows, and every change after, must sort after what the sinks hold, or each sink
+    skips them as already held (it did: nothing after the reset reached the file). A server of
+    its own: the reset would take every other test's binlog with it."""
+    with MariaDB() as server:
+        db = prepare(server, 300)
+        doc = spec(tmp_path, server, db, mode="when_needed", chunk_size=100)
+        out = tmp_path / "events.jsonl"
+        with serve_pipeline(tmp_path, doc) as serve:
+            wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+            with server.root(db) as c, c.cursor() as cur:  # positions well past the reset's
+                for i in range(1, 51):
+                    cur.execute(f"UPDATE items SET v = v + 1 WHERE id = {i}")
+            wait_until_sync(lambda: caught_up(tmp_path, server), timeout=60, what="sink caught up")
+            assert serve.terminate() == 0
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("RESET MASTER")
+            cur.execute("UPDATE items SET v = v + 1000000 WHERE id <= 10")  # a change after the reset
+        with serve_pipeline(tmp_path, doc) as serve:
+            wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the snapshot taken again")
+            with server.root(db) as c, c.cursor() as cur:
+                cur.execute("UPDATE items SET v = 7 WHERE id = 300")  # streaming goes on after it
+            wait_until_sync(lambda: caught_up(tmp_path, server), timeout=60, what="sink caught up")
+            assert serve.terminate() == 0
+        assert "position_lost_resnapshot" in (tmp_path / "log.jsonl").read_text()
+        assert replay(jsonl(out)) == table_state(server, db)
+        assert snapshot_rows_in(out) == 600
+
+
 def test_a_column_retyped_by_a_converting_alter_is_snapshotted_again(
     mariadb: MariaDB, tmp_path: Path
 ) -> None:

@@ -222,6 +222,51 @@ def test_when_needed_resnapshots_a_dropped_slot_instead_of_halting(
     assert snapshot_rows_in(out) == 4000
 
 
+def test_after_a_restore_from_an_older_copy_the_new_snapshot_and_changes_reach_the_sink(
+    tmp_path: Path,
+) -> None:
+    """The server is restored from a copy of its files older than every sink's position (no slot
+    there yet): ``when_needed`` takes the table again, from WAL positions below those the sinks
+    hold. Its rows, and every change after, must sort after them, or the sink skips them as held
+    already (it did: nothing after the restore reached the file). A server of its own: the
+    restore takes the whole cluster back."""
+    with Postgres() as pg:
+        db = asyncio.run(fresh_db(pg))
+        with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL, payload text)")
+            conn.execute("INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, 300) g")
+        pg.halt()
+        copy = pg.copy_files()
+        pg.resume()
+        doc = spec(tmp_path, pg, db, mode="when_needed", chunk_size=100)
+        out = tmp_path / "events.jsonl"
+        with serve_pipeline(tmp_path, doc) as serve:
+            wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="initial snapshot")
+            with psycopg.connect(pg.dsn(db), autocommit=True) as conn:  # WAL well past the copy's
+                for i in range(1, 101):
+                    conn.execute("UPDATE items SET v = v + 1, payload = repeat('y', 400) WHERE id = %s", (i,))
+            target = wal_now(pg, db)
+            wait_until_sync(lambda: caught_up(tmp_path, target), timeout=60, what="sink caught up")
+            assert serve.terminate() == 0
+        pg.halt()
+        pg.restore_files(copy)
+        pg.resume()
+        with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+            conn.execute("UPDATE items SET v = v + 1000000 WHERE id <= 10")  # a change after the restore
+        with serve_pipeline(tmp_path, doc) as serve:
+            wait_until_sync(lambda: snapshot_done(serve), timeout=60, what="the snapshot taken again")
+            with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+                conn.execute("UPDATE items SET v = 7 WHERE id = 300")  # streaming goes on after it
+            assert target > wal_now(pg, db)  # the new positions lie below what the sink held
+            wait_until_sync(
+                lambda: snapshot_rows_in(out) == 600 and replay(jsonl(out)).get(300) == 7,
+                timeout=60, what="the new snapshot and the change after it in the file",
+            )  # fmt: skip
+            assert serve.terminate() == 0
+        assert "position_lost_resnapshot" in (tmp_path / "log.jsonl").read_text()
+        assert replay(jsonl(out)) == table_state(pg, db)
+
+
 def test_initial_snapshot_of_two_tables_in_parallel_then_streaming(
     postgres: Postgres, tmp_path: Path
 ) -> None:

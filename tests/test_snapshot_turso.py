@@ -19,7 +19,12 @@ from deltaforge.sources.turso.source import TursoSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until
 from tests.kit import doc
+from tests.servers.postgres import Postgres
 from tests.snapshot_kit import Execute, Writer, check_handoff, snapshot_rows_in
+from tests.test_postgres_sink import into_target, running
+from tests.test_postgres_sink import rows as pg_rows
+from tests.test_postgres_sink import target as pg_target
+from tests.test_turso_source import written
 
 ROWS = 20_000
 
@@ -326,3 +331,60 @@ async def test_a_stream_behind_the_snapshot_windows_is_said_and_its_lag_shown(tm
     assert all(later >= 2 * earlier - 0.001 for earlier, later in itertools.pairwise(waits))
     assert status.finished[0]["window_wait_max_ms"] >= 1000 * max(waits) - 1
     assert not any(e["event"] == "snapshot_stream_caught_up" for e in logs)
+
+
+async def test_after_change_ids_start_again_the_new_snapshot_and_changes_reach_the_sinks(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """``turso_cdc`` emptied while read: Turso's change ids start again at 1, below every sink's
+    position (a lost position, taken again under ``when_needed``). The new snapshot's rows and
+    every change after must sort after what the sinks hold: the file sink skipped them as held
+    already, and a PostgreSQL target with ``if_newer`` kept its older rows, the newer ones
+    refused as stale. Both now end equal to the source."""
+    db = tmp_path / "s.db"
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    for sql in [f"INSERT INTO t VALUES ({i}, 'a{i}')" for i in range(1, 6)] + [
+        f"UPDATE t SET v = 'b{i}' WHERE id = 1"
+        for i in range(20)  # change ids well past the reset's
+    ]:
+        w.execute(sql)
+        w.commit()
+    target = await pg_target(postgres, "CREATE TABLE t (id int PRIMARY KEY, v text, _df_position text)")
+    out = tmp_path / "events.jsonl"
+    source = {"type": "turso", "config": {"id": "tu", "path": str(db), "snapshot": {"mode": "when_needed"}}}
+    spec = into_target("reset", source, postgres.dsn(target))
+    spec["spec"]["sinks"].append({"type": "file", "config": {"id": "f", "path": str(out)}})
+    async with running(spec) as runner:
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 5, timeout=30, what="the snapshot")
+        for sql in (
+            "DELETE FROM turso_cdc",
+            "UPDATE t SET v = 'after' WHERE id = 2",
+            "INSERT INTO t VALUES (9, 'new')",
+        ):
+            w.execute(sql)
+            w.commit()
+        await wait_until(
+            lambda: "v" in str(rows_of(out).get(9)), timeout=30, what="the row written after the reset"
+        )
+        w.execute("UPDATE t SET v = 'later' WHERE id = 3")
+        w.commit()
+        await wait_until(
+            lambda: rows_of(out).get(3) == {"id": 3, "v": "later"}, timeout=30, what="a later change"
+        )
+    want = {int(i): v for i, v in w.execute("SELECT id, v FROM t").fetchall()}
+    w.close()
+    assert {k: r["v"] for k, r in rows_of(out).items()} == want
+    assert dict(await pg_rows(postgres.dsn(target), "SELECT id, v FROM t")) == want
+
+
+def rows_of(out: Path) -> dict[int, Any]:
+    """The rows a file sink's events leave, by id."""
+    rows: dict[int, Any] = {}
+    for d in jsonl(out) if out.exists() else []:
+        image = d.get("after") or d.get("before")
+        if image is not None:
+            if d["op"] == "d":
+                rows.pop(image["id"], None)
+            else:
+                rows[image["id"]] = image
+    return rows

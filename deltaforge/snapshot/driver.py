@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, new_event, with_images
 from deltaforge.pipeline.storewait import PatientWrites
-from deltaforge.position import Position
+from deltaforge.position import Position, as_int
 from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused
 from deltaforge.snapshot.columnchange import ColumnChanges
 from deltaforge.snapshot.listed import ListedTables, copyable
@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 DEPTH = 2
 """Windows in flight at once."""
+
+
+def resets_key(source_id: str) -> str:
+    """Where a source's count of lost positions is kept (``Source.resets``)."""
+    return f"{source_id}::resets"
 
 
 class SnapshotDriver:
@@ -63,6 +68,8 @@ class SnapshotDriver:
         self.status.waits.warn_s = self.settings.stream_lag_warning_s
         self.spared = False  # sinks without a checkpoint at the next opening too: given one (reader._spare)
         self.columns = ColumnChanges(self)
+        self.patient = PatientWrites(ctx)
+        self.resets_loaded = False
 
     @property
     def recovers(self) -> bool:
@@ -79,6 +86,10 @@ class SnapshotDriver:
         or, when an earlier process started so and a snapshot it began is still stored, from
         where that one started (see ``Source.start_from``)."""
         source = self.source
+        if not self.resets_loaded:
+            doc = await self.ctx.store.get(resets_key(source.id))
+            source.resets = as_int(doc, "resets") if doc is not None else 0
+            self.resets_loaded = True
         source.from_now = resume is None and self.reader is not None and self.settings.mode != "never"
         if source.from_now and source.start_from is None:
             stored = await self.progress.stream_start()
@@ -136,12 +147,19 @@ class SnapshotDriver:
 
     async def recover(self, lost: PositionLost) -> None:
         """``when_needed`` and the position is gone: read from now, and snapshot everything again."""
-        self.log.warning("position_lost_resnapshot", reason=str(lost))
+        source = self.source
         await self.close()
-        await self.source.close()
-        self.source.start_from = None  # lost: from now, as the snapshot about to begin
-        self.source.from_now = True
-        await self.source.open(None)
+        await source.close()
+        # The coordinates may start again below what the sinks hold (a binlog reset, a server
+        # restored from an older copy): counted before anything is read from now, so every
+        # position read from here sorts after them, and no sink skips it as held already.
+        resets = source.resets + 1
+        await self.patient(lambda: self.ctx.store.put(resets_key(source.id), {"resets": resets}))
+        source.resets = resets
+        self.log.warning("position_lost_resnapshot", reason=str(lost), resets=resets)
+        source.start_from = None  # lost: from now, as the snapshot about to begin
+        source.from_now = True
+        await source.open(None)
         await self.progress.clear()
         await self.opened(None)
 

@@ -88,6 +88,13 @@ class Source(ABC):
     """How many failovers to another server reading has gone through (the FailoverReconciler
     sets it before each ``open``). A source whose positions are server-local, like binlog
     coordinates, puts it first in its order; one with global positions (LSNs) ignores it."""
+    resets: int = 0
+    """How many times the position was lost and reading began again from now (``snapshot.mode:
+    when_needed``; the SnapshotDriver sets it before each ``open``). The coordinates may then go
+    back (a binlog reset, a database restored from an older copy, Turso's change ids started
+    again), and a sink skips what sorts at or before what it holds: each source leads its
+    positions' order with the count (``position.after_resets``), so everything read after a reset
+    sorts after everything before it."""
     from_now: bool = False
     """With no checkpoint, start at the newest change instead of the oldest kept: a snapshot is about
     to copy the tables (set by the SnapshotDriver before ``open``)."""

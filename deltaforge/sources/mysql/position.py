@@ -22,9 +22,10 @@ class BinlogPosition(NamedTuple):
     transaction's GTID (MariaDB resumes from it); ``tx_start``: inside a transaction,
     where it began in ``file`` (a resume by file and position starts there and sinks skip
     what they hold; 0 at a transaction's end); ``gen``: the failover generation, how many
-    times reading moved to another server. Binlog coordinates mean nothing on another
-    server, so the generation leads the order: everything read after a failover sorts after
-    everything read before it."""
+    times reading moved to another server, plus how many times the position was lost and
+    reading began again from now (``Source.resets``). Binlog coordinates mean nothing on
+    another server, nor after ``RESET MASTER``, so the generation leads the order: everything
+    read after a failover or a reset sorts after everything read before it."""
 
     file: str
     pos: int

@@ -82,7 +82,7 @@ class MySQLSource(Source):
         self.tenant = tenant
         self.info: ServerInfo | None = None
         self._decoder: ChildDecoder | None = None
-        self._gen = 0  # the failover generation of this opening's positions
+        self._gen = 0  # failovers and resets before this opening: leads its positions
         self._txs = TxEvents(self.connector, tenant, 0, "", {})
         self._made_ok = True  # envelopes the decoder child makes agree with serve's (sources/made.py)
         self._schema_changes: list[SchemaChange] = []
@@ -126,9 +126,12 @@ class MySQLSource(Source):
     async def open(self, resume_after: Position | None) -> None:
         resume = own_position(resume_after, BinlogPosition)
         started = own_position(self.start_from, BinlogPosition)
-        if resume is None and self.from_now and started is not None and started.gen == self.generation:
+        # Binlog coordinates start again after a failover and after a reset alike: both lead the
+        # order (``Source.resets``), and both only grow, so their sum does too.
+        gen = self.generation + self.resets
+        if resume is None and self.from_now and started is not None and started.gen == gen:
             resume = started  # checked like a checkpoint: purged since, the position is lost
-        self._gen = self.generation
+        self._gen = gen
         if resume is not None and resume.gen != self._gen:
             resume = self._on_another_server(resume)
         decoder = ChildDecoder(f"mysql source {self.id!r}", decoder_module(self.connector), self._handle)

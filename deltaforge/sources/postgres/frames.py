@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from deltaforge.events import Event, SourceInfo, new_event, new_source_info
+from deltaforge.position import after_resets
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 
@@ -28,17 +29,20 @@ class Transactions:
         """Commit LSN of the last transaction handed out."""
         self.last_time: tuple[int, int] | None = None
         """Its commit LSN and time, when known."""
+        self.resets = 0
+        """``Source.resets`` of this opening: every position made carries it."""
 
     def heartbeat(self, lsn: int, seen: tuple[int, int] | None) -> Event:
         """No change of ours committed before ``lsn``: let checkpoints (and so the slot) move there.
         ``seen``: the last transaction the stream sent before it, whatever it held."""
         # It carries the last transaction's commit time: a restored server is checked against it.
+        resets = self.resets
         if seen is not None:
-            cp = PgPosition(lsn, lsn - 1, END, seen[1], seen[0], quiet=1)
+            cp = PgPosition(lsn, lsn - 1, END, seen[1], seen[0], quiet=1, resets=resets)
         elif (last := self.last_time) is not None:
-            cp = PgPosition(lsn, lsn - 1, END, last[1], last[0])
+            cp = PgPosition(lsn, lsn - 1, END, last[1], last[0], resets=resets)
         else:
-            cp = PgPosition(lsn, lsn - 1, END)
+            cp = PgPosition(lsn, lsn - 1, END, resets=resets)
         return Event(
             op="h",
             before=None,
@@ -47,7 +51,7 @@ class Transactions:
             tx_id="heartbeat",
             tx_end=True,
             event_id=f"heartbeat:{lsn}",
-            order=(lsn - 1, END),
+            order=cp.order,
             checkpoint=cp,
             tenant=self.tenant,
             size=64,
@@ -55,15 +59,15 @@ class Transactions:
 
     def events(self, txs: list[tuple[Any, ...]]) -> list[Event]:
         out: list[Event] = []
-        connector, db, tenant = self.connector, self.db, self.tenant
+        connector, db, tenant, resets = self.connector, self.db, self.tenant, self.resets
         for xid, commit_lsn, end_lsn, commit_ts, safe, changes, first in txs:
-            prefix = format_lsn(commit_lsn)
+            prefix = format_lsn(commit_lsn) if not resets else f"r{resets}:{format_lsn(commit_lsn)}"
             ts_ms = PG_EPOCH_MS + commit_ts // 1000
             tx_id = str(xid)
             # A piece of a transaction still being read (TxDecoder) ends nothing.
             last = first + len(changes) - 1 if end_lsn is not None else -1
             for seq, (op, schema, table, before, after, key) in enumerate(changes, first):
-                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0, 0))
+                position = new_position(PgPosition, (safe, commit_lsn, seq, commit_ts, 0, 0, resets))
                 end = seq == last
                 out.append(
                     new_event(
@@ -74,8 +78,8 @@ class Transactions:
                         tx_id,
                         end,
                         f"{prefix}:{seq}",
-                        (commit_lsn, seq),
-                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0, 0))
+                        (commit_lsn, seq) if not resets else after_resets(resets, (commit_lsn, seq)),
+                        new_position(PgPosition, (end_lsn, commit_lsn, END, commit_ts, 0, 0, resets))
                         if end
                         else position,
                         tenant,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from deltaforge.position import PositionDoc, as_int
+from deltaforge.position import PositionDoc, after_resets, as_int
 
 END = 1 << 31
 """The ``seq`` of a transaction's end: after every event in it."""
@@ -31,10 +31,13 @@ class PgPosition(NamedTuple):
     before ``lsn`` (its decoder saw them all, including those holding nothing deltaforge hands
     out): then no transaction commits between the two, and a check may ask the slot for none
     (``slot.check_same_commit``). 0 for heartbeats whose decoder had not seen that far back."""
+    resets: int = 0
+    """``Source.resets`` when it was read: a server restored from an older copy writes at LSNs
+    the sinks have passed."""
 
     @property
     def order(self) -> tuple[int, ...]:
-        return (self.commit_lsn, self.seq)
+        return after_resets(self.resets, (self.commit_lsn, self.seq))
 
     @property
     def last_commit(self) -> tuple[int, int] | None:
@@ -50,6 +53,8 @@ class PgPosition(NamedTuple):
             doc["last_tx"] = self.last_tx
         if self.quiet:
             doc["quiet"] = self.quiet
+        if self.resets:
+            doc["resets"] = self.resets
         return doc
 
     @classmethod
@@ -61,4 +66,5 @@ class PgPosition(NamedTuple):
             as_int(doc, "commit_ts", 0),
             as_int(doc, "last_tx", 0),
             as_int(doc, "quiet", 0),
+            as_int(doc, "resets", 0),
         )

@@ -152,6 +152,8 @@ class PostgresSource(Source):
             raise
 
     async def _open(self, resume: PgPosition | None) -> None:
+        self.resets = max(self.resets, resume.resets if resume else 0)  # a store that lost the count
+        self.txs.resets = self.resets
         decoder = ChildDecoder(f"postgres source {self.id!r}", decoder_module(self.connector), self._handle)
         decoder.spawn()  # it starts up while the slot is checked
         try:
@@ -359,7 +361,9 @@ class PostgresSource(Source):
             return self.txs.events(frame[1])
         if kind == "schema":
             with self._lock:
-                self._schema_changes.append((frame[1], frame[2], PgPosition.from_doc(frame[3])))
+                self._schema_changes.append(
+                    (frame[1], frame[2], PgPosition.from_doc(frame[3])._replace(resets=self.resets))
+                )
             return None
         if kind == "heartbeat":
             return [self.txs.heartbeat(int(frame[1]), frame[2])]

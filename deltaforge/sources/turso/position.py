@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from deltaforge.position import PositionDoc, as_int
+from deltaforge.position import PositionDoc, after_resets, as_int
 
 
 class TursoPosition(NamedTuple):
@@ -24,10 +24,12 @@ class TursoPosition(NamedTuple):
     txn: int | None = None
     at: int | None = None
     after_snapshot: int = 0
+    resets: int = 0
+    """``Source.resets`` when it was read: change ids start again once ``turso_cdc`` is emptied."""
 
     @property
     def order(self) -> tuple[int, ...]:
-        return (self.change_id, self.after_snapshot)
+        return after_resets(self.resets, (self.change_id, self.after_snapshot))
 
     def to_doc(self) -> PositionDoc:
         doc: PositionDoc = {"change_id": self.change_id}
@@ -37,10 +39,14 @@ class TursoPosition(NamedTuple):
             doc["at"] = self.at
         if self.after_snapshot:
             doc["after_snapshot"] = self.after_snapshot
+        if self.resets:
+            doc["resets"] = self.resets
         return doc
 
     @classmethod
     def from_doc(cls, doc: PositionDoc) -> TursoPosition:
         txn = as_int(doc, "txn") if doc.get("txn") is not None else None
         at = as_int(doc, "at") if doc.get("at") is not None else None
-        return cls(as_int(doc, "change_id"), txn, at, as_int(doc, "after_snapshot", 0))
+        return cls(
+            as_int(doc, "change_id"), txn, at, as_int(doc, "after_snapshot", 0), as_int(doc, "resets", 0)
+        )

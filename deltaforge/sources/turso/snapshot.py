@@ -146,7 +146,11 @@ class TursoChunks(ChunkReader):
         conn.commit()
         more = len(rows) > limit
         rows = rows[:limit]
-        self.read_at = TursoPosition(int(last[0]), int(last[1]), int(last[2])) if last else TursoPosition(0)
+        resets = self.source.resets
+        if last:
+            self.read_at = TursoPosition(int(last[0]), int(last[1]), int(last[2]), resets=resets)
+        else:
+            self.read_at = TursoPosition(0, resets=resets)
         return rows, ([rows[-1][k] for k in table.key] if rows else after), more
 
     async def watermark(self, kind: str, window: str) -> None:

@@ -101,6 +101,7 @@ class TursoSource(Source):
         self.snapshot_marks = []
         self.last_mark = resume
         self._after = resume.change_id if resume else 0
+        self.resets = max(self.resets, resume.resets if resume else 0)  # a store that lost the count
         self._after_tx = (resume.txn, int(resume.at or 0)) if resume and resume.txn is not None else None
         self._resume = resume
         self._pending = []
@@ -304,6 +305,7 @@ class TursoSource(Source):
             changes = [r for r in changes if r[4] in self.tables]
         events: list[Event] = []
         last = len(changes) - 1 if marker is not None else -1
+        resets = self.resets
         for i, (change_id, change_time, txn_id, change_type, table, rowid, before, after) in enumerate(
             changes
         ):
@@ -321,7 +323,7 @@ class TursoSource(Source):
                     "unstable_capture_data_changes_conn('full') on every connection that writes, then "
                     "re-snapshot the table from a position after it"
                 )
-            position = new_position(TursoPosition, (change_id, txn_id, change_time, 0))
+            position = new_position(TursoPosition, (change_id, txn_id, change_time, 0, resets))
             events.append(
                 Event(
                     op=_OPS[change_type],
@@ -337,9 +339,9 @@ class TursoSource(Source):
                     ),
                     tx_id=str(txn_id),
                     tx_end=end,
-                    event_id=str(change_id),
-                    order=(change_id, 0),
-                    checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1], 0))
+                    event_id=f"r{resets}:{change_id}" if resets else str(change_id),
+                    order=position.order,
+                    checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1], 0, resets))
                     if end and marker is not None
                     else position,
                     tenant=self.tenant,
@@ -403,7 +405,7 @@ class TursoSource(Source):
             # Each table's columns as first decoded after an opening or a DDL: the reader keeps
             # a new version of them (and says what a column added or retyped may have changed).
             columns = [{"name": str(r[1]), "type": str(r[2]), "key": bool(r[5])} for r in info]
-            self._schema_changes.append((table, columns, TursoPosition(self._decode_at)))
+            self._schema_changes.append((table, columns, TursoPosition(self._decode_at, resets=self.resets)))
             pks = [r for r in info if r[5]]
             alias = None
             if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
