@@ -76,6 +76,32 @@ async def test_exactly_once_replays_are_no_ops(redis_server: Redis) -> None:
     assert [int(d["event_id"]) for d in entries(redis_server)] == list(range(1, 16))
 
 
+async def test_two_pipelines_writing_one_stream_exactly_once_each_keep_every_change(
+    redis_server: Redis,
+) -> None:
+    """Two sources fanned into one stream (shards of a table, say): their positions do not sort
+    against each other's. One watermark per stream took both, and every change of the source
+    whose positions were lower was dropped as written already. Each pipeline has its own now,
+    and a replay of either still writes nothing twice."""
+    doc = redis_doc(redis_server.uri(), exactly_once=True)
+    doc["spec"]["sinks"][0]["config"]["stream"] = "fanin.${source.table}"
+    sinks = []
+    for name in ("shard_a", "shard_b"):
+        sink = RedisSink(parse_pipeline(doc, env={}).sinks[0])
+        sink.pipeline = name
+        await sink.open()
+        sinks.append(sink)
+    ahead, behind = [make_event(i) for i in range(100, 111)], [make_event(i) for i in range(1, 11)]
+    await sinks[0].deliver(ahead)
+    await sinks[1].deliver(behind)
+    await sinks[0].deliver(ahead[5:])  # replays
+    await sinks[1].deliver(behind)
+    for sink in sinks:
+        await sink.close()
+    got = [int(d["event_id"]) for d in entries(redis_server, "fanin.t")]
+    assert got == [*range(100, 111), *range(1, 11)]
+
+
 async def test_outage_backs_off_holds_checkpoint_and_recovers(redis_server: Redis) -> None:
     n = 20_000
     store = MemoryCheckpointStore()

@@ -3,10 +3,11 @@
 Default (at-least-once): each event is ``XADD stream * event <json> idempotency_key <key>``.
 Consumers dedup on ``idempotency_key``.
 
-``exactly_once: true`` goes beyond the reference: every stream keeps a watermark
-(``<stream>:df:watermark``) of the last source position written to it, and a Lua
-script adds only entries past the watermark and moves it, atomically per stream.
-A replay after a crash is then a no-op on the server: one entry per source change.
+``exactly_once: true`` goes beyond the reference: every stream keeps a watermark per pipeline
+(``<stream>:df:watermark:<pipeline>``) of the last source position it wrote there, and a Lua
+script adds only entries past the watermark and moves it, atomically per stream. A replay
+after a crash is then a no-op on the server: one entry per source change. Per pipeline, since
+positions of two sources fanned into one stream do not sort against each other.
 
 In both modes the XADDs are made by a Lua script, one call per stream and up to ``PER_CALL``
 events, all of a batch's calls in one pipeline round trip. A command costs redis-py far more
@@ -249,7 +250,10 @@ class RedisSink(Sink[RedisSinkConfig]):
     def _calls(self, stream: str, lane: str, entries: list[Any], watermarked: bool) -> Iterator[Call]:
         """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time;
         ``watermarked``, past the watermark of their ``lane`` (see :func:`_watermark_of`)."""
-        watermark = f"{stream}:df:watermark" + (f":{lane}" if lane else "")
+        # One per pipeline: another pipeline's source may write the same stream, and positions
+        # of two sources do not sort against each other (one watermark for both dropped every
+        # change of the source whose positions were lower).
+        watermark = f"{stream}:df:watermark:{self.pipeline}" + (f":{lane}" if lane else "")
         keys = [stream, watermark] if watermarked else [stream]
         for i in range(0, len(entries), PER_CALL):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
