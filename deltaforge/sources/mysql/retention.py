@@ -14,7 +14,12 @@ the file list, every ``every_s`` while reading:
 * ``binlog_purged_under_checkpoint`` (error) when it is gone already: reading goes on from where
   it is, and the next opening (a restart, a reconnect) halts as position lost, or, for optional
   sinks alone, gives them a snapshot;
-* the bytes of binlog from the checkpoint on, for ``deltaforge_source_retained_bytes``.
+* the bytes of binlog from the checkpoint on, for ``deltaforge_source_retained_bytes``;
+* ``reset`` when the file the reader is in is shorter than what was read from it: the binlog was
+  reset (``RESET MASTER``) while the reader was in ``mysql-bin.000001``, and the server goes on in
+  a new file of that name. The dump thread, at its position in the old file, then waits there for
+  ever without an error (probed on MariaDB 10.11; from any other file it fails at once, and the
+  reader says position lost), so nothing else would say that nothing more arrives.
 
 A pipeline caught up needs no file by GTID: the newest file's GTID list serves its position.
 """
@@ -53,6 +58,17 @@ class BinlogRetention:
         self._next = 0.0
         self._oldest_before: str | None = None  # the file needed, when it was the oldest at the last look
         self._said: str | None = None  # the file last warned about, and how
+        self.reset: str | None = None
+        """Why the binlog the reader is in is not the one it was reading (see the module)."""
+
+    def opened(self, gen: int) -> None:
+        """Reading starts again (a reconnect, a resume, from now after a lost position) in
+        generation ``gen``: what was read before says nothing of the files from here on, nor, in
+        another generation (a failover, a reset), does the checkpoint held."""
+        self._read_in.clear()
+        self.reset = None
+        if self.held is not None and self.held.gen != gen:
+            self.held = None
 
     def confirmed(self, held: BinlogPosition) -> None:
         self.held = held
@@ -96,6 +112,7 @@ class BinlogRetention:
         if not files:
             return
         names = [name for name, _ in files]
+        self._check_reset(dict(files))
         since = [(n, size) for n, size in files if binlog_index(n) >= binlog_index(held.file)]
         skip = held.resume_pos if since and since[0][0] == held.file else 0
         self.retained = max(sum(size for _, size in since) - skip, 0)
@@ -122,3 +139,14 @@ class BinlogRetention:
                 "as position lost (GET /pipelines/<name> says which sinks lag)",
             )  # fmt: skip
         self._oldest_before = needed if oldest else None
+
+    def _check_reset(self, sizes: dict[str, int]) -> None:
+        """A file the server lists as shorter than a position read from it was replaced: the
+        server had written at least that much of it before sending the events."""
+        for name, at in self._read_in.items():
+            if name in sizes and sizes[name] < at.pos:
+                self.reset = (
+                    f"binlog file {name} holds {sizes[name]} bytes, fewer than the {at.pos} deltaforge read "
+                    "from it: the binlog was reset (RESET MASTER) or replaced under the reader, and the "
+                    "server's changes since go to a new file the reader will never see"
+                )

@@ -134,6 +134,7 @@ class MySQLSource(Source):
         self._gen = gen
         if resume is not None and resume.gen != self._gen:
             resume = self._on_another_server(resume)
+        self.retention.opened(gen)
         decoder = ChildDecoder(f"mysql source {self.id!r}", decoder_module(self.connector), self._handle)
         decoder.spawn()  # it starts up while the server is checked
         try:
@@ -300,6 +301,8 @@ class MySQLSource(Source):
         if self._decoder is None:
             raise SourceError(f"mysql source {self.id!r} is not open")
         self._watch_binlog()
+        if self.retention.reset is not None:
+            raise PositionLost(self.retention.reset)
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
