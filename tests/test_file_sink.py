@@ -74,3 +74,29 @@ async def test_a_new_file_is_made_durable_with_its_folder(
     await sink.close()
     assert any(stat.S_ISDIR(mode) for mode in synced)  # the folder that got the new name
     assert any(stat.S_ISREG(mode) for mode in synced)  # the batch
+
+
+async def test_a_file_rotated_or_removed_under_the_sink_gets_the_next_batch_at_its_path(
+    tmp_path: Path,
+) -> None:
+    """The sink kept writing to the file it had opened: after a rotation (the file renamed, as
+    logrotate does) the next batches went to the rotated file and none to ``path``; after the
+    file was removed, to a file no one can open any more, acknowledged and checkpointed all the
+    same. Each batch now goes to the file at ``path``, made again if it is gone."""
+
+    def ids(path: Path) -> list[int]:
+        return [orjson.loads(line)["after"]["seq"] for line in path.read_bytes().splitlines()]
+
+    out = tmp_path / "events.jsonl"
+    sink = file_sink(out)
+    await sink.open()
+    await sink.deliver([make_event(1), make_event(2)])
+    out.rename(tmp_path / "events.jsonl.1")
+    await sink.deliver([make_event(3)])
+    rotated = ids(tmp_path / "events.jsonl.1")
+    out.unlink()
+    await sink.deliver([make_event(4)])
+    await sink.close()
+    assert rotated == [1, 2]
+    assert ids(out) == [4]
+    assert ids(tmp_path / "events.jsonl.1") == [1, 2]

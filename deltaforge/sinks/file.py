@@ -52,6 +52,9 @@ class FileSink(Sink[FileSinkConfig]):
             raise RetryableSinkError(f"file sink {self.id!r}: cannot write {self.path}: {exc}") from exc
 
     def _write(self, data: bytes) -> None:
+        if self._file is not None and self._moved(self._file):
+            self._file.close()
+            self._file = None
         if self._file is None:
             self._open()
         f = self._file
@@ -72,6 +75,16 @@ class FileSink(Sink[FileSinkConfig]):
                 self._file = None  # reopened next time, and the torn tail dropped then
                 f.close()
             raise
+
+    def _moved(self, f: FileIO) -> bool:
+        """Whether ``path`` no longer names the file open: renamed (a rotation) or removed. Left
+        open, the batches would go to the rotated file, or to one no one can open any more."""
+        try:
+            at = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        own = os.fstat(f.fileno())
+        return (at.st_ino, at.st_dev) != (own.st_ino, own.st_dev)
 
     async def close(self) -> None:
         if self._file is not None:
