@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -56,13 +57,41 @@ def _lost_line(count: int, why: str) -> str:
 
 class _LogFile:
     """The log file, written unbuffered: a write that fails leaves nothing pending in a buffer to
-    come out later glued to another line. A line cut short by a full disk is ended before the next."""
+    come out later glued to another line. A line cut short by a full disk is ended before the next.
+    A file rotated away (renamed, as logrotate does, or removed) is followed by a new one at the
+    path, looked at again at most every ``check_every_s``: ``deltaforge logs`` reads the path."""
+
+    check_every_s = 1.0
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.torn = False
+        self.checked = time.monotonic()
+
+    def _follow(self) -> None:
+        """Open the file at the path again when it is not the one open (best effort: a path that
+        cannot be opened now leaves the lines going where they went)."""
+        try:
+            at = os.stat(self.path)
+            own = os.fstat(self.fd)
+            if (at.st_ino, at.st_dev) == (own.st_ino, own.st_dev):
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        os.close(self.fd)
+        self.fd, self.torn = fd, False
 
     def write(self, text: str) -> int:
+        if (now := time.monotonic()) - self.checked >= self.check_every_s:
+            self.checked = now
+            self._follow()
         data = memoryview((("\n" if self.torn else "") + text).encode())
         while data:
             data = data[os.write(self.fd, data) :]  # OSError: raised with ``torn`` as it stands

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,16 +17,37 @@ _COLORS = {"debug": "dim", "info": "cyan", "warning": "yellow", "error": "bold r
 _SHOWN = ("ts", "level", "log_level", "pipeline", "actor", "supervisor", "event")
 
 
-def follow(stream: IO[str], keep_following: bool) -> Iterator[str]:
-    """Lines of ``stream``; with ``keep_following`` wait for more at the end (tail -f)."""
-    while True:
-        line = stream.readline()
-        if line:
-            yield line
-        elif keep_following:
-            time.sleep(0.2)
-        else:
-            return
+def follow(stream: IO[str], keep_following: bool, path: str | None = None) -> Iterator[str]:
+    """Lines of ``stream``; with ``keep_following`` wait for more at the end (``tail -F``): once
+    ``path`` names another file than the one read (``serve`` rotated away, see logsetup), the
+    rest of the old one is read, then the new one from its start."""
+    try:
+        while True:
+            line = stream.readline()
+            if line:
+                yield line
+            elif not keep_following:
+                return
+            elif path is not None and (newer := _rotated(stream, path)) is not None:
+                stream.close()
+                stream = newer
+            else:
+                time.sleep(0.2)
+    finally:
+        if path is not None:  # a file this reads, not stdin
+            stream.close()
+
+
+def _rotated(stream: IO[str], path: str) -> IO[str] | None:
+    """The file now at ``path``, when it is not the one ``stream`` reads (None: the same, or none)."""
+    try:
+        at = os.stat(path)
+        own = os.fstat(stream.fileno())
+        if (at.st_ino, at.st_dev) == (own.st_ino, own.st_dev):
+            return None
+        return open(path)  # follow() closes it
+    except (OSError, ValueError):  # gone for now, or stdin
+        return None
 
 
 def matches(rec: dict[str, Any], pipeline: str | None, actor: str | None, level: str | None) -> bool:
@@ -69,7 +91,7 @@ def run(
     console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
     stream: IO[str] = open(path) if path else sys.stdin  # noqa: SIM115 - closed at exit
     try:
-        for line in follow(stream, follow_mode):
+        for line in follow(stream, follow_mode, path):
             line = line.strip()
             if not line:
                 continue
