@@ -270,7 +270,9 @@ def parse_pipeline(
     assert meta and source and spark and batch and policy and supervision and storage and journal
     return PipelineConfig(
         name=meta.name,
-        tenant=meta.tenant,
+        # Two pipelines' changes may meet in one destination (NATS deduplicates a stream by the
+        # key), and their sources' ids alone do not tell them apart: the name does.
+        tenant=meta.tenant if meta.tenant is not None else meta.name,
         source=source,
         sinks=tuple(sinks),
         processors=processors,

@@ -16,7 +16,10 @@ class Metadata(PluginConfig):
     name: Text = Field(
         description="The pipeline's name: unique per service, used in logs, metrics and the API."
     )
-    tenant: Text = Field("default", description="Part of every event's idempotency key.")
+    tenant: Text | None = Field(
+        None,
+        description="Part of every event's idempotency key, and the envelope's source name (default: name).",
+    )
 
 
 class BatchConfig(PluginConfig):

@@ -352,3 +352,34 @@ def test_a_fixed_subject_nats_does_not_allow_is_refused_naming_the_field() -> No
 
     with pytest.raises(ConfigError, match=r"subject.*'cdc orders' holds whitespace"):
         parse_pipeline(nats_doc("nats://127.0.0.1:4222", subject="cdc orders"), env={})
+
+
+async def test_two_pipelines_of_like_databases_into_one_stream_each_keep_every_change(
+    nats_server: Nats, tmp_path: Path
+) -> None:
+    """Two embedded databases of one name (``app.db`` of two devices), a pipeline each, one
+    stream. A change's idempotency key (the ``Nats-Msg-Id``) is tenant, table, transaction and
+    change id; the tenant defaulted to ``default`` for every pipeline, so the second database's
+    changes had the first one's keys, and JetStream dropped them as duplicates. The tenant now
+    defaults to the pipeline's name."""
+    from tests.test_turso_source import written
+
+    runners = []
+    for device in ("phone", "tablet"):
+        db = tmp_path / device / "app.db"
+        db.parent.mkdir()
+        written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)",
+                *(f"INSERT INTO t VALUES ({i}, '{device}')" for i in range(1, 4))).close()  # fmt: skip
+        doc = nats_doc(nats_server.url(), id=f"n_{device}")
+        doc["metadata"] = {"name": device}
+        doc["spec"]["source"] = {"type": "turso", "config": {"id": device, "path": str(db)}}
+        runners.append(PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore()))
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    await wait_until(lambda: all(r.ctx.stats.events_committed >= 3 for r in runners), timeout=30, what="both")
+    for runner, task in zip(runners, tasks, strict=True):
+        await runner.drain()
+        await task
+    got = await consume(nats_server.url(), "cdc.t")
+    assert sorted((d["after"]["v"], d["after"]["id"]) for d in got if d["after"]) == [
+        (device, i) for device in ("phone", "tablet") for i in range(1, 4)
+    ]
