@@ -518,3 +518,27 @@ async def test_a_table_renamed_to_a_captured_name_decodes_with_its_own_columns(t
     w.close()
     assert [e.after for e in await read_all(src)] == [{"id": 8, "b": "b8", "c": "c8"}]
     await src.close()
+
+
+async def test_a_captured_table_dropped_is_named(tmp_path: Path) -> None:
+    """``DROP TABLE`` logs no change for the rows it takes (probed, pyturso 0.8.3: only the
+    ``sqlite_schema`` row's delete), so the sinks keep them; the MySQL/MariaDB and PostgreSQL
+    sources name such a table, the Turso source said nothing. A table not captured is not named,
+    nor is an index dropped."""
+    db = tmp_path / "drop.db"
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", "CREATE TABLE other (id INTEGER PRIMARY KEY)",
+                "CREATE INDEX t_v ON t (v)", "INSERT INTO t VALUES (1, 'a')")  # fmt: skip
+    src = source(db, tables=["t"])
+    await src.open(None)
+    assert [e.after for e in await read_all(src)] == [{"id": 1, "v": "a"}]
+    with capture_logs() as logs:
+        for sql in ("DROP INDEX t_v", "DROP TABLE other", "DROP TABLE t", "CREATE TABLE t (id INTEGER PRIMARY KEY)",
+                    "INSERT INTO t VALUES (2)"):  # fmt: skip
+            w.execute(sql)
+            w.commit()
+        assert [e.after for e in await read_all(src)] == [{"id": 2}]
+    await src.close()
+    w.close()
+    dropped = [e for e in logs if e["event"] == "captured_table_dropped"]
+    assert [e["table"] for e in dropped] == ["t"]
+    assert "stay in the sinks" in dropped[0]["reason"]

@@ -36,6 +36,7 @@ from deltaforge.sources.base import (
 )
 from deltaforge.sources.turso.cdcids import ids_went_back
 from deltaforge.sources.turso.config import TursoSourceConfig
+from deltaforge.sources.turso.dropped import name_dropped
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import decode_record, quote_name, table_info
 
@@ -300,6 +301,7 @@ class TursoSource(Source):
         changes = [r for r in tx if r[4] != _SCHEMA_TABLE]
         if len(changes) != len(tx):
             self._columns.clear()  # DDL in this transaction: reload column lists
+            name_dropped(self.id, self.tables, [r for r in tx if r[4] == _SCHEMA_TABLE])
         self._decode_at = marker[0] if marker is not None else tx[-1][0]
         if self.tables is not None:
             changes = [r for r in changes if r[4] in self.tables]
