@@ -303,27 +303,60 @@ async def test_a_truncate_the_targets_own_foreign_keys_refuse_stops_the_sink_say
     await sink.close()
 
 
+async def minimal_change_applied(
+    postgres: Postgres, mariadb: MariaDB, values: str, change: str, events: int
+) -> str:
+    """MariaDB ``t (id, a, b)`` given ``values`` (full row images), then ``change`` logged by a
+    session with ``binlog_row_image`` MINIMAL, through a pipeline into an ``if_newer``
+    PostgreSQL ``t``: the target's DSN once ``events`` are applied."""
+    db = fresh_mysql_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, a INT, b TEXT)")
+    dsn = postgres.dsn(
+        await target(postgres, "CREATE TABLE t (id int PRIMARY KEY, a int, b text, _df_position text)")
+    )
+    source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
+    async with running(into_target("my2pg", source, dsn, table="t")) as runner:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.execute(f"INSERT INTO t VALUES {values}")
+            c.commit()
+            cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+            cur.execute(change)
+            c.commit()
+        await wait_until(lambda: runner.ctx.stats.events_committed >= events, timeout=30, what="all applied")
+    return dsn
+
+
 async def test_a_value_a_partial_mysql_row_image_left_out_is_kept_in_the_target(
     postgres: Postgres, mariadb: MariaDB
 ) -> None:
     """MariaDB → PostgreSQL: an update logged by a session with binlog_row_image=MINIMAL carries
     the changed column only; the target must keep the others, not take a NULL (or the marker)."""
-    db = fresh_mysql_db(mariadb)
-    with mariadb.root(db) as c, c.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, a INT, b TEXT)")
-    target_db = await target(
-        postgres, "CREATE TABLE t (id int PRIMARY KEY, a int, b text, _df_position text)"
+    dsn = await minimal_change_applied(
+        postgres, mariadb, "(1, 1, 'one')", "UPDATE t SET a = 10 WHERE id = 1", 2
     )
-    source = {"type": "mysql", "config": {"id": "src", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
-    async with running(into_target("my2pg", source, postgres.dsn(target_db), table="t")) as runner:
-        with mariadb.root(db) as c, c.cursor() as cur:
-            cur.execute("INSERT INTO t VALUES (1, 1, 'one')")
-            c.commit()
-            cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
-            cur.execute("UPDATE t SET a = 10 WHERE id = 1")
-            c.commit()
-        await wait_until(lambda: runner.ctx.stats.events_committed >= 2, timeout=30, what="both applied")
-    assert await rows(postgres.dsn(target_db), "SELECT id, a, b FROM t") == [(1, 10, "one")]
+    assert await rows(dsn, "SELECT id, a, b FROM t") == [(1, 10, "one")]
+
+
+async def test_a_partial_change_moves_its_row_and_never_makes_one_with_the_values_it_lacks(
+    postgres: Postgres, mariadb: MariaDB
+) -> None:
+    """A change that does not carry every column (a MINIMAL row image; PostgreSQL's unchanged
+    TOAST values) can only change a row the target has. A primary-key change of that kind was a
+    delete and an insert of what it carried: the row came back under its new key with NULL in
+    every other column. And for a key the target lacks, the insert made a row of NULLs where
+    the change had no value. Now the row is moved in place, and a change for a missing row makes
+    none: never a row the source does not have. (It is not a poison event: a replay after a crash
+    meets rows a later change deleted the same way.)"""
+    dsn = await minimal_change_applied(
+        postgres, mariadb, "(1, 1, 'one'), (3, 3, 'three')", "UPDATE t SET id = 2 WHERE id = 1", 3
+    )
+    assert await rows(dsn, "SELECT id, a, b FROM t ORDER BY id") == [(2, 1, "one"), (3, 3, "three")]
+    sink = PostgresSink(parse_pipeline(pg_doc(dsn, table="t"), env={}).sinks[0])
+    missing = {"id": 7, "a": 70, "b": {"__not_logged__": True}}
+    await sink.deliver([replace(make_event(99), op="u", before={"id": 7}, after=missing)])
+    await sink.close()
+    assert await rows(dsn, "SELECT id, a, b FROM t WHERE id = 7") == []
 
 
 # Column types asyncpg's binary codecs take only as particular Python values (or not from what the

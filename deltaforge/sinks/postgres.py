@@ -25,6 +25,7 @@ from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, 
 from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
+from deltaforge.sinks.pgpartial import partial_change
 from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms, primary_key
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
@@ -212,14 +213,17 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         row = e.after or {}
         out = []
         before = e.before
-        if e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in keys):
-            out.append(self._delete(table, keys, before, pos))  # the key changed: the old row goes
+        moved = e.op == "u" and before and any(k in before and before[k] != row.get(k) for k in keys)
         # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it
         # alone; so is a column the target computes itself (a MySQL source logs its virtual ones).
         forms = self._forms.get(table, {})
         columns = tuple(
             c for c in row if not _unchanged_toast(row[c]) and not forms.get(c, NATIVE_FORM).generated
         )
+        if e.op == "u" and any(_unchanged_toast(v) for v in row.values()):
+            return partial_change(self, table, keys, columns, row, before if moved else None, pos)
+        if moved:
+            out.append(self._delete(table, keys, before or {}, pos))  # the key changed: the old row goes
         args = self._args(table, columns, row)
         out.append((self._upsert_sql(table, columns, keys), (*args, pos) if self.if_newer else args))
         return out
