@@ -542,3 +542,35 @@ async def test_a_captured_table_dropped_is_named(tmp_path: Path) -> None:
     dropped = [e for e in logs if e["event"] == "captured_table_dropped"]
     assert [e["table"] for e in dropped] == ["t"]
     assert "stay in the sinks" in dropped[0]["reason"]
+
+
+async def test_a_captured_table_renamed_out_of_tables_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ALTER TABLE t RENAME TO t_old`` logs nothing in ``turso_cdc`` (probed, pyturso 0.8.3), and
+    capture goes by name: every later change of the table was left out without a word. The
+    source now looks at the captured tables' names every few seconds (here at every read): a
+    renamed one is named with its new name (``captured_table_renamed``), once."""
+    from deltaforge.sources.turso.captured import CapturedNames
+
+    monkeypatch.setattr(CapturedNames, "every_s", 0.0)
+    db = tmp_path / "rename.db"
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", "CREATE TABLE other (id INTEGER PRIMARY KEY)",
+                "INSERT INTO t VALUES (1, 'a')")  # fmt: skip
+    src = source(db, tables=["t"])
+    await src.open(None)
+    got = [e.after for _ in range(3) for e in await src.read()]  # the rows written before it
+    assert got == [{"id": 1, "v": "a"}]
+    with capture_logs() as logs:
+        for sql in (
+            "ALTER TABLE other RENAME TO other2",
+            "ALTER TABLE t RENAME TO t_old",
+            "INSERT INTO t_old VALUES (2, 'b')",
+        ):
+            w.execute(sql)
+            w.commit()
+        for _ in range(3):
+            await src.read()
+    await src.close()
+    w.close()
+    assert [(e["table"], e["to"]) for e in logs if e["event"] == "captured_table_renamed"] == [("t", "t_old")]

@@ -34,9 +34,9 @@ from deltaforge.sources.base import (
     SourceMisconfigured,
     own_position,
 )
+from deltaforge.sources.turso.captured import CapturedNames, name_dropped
 from deltaforge.sources.turso.cdcids import ids_went_back
 from deltaforge.sources.turso.config import TursoSourceConfig
-from deltaforge.sources.turso.dropped import name_dropped
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import decode_record, quote_name, table_info
 
@@ -57,6 +57,7 @@ class TursoSource(Source):
         self.path = config.path
         self.db_name = Path(self.path).stem
         self.tables: set[str] | None = set(config.tables) if config.tables else None
+        self.names = CapturedNames(self.id, self.tables) if self.tables is not None else None
         self.chunk = config.read_chunk
         self._idle = config.poll_interval_ms / 1000
         self.tenant = tenant
@@ -110,6 +111,9 @@ class TursoSource(Source):
         self._has_cdc_table = False
         self._conn = await self._threads.run(self._connect)
         await self._threads.run(self._name_unmatched)
+        if self.names is not None:
+            self.names.pages, self.names.next_look = {}, 0.0
+            await self._threads.run(self.names.look, self._conn)  # the names as they are now
         if self._resume is not None and self._after:
             await self._threads.run(self._check_position, self._resume)
 
@@ -252,6 +256,8 @@ class TursoSource(Source):
             self._has_cdc_table = True
         if (why := ids_went_back(self._conn, self._after, self._after_tx)) is not None:
             raise PositionLost(why)
+        if self.names is not None:
+            self.names.look(self._conn)
         out: list[Event] = []
         while True:
             cursor = self._pending[-1][0] if self._pending else self._after
