@@ -490,6 +490,48 @@ async def test_a_failing_spark_job_is_retried_by_restarts_and_moves_no_checkpoin
     assert cp == {"seq": len(got)}
 
 
+@pytest.mark.parametrize(
+    "processors",
+    [
+        (ProcessorSpec("mask", "p0", columns=(("body", "hash"),)),),
+        (
+            ProcessorSpec("filter", "p0", expr="after.id > 0"),
+            ProcessorSpec("mask", "p1", columns=(("body", "hash"),)),
+        ),
+        (ProcessorSpec("sql", "p0", query="SELECT * FROM batch"),),
+    ],
+    ids=["mask", "filter+mask", "sql"],
+)
+async def test_a_value_a_change_does_not_carry_stays_unsaid_through_spark(
+    spark: SparkRuntime, processors: tuple[ProcessorSpec, ...]
+) -> None:
+    """An unchanged TOAST value (or one a partial row image left out) is a marker, not a value. A
+    mask hashed the marker's JSON text, and the sink then wrote that hash over the value the row
+    holds; and the marker made the whole column JSON text for its batch, so every other value
+    of it was hashed with its quotes: one value, two hashes, by what else was in the batch. The
+    marker now goes through Spark as NULL (what SQL knows of it) and comes back as it was."""
+    schema = TableSchema("db", "t", (("id", pa.int64()), ("body", pa.string()), ("status", pa.string())))
+    unchanged = {"__unchanged_toast__": True}
+    events = [
+        event(1, "t", {"id": 1, "body": "secret", "status": "new"}),
+        event(
+            2,
+            "t",
+            {"id": 1, "body": unchanged, "status": "paid"},
+            op="u",
+            before={"id": 1, "body": unchanged},
+        ),
+    ]
+    out = await through_spark(spark, Plan(processors, [schema]), events)
+    hashed = processors[-1].type == "mask"
+    secret = hashlib.sha256(b"secret").hexdigest() if hashed else "secret"
+    assert [e.after for e in out] == [
+        {"id": 1, "body": secret, "status": "new"},
+        {"id": 1, "body": unchanged, "status": "paid"},
+    ]
+    assert out[1].before is not None and out[1].before["body"] == unchanged
+
+
 def test_with_images_copies_every_other_field_of_the_event() -> None:
     """The fast copy names every field: one added to Event and not to it would be left unset.
     The record made where the event was decoded is not copied: it is the old images'."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from deltaforge.events import Event
-from deltaforge.transform import jvmio
+from deltaforge.transform import jvmio, markers
 from deltaforge.transform.arrow import (
     EVENT_COLUMNS,
     SEQ,
@@ -208,7 +208,13 @@ class Plan:
             if not any(p.applies_to(db, table) for p in self.processors):
                 parts.append([(i, events[i]) for i in indices])
                 continue
-            sent = to_arrow(events, indices, self.schemas.get((db, table)))
+            schema = self.schemas.get((db, table))
+            given, sent = events, to_arrow(events, indices, schema)
+            carried: markers.Carried = {}
+            if sent.json:  # a column went as JSON text: a marker does that to a text column
+                given, carried = markers.strip(events, indices)
+                if carried:
+                    sent = to_arrow(given, indices, schema)
             compiled = self._compiled.get((db, table, sent.table.schema))
             if compiled is None:
                 with runtime.analysis_lock:
@@ -225,9 +231,10 @@ class Plan:
             jobs += 1
             path = f"processors ({db}.{table})"
             if compiled.changes is not None:
-                parts.append(compiled.changes.apply(result, events, sent, path))
+                part = compiled.changes.apply(result, given, sent, path)
             else:
-                parts.append(from_arrow(result, events, sent, path))
+                part = from_arrow(result, given, sent, path)
+            parts.append(markers.restore(part, carried))
         return Transformed(merge_in_order(parts), jobs, time.perf_counter() - started)
 
 
