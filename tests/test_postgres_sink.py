@@ -303,6 +303,19 @@ async def test_a_truncate_the_targets_own_foreign_keys_refuse_stops_the_sink_say
     await sink.close()
 
 
+async def test_a_target_whose_key_is_deferrable_stops_the_sink_saying_so(postgres: Postgres) -> None:
+    """``INSERT … ON CONFLICT`` cannot use a DEFERRABLE key (a target made from a source whose
+    key is): every batch was refused and retried for ever, the pipeline degraded as if the
+    target were down. No retry can change it: the sink stops, saying what to change."""
+    from deltaforge.sinks.base import NonRetryableSinkError
+
+    db = await target(postgres, "CREATE TABLE t (id int PRIMARY KEY DEFERRABLE, seq int, _df_position text)")
+    sink = PostgresSink(parse_pipeline(pg_doc(postgres.dsn(db)), env={}).sinks[0])
+    with pytest.raises(NonRetryableSinkError, match=r"DEFERRABLE.*NOT DEFERRABLE"):
+        await sink.deliver([make_event(1)])
+    await sink.close()
+
+
 async def minimal_change_applied(
     postgres: Postgres, mariadb: MariaDB, values: str, change: str, events: int
 ) -> str:

@@ -288,5 +288,11 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
             self._forget()
+            if isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "deferrable" in str(exc):
+                raise NonRetryableSinkError(  # a target made from a source whose key is DEFERRABLE
+                    f"postgres sink {self.id!r}: the target's key is DEFERRABLE, and INSERT … ON CONFLICT "
+                    f"cannot use such a key ({exc}); make the key NOT DEFERRABLE in the target (drop the "
+                    "constraint and add it again without DEFERRABLE)"
+                ) from None
             await self.close()
             raise RetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
