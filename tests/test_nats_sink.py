@@ -383,3 +383,24 @@ async def test_two_pipelines_of_like_databases_into_one_stream_each_keep_every_c
     assert sorted((d["after"]["v"], d["after"]["id"]) for d in got if d["after"]) == [
         (device, i) for device in ("phone", "tablet") for i in range(1, 4)
     ]
+
+
+async def test_a_message_too_large_for_the_server_or_its_stream_is_a_poison_event(nats_server: Nats) -> None:
+    """Larger than the server's ``max_payload``: nats-py raised its own error, which the delivery
+    worker took for a crash; restarted on the same batch until the pipeline failed, without the
+    event's coordinates or the dead-letter queue. Larger than the stream's ``max_msg_size``: the
+    server refused it, and the batch was retried for ever. Both are now the event's fault: a
+    poison event, found by bisection, to the DLQ or a halt naming it."""
+    from deltaforge.sinks.base import PoisonEvent
+
+    nc = await nats.connect(nats_server.url())
+    await nc.jetstream().add_stream(name="SMALL", subjects=["small.>"], max_msg_size=4096)
+    await nc.close()
+    for doc, payload in ((nats_doc(nats_server.url()), 2_000_000),
+                         (nats_doc(nats_server.url(), subject="small.${source.table}", stream="SMALL"), 8_000)):  # fmt: skip
+        sink = NatsSink(parse_pipeline(doc, env={}).sinks[0])
+        await sink.open()
+        with pytest.raises(PoisonEvent, match="too large|exceeds"):
+            await sink.deliver([make_event(1), make_event(2, payload="x" * payload)])
+        await sink.deliver([make_event(3)])  # the next batch goes on the same connection
+        await sink.close()

@@ -23,8 +23,16 @@ from deltaforge.events import Event
 from deltaforge.position import Position
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
-from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError, servers_of
+from deltaforge.sinks.base import (
+    NonRetryableSinkError,
+    PoisonEvent,
+    RetryableSinkError,
+    Sink,
+    SinkError,
+    servers_of,
+)
 from deltaforge.sinks.names import IllegalName, checked_renderer, fixed_name_check
+from deltaforge.sinks.nats_js import JetStream
 from deltaforge.sinks.templates import Template
 
 NatsUrl = Annotated[
@@ -65,6 +73,10 @@ def _refuse_illegal(sink_id: str, name: str) -> None:
 
 SubjectTemplate = Annotated[Template, AfterValidator(fixed_name_check(subject_problem))]
 """A subject template; a subject without placeholders must already be one to publish to."""
+
+
+_TOO_LARGE_FOR_STREAM = 10054
+"""JetStream's error code for a message larger than its stream's ``max_msg_size``."""
 
 
 class NatsSinkConfig(SinkSettings):
@@ -128,7 +140,7 @@ class NatsSink(Sink[NatsSinkConfig]):
             if "authorization" in str(exc).lower():
                 raise NonRetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
-        self._js = self._nc.jetstream(timeout=self.ack_timeout)
+        self._js = JetStream(self._nc, timeout=self.ack_timeout)  # nats.py#985: see nats_js.py
         if self.create_stream and self.stream:
             subjects = [self.settings.stream_subjects or self.settings.subject]
             subjects = [s.split("${", 1)[0] + ">" if "${" in s else s for s in subjects]
@@ -216,7 +228,14 @@ class NatsSink(Sink[NatsSinkConfig]):
         ) as exc:
             await self.close()
             raise RetryableSinkError(f"nats sink {self.id!r}: {type(exc).__name__}: {exc}") from None
+        except nerr.MaxPayloadError:
+            # nats-py refuses it before sending: larger than the server's max_payload
+            raise PoisonEvent(
+                f"nats sink {self.id!r}: a message is too large for the server (its max_payload)", "too_large"
+            ) from None
         except jserr.APIError as exc:
+            if exc.err_code == _TOO_LARGE_FOR_STREAM:
+                raise PoisonEvent(f"nats sink {self.id!r}: {exc}", "too_large") from None
             raise RetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
         self._check_acks(acks)
         if not self.stream and not self._looked_up:
