@@ -59,16 +59,21 @@ class BinlogRetention:
         self._oldest_before: str | None = None  # the file needed, when it was the oldest at the last look
         self._said: str | None = None  # the file last warned about, and how
         self.reset: str | None = None
+        self.gen = 0
+        """The generation of the last opening (``BinlogPosition.gen``)."""
         """Why the binlog the reader is in is not the one it was reading (see the module)."""
 
     def opened(self, gen: int) -> None:
-        """Reading starts again (a reconnect, a resume, from now after a lost position) in
-        generation ``gen``: what was read before says nothing of the files from here on, nor, in
-        another generation (a failover, a reset), does the checkpoint held."""
-        self._read_in.clear()
+        """Reading starts again (a reconnect, a rewind, from now after a lost position) in
+        generation ``gen``. In another generation (a failover, a reset) what was read before, and
+        the checkpoint held, name files of another history (after a reset, a file of the same
+        name); in the same one they still say which files a sink behind needs."""
         self.reset = None
-        if self.held is not None and self.held.gen != gen:
-            self.held = None
+        if gen != self.gen:
+            self.gen = gen
+            self._read_in.clear()
+            if self.held is not None and self.held.gen != gen:
+                self.held = None
 
     def confirmed(self, held: BinlogPosition) -> None:
         self.held = held
