@@ -400,7 +400,7 @@ async def test_a_message_too_large_for_the_server_or_its_stream_is_a_poison_even
                          (nats_doc(nats_server.url(), subject="small.${source.table}", stream="SMALL"), 8_000)):  # fmt: skip
         sink = NatsSink(parse_pipeline(doc, env={}).sinks[0])
         await sink.open()
-        with pytest.raises(PoisonEvent, match="too large|exceeds"):
+        with pytest.raises(PoisonEvent, match=r"too large|exceeds"):
             await sink.deliver([make_event(1), make_event(2, payload="x" * payload)])
         await sink.deliver([make_event(3)])  # the next batch goes on the same connection
         await sink.close()
