@@ -10,6 +10,19 @@ from deltaforge.position import Position
 
 Row = dict[str, Any]
 
+
+def not_carried(v: Any) -> bool:
+    """Whether ``v`` is a source's marker for a value its change does not carry, not a value: the
+    PostgreSQL source's for a TOASTed value an update did not send (``{"__unchanged_toast__":
+    true}``, Debezium's placeholder read back too), the MySQL and PostgreSQL sources' for one a
+    partial row image or a key-only old row left out (``{"__not_logged__": true}``)."""
+    return (
+        type(v) is dict
+        and len(v) == 1
+        and (v.get("__unchanged_toast__") is True or v.get("__not_logged__") is True)
+    )
+
+
 OPS = ("c", "u", "d", "r")
 
 

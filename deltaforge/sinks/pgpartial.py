@@ -21,15 +21,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deltaforge.sinks.pgtypes import NATIVE_FORM
+from deltaforge.sinks.pgtypes import quoted as _q
 
 if TYPE_CHECKING:
     from deltaforge.sinks.postgres import PostgresSink
 
 Statement = tuple[str, tuple[Any, ...]]
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def partial_change(

@@ -161,6 +161,11 @@ def _element(value: Any) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def quoted(name: str) -> str:
+    """A PostgreSQL identifier, quoted (its own double quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 class ColumnForm(NamedTuple):
     """How one target column takes its values: ``cast`` the SQL type its parameter is cast to
     from text (None: sent natively), ``adapt`` what makes the parameter of a change's value;

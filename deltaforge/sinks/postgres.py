@@ -22,11 +22,12 @@ import asyncpg
 from pydantic import BeforeValidator, Field
 
 from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
-from deltaforge.events import Event
+from deltaforge.events import Event, not_carried
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
 from deltaforge.sinks.pgpartial import partial_change
 from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms, primary_key
+from deltaforge.sinks.pgtypes import quoted as _q
 from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
@@ -41,10 +42,6 @@ _PERMANENT = (
 )
 _REFUSED = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 """A row the target refuses (a value out of range, a constraint): the event's fault, not the sink's."""
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 _DOT_OR_PLACEHOLDER = re.compile(r"\$\{[^}]*\}|\.")
@@ -62,16 +59,6 @@ def target_renderer(template: str) -> Callable[[Event], str]:
         return lambda e: _q(name_of(e))
     schema_of, name_of = compile_template(template[: dots[-1]]), compile_template(template[dots[-1] + 1 :])
     return lambda e: f"{_q(schema_of(e))}.{_q(name_of(e))}"
-
-
-def _unchanged_toast(v: Any) -> bool:
-    """A source's marker for a value its change does not carry: the PostgreSQL source's for a
-    TOASTed value an update did not send, the MySQL source's for one a partial row image left out."""
-    return (
-        type(v) is dict
-        and len(v) == 1
-        and (v.get("__unchanged_toast__") is True or v.get("__not_logged__") is True)
-    )
 
 
 def _key_columns(value: object) -> list[str]:
@@ -217,10 +204,8 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         # A value the change does not carry (unchanged TOAST, a partial MySQL row image): leave it
         # alone; so is a column the target computes itself (a MySQL source logs its virtual ones).
         forms = self._forms.get(table, {})
-        columns = tuple(
-            c for c in row if not _unchanged_toast(row[c]) and not forms.get(c, NATIVE_FORM).generated
-        )
-        if e.op == "u" and any(_unchanged_toast(v) for v in row.values()):
+        columns = tuple(c for c in row if not not_carried(row[c]) and not forms.get(c, NATIVE_FORM).generated)
+        if e.op == "u" and any(not_carried(v) for v in row.values()):
             return partial_change(self, table, keys, columns, row, before if moved else None, pos)
         if moved:
             out.append(self._delete(table, keys, before or {}, pos))  # the key changed: the old row goes

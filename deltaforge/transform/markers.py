@@ -13,17 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltaforge.events import Event, with_images
+from deltaforge.events import Event, not_carried, with_images
 
 Carried = dict[int, list[tuple[str, str, dict[str, Any]]]]
 """Per event index, the markers taken out: (image, column, marker)."""
 
-_MARKS = ("__unchanged_toast__", "__not_logged__")
 _NONE: dict[str, Any] = {}
-
-
-def _is_marker(v: Any) -> bool:
-    return type(v) is dict and len(v) == 1 and any(v.get(k) is True for k in _MARKS)
 
 
 def strip(events: list[Event], indices: list[int]) -> tuple[list[Event], Carried]:
@@ -40,7 +35,7 @@ def strip(events: list[Event], indices: list[int]) -> tuple[list[Event], Carried
         images: dict[str, dict[str, Any] | None] = {"before": e.before, "after": e.after}
         for name, image in images.items():
             if image is not None and any(type(v) is dict for v in image.values()):
-                marked = [c for c, v in image.items() if _is_marker(v)]
+                marked = [c for c, v in image.items() if not_carried(v)]
                 if marked:
                     taken += [(name, c, image[c]) for c in marked]
                     images[name] = {**image, **dict.fromkeys(marked)}

@@ -348,7 +348,7 @@ class TursoSource(Source):
                     tx_id=str(txn_id),
                     tx_end=end,
                     event_id=f"r{resets}:{change_id}" if resets else str(change_id),
-                    order=position.order,
+                    order=(change_id, 0) if not resets else position.order,  # its order, without a call
                     checkpoint=new_position(TursoPosition, (marker[0], marker[2], marker[1], 0, resets))
                     if end and marker is not None
                     else position,
