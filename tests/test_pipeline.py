@@ -96,6 +96,46 @@ async def test_required_policy_commits_without_failed_optional_sink_which_lags()
     assert b.calls <= 3 * runner.ctx.epoch
 
 
+async def test_an_optional_sink_whose_library_raises_what_no_one_classified_never_stops_the_others() -> None:
+    """An optional sink raising an error of its library that is no SinkError (the stdout sink's
+    BrokenPipeError once the reader of standard output had gone), on every batch and every probe
+    asking whether it is back: it lags, each error logged with its traceback, while the required
+    sink takes everything. Before, each error crashed the sink's worker (a restart counted
+    against the pipeline's restart intensity) and a probe of the worker, raising too or meeting
+    it down between two incarnations, crashed the coordinator: the pipeline restarted whole
+    until it failed."""
+    probes = 0
+
+    class Crashing(ScriptedSink):
+        async def reachable(self) -> None:
+            nonlocal probes
+            probes += 1
+            raise RuntimeError("the library's own error")
+
+    clock = FakeClock()  # the probes' backoff without waiting for it; the intensity's window too
+    a, b = ScriptedSink("a"), Crashing("b", required=False, script=fails(RuntimeError))
+    store = MemoryCheckpointStore()
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)], batch={"max_events": 50, "max_ms": 5},
+                 supervision={"max_restarts": 3, "within_seconds": 60})  # fmt: skip
+    runner = PipelineRunner(cfg, store=store, sinks={"a": a, "b": b}, source=SyntheticSource(N, chunk=50),
+                            clock=clock, rng=random.Random(3))  # fmt: skip
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.state == "failed" or (len(a.received) == N and probes >= 10),
+                         what="a has it all and b was probed 10 times, or the pipeline failed")  # fmt: skip
+        assert runner.state == "running", runner.failure
+        snap = runner.snapshot()
+        await stop(runner, task)
+    assert a.received == list(range(1, N + 1))
+    assert await checkpoint(store, "a") == N and await checkpoint(store, "b") is None
+    assert runner.ctx.stats.sinks["b"].lagging
+    for actor in ("DeliveryCoordinator", "DeliveryWorker[b]", "SourceReader"):
+        node = snap.find(actor)
+        assert node is not None and node.restarts == 0, actor
+    crashed = [e for e in logs if e["event"] == "sink_raised"]
+    assert len(crashed) >= 10 and all(e["exc_info"] is True and e["sink"] == "b" for e in crashed)
+
+
 async def test_a_lagging_optional_sink_that_comes_back_catches_up_in_the_same_run() -> None:
     store = MemoryCheckpointStore()
     down = True

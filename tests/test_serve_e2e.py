@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from tests.helpers import jsonl, wait_until_sync
 from tests.serve_proc import Serve, free_port
 
@@ -328,3 +330,48 @@ def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path
     failed = [d["reason"] for d in events if d.get("event") == "api_failed"]
     assert failed == [f"cannot serve the REST API on 127.0.0.1:{port}: Address already in use"]
     assert not [d for d in events if d.get("event") == "pipeline_started"]
+
+
+def test_standard_output_closed_by_its_reader_gives_up_the_console_sink_and_the_rest_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``serve | head -3``: once ``head`` has its lines and exits, every write to standard output
+    fails with EPIPE, which no retry fixes. The optional console sink is given up for this run,
+    saying why, the file sink goes on, and serve still stops cleanly (no BrokenPipeError at exit).
+    Before, each write crashed the console sink's worker, then the coordinator: the pipeline
+    restarted whole until it failed, the file sink with it."""
+    log, events = tmp_path / "log.jsonl", tmp_path / "data" / "events.jsonl"
+    port = free_port()
+    with open(tmp_path / "serve.err", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deltaforge", "serve", "--api-addr", f"127.0.0.1:{port}", "--log-file", str(log)],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            head = [proc.stdout.readline() for _ in range(3)]
+            proc.stdout.close()  # what head does once it has its lines
+            assert all(b"demo.orders" in line for line in head)
+
+            def given_up() -> list[dict[str, object]]:
+                return [r for r in lines(log) if r["event"] == "sink_lagging" and r.get("sink") == "console"]
+
+            wait_until_sync(lambda: bool(given_up()), timeout=30, what="the console sink given up")
+            held = len(lines(events))
+            wait_until_sync(
+                lambda: len(lines(events)) >= held + 20, timeout=30, what="the file sink going on"
+            )
+            health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    said = given_up()
+    assert len(said) == 1 and "standard output is closed" in str(said[0]["reason"]), said
+    assert health["pipelines"] == {"demo": "running"}
+    records = lines(log)
+    assert not [r for r in records if r["event"] in ("child_restarted", "pipeline_failed")]
+    assert rc == 0 and records[-1]["event"] == "shutdown_complete"
+    assert b"BrokenPipe" not in (tmp_path / "serve.err").read_bytes()  # nothing said at exit about it

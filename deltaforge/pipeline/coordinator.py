@@ -66,6 +66,16 @@ class Unwritten:
         self.last_checkpoint = batch.checkpoint
 
 
+def needed(policy: CommitPolicy, required: bool) -> bool:
+    """Whether a sink (``required`` as configured) must take every batch for checkpoints to move:
+    a sink that is not may lag, and catches up later from its own checkpoint."""
+    if policy.mode == "all":
+        return True
+    if policy.mode == "quorum":
+        return False
+    return required
+
+
 def policy_satisfied(policy: CommitPolicy, required: dict[str, bool], acked: set[str]) -> bool:
     """Whether ``acked`` sinks are enough to commit under ``policy``."""
     if policy.mode == "all":
@@ -176,7 +186,14 @@ class DeliveryCoordinator(Actor):
 
     async def _probe(self) -> None:
         for sink_id in sorted(self.lagging.keys() - self.back - self._unprobed()):
-            reason = await self.workers[sink_id].ask(ProbeSink(), timeout=ASK_TIMEOUT)
+            try:
+                reason = await self.workers[sink_id].ask(ProbeSink(), timeout=ASK_TIMEOUT)
+            except Fatal:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as in _ask: the worker crashed, or is down between
+                # two incarnations (ActorStopped): not back. Raised here, it crashed this actor, and
+                # with it the whole pipeline, for a sink the commit policy does not wait for.
+                reason = f"{type(exc).__name__}: {exc}"
             if reason is None:
                 self.back.add(sink_id)
                 self.rewind_due = True
@@ -290,7 +307,7 @@ class DeliveryCoordinator(Actor):
                     acked[sink_id] = result
                 else:
                     failed[sink_id] = result.reason
-                    if not result.retryable and self._needed(sink_id):
+                    if not result.retryable and needed(self.policy, self.required[sink_id]):
                         raise DeliveryAbandoned(f"sink {sink_id!r}: {result.reason}")
                     if not result.retryable:
                         dead[sink_id] = result.reason
@@ -332,13 +349,6 @@ class DeliveryCoordinator(Actor):
         self._write_next()
         if self.unwritten.events >= self.max_unwritten or self.unwritten.batches >= MAX_UNWRITTEN_BATCHES:
             await self._one_written()
-
-    def _needed(self, sink_id: str) -> bool:
-        if self.policy.mode == "all":
-            return True
-        if self.policy.mode == "quorum":
-            return False
-        return self.required[sink_id]
 
     async def _ask(self, sink_id: str, batch: Batch) -> BatchDelivered | DeliveryFailed:
         try:

@@ -14,6 +14,7 @@ from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
 from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.coordinator import needed
 from deltaforge.pipeline.heldends import HeldEnds, held_key
 from deltaforge.pipeline.messages import (
     Batch,
@@ -61,6 +62,10 @@ class DeliveryWorker(Actor):
         self.end_to_end = END_TO_END_SECONDS.labels(ctx.config.name, sink_id)
         self.position: Position | None = None
         self.held = HeldEnds(ctx.store, held_key(ctx.source.id, sink_id), self.sink, ctx.source.load_position)
+        required = next(s.required for s in ctx.config.sinks if s.id == sink_id)
+        self.needed = needed(ctx.config.commit_policy, required)
+        """Whether the commit policy waits for this sink: only then does an error of its library that
+        is no :class:`SinkError` crash this worker (see :meth:`_sink_call`)."""
 
     async def on_start(self) -> None:
         doc = await self.ctx.store.get(self.ctx.key(self.sink_id))
@@ -125,6 +130,28 @@ class DeliveryWorker(Actor):
                 await self.sink.close()
             except Exception as exc:  # noqa: BLE001 - the connection is broken; closing is best effort
                 self.log.info("sink_close_failed", sink=self.sink_id, reason=f"{type(exc).__name__}: {exc}")
+
+    @contextlib.contextmanager
+    def _sink_call(self) -> Iterator[None]:
+        """Around each call into the sink: a cancellation its library made is retried as a lost
+        connection (:func:`_library_cancel`); an error of its library that is no
+        :class:`SinkError` (a case no one classified, such as the stdout sink's BrokenPipeError
+        before it was) crashes this worker when the commit policy needs the sink, for its
+        supervisor to judge: restarts, then the pipeline failed. A sink the policy does not wait
+        for is retried instead, each such error logged with its traceback (``sink_raised``): it
+        lags and catches up, and its restarts no longer count against the pipeline's intensity,
+        which they used to exhaust, failing the pipeline for a sink it does not need."""
+        with _library_cancel(self.sink_id, self.log):
+            try:
+                yield
+            except (SinkError, Fatal):
+                raise
+            except Exception as exc:
+                if self.needed:
+                    raise
+                why = f"{type(exc).__name__}: {exc}"
+                self.log.warning("sink_raised", sink=self.sink_id, reason=why, exc_info=True)
+                raise RetryableSinkError(f"sink {self.sink_id!r}: {why}") from exc
 
     async def on_stop(self) -> None:
         await self.held.save(now=True)
@@ -197,7 +224,7 @@ class DeliveryWorker(Actor):
     async def _probe(self) -> str | None:
         """Whether the sink answers now: None if so, else why not."""
         try:
-            with _library_cancel(self.sink_id, self.log):
+            with self._sink_call():
                 await self._open()
                 await self.sink.reachable()
         except SinkError as exc:
@@ -211,7 +238,7 @@ class DeliveryWorker(Actor):
             return await self._probe()
         if isinstance(message, ReplayDeadLetters):
             try:
-                with _library_cancel(self.sink_id, self.log):
+                with self._sink_call():
                     await self.replay(list(message.events))
             except SinkError as exc:
                 return str(exc)
@@ -221,7 +248,8 @@ class DeliveryWorker(Actor):
         batch = message.batch
         if self.sink.records_position and not self.opened:
             try:
-                await self._open()  # its own position decides what is pending
+                with self._sink_call():
+                    await self._open()  # its own position decides what is pending
             except SinkError:
                 pass  # the attempts below open again, and report
         data = _data(batch.events)
@@ -231,7 +259,7 @@ class DeliveryWorker(Actor):
         if events:
             for attempt in range(1, ATTEMPTS + 1):
                 try:
-                    with _library_cancel(self.sink_id, self.log):
+                    with self._sink_call():
                         await self._open()
                         if self.recheck:
                             await self._adopt_sink_position()

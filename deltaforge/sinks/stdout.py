@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Literal
 
@@ -12,7 +13,7 @@ from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
 from deltaforge.position import Position
-from deltaforge.sinks.base import Sink
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 
 _OP_NAMES = {"c": "insert", "u": "update", "d": "delete", "r": "read"}
 
@@ -48,9 +49,30 @@ class StdoutSink(Sink[StdoutSinkConfig]):
             data = "".join(pretty_line(e) + "\n" for e in events).encode()
         else:
             data = encode_lines(events, self.config.envelope)
-        await anyio.to_thread.run_sync(self._write, data)
+        try:
+            await anyio.to_thread.run_sync(self._write, data)
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            raise NonRetryableSinkError(
+                f"stdout sink {self.id!r}: standard output is closed (broken pipe): what read it has "
+                "gone (a `| head` that has its lines, a pager quit), and nothing written there can "
+                "arrive any more. The sink is given up until serve starts again"
+            ) from None
+        except OSError as exc:  # a full disk under a redirect, say: waited for, as any sink server
+            raise RetryableSinkError(f"stdout sink {self.id!r}: {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
     def _write(data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output's descriptor pointed at /dev/null, what its buffer still holds dropped: the
+    interpreter flushes it at exit, which would fail again and print a BrokenPipeError after
+    serve's last log line (what Python's documentation of SIGPIPE advises)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
