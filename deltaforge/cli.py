@@ -25,6 +25,8 @@ from deltaforge import gctune, logsetup
 from deltaforge.api.listen import TOKEN_ENV, bind, unsafe_bind
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
+from deltaforge.pipeline.owner import owner_key
+from deltaforge.pipeline.runlock import RunLock
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
 from deltaforge.plugins import SOURCES
@@ -33,7 +35,7 @@ from deltaforge.service.client import VERBS as PIPELINE_VERBS
 from deltaforge.sources import childproc
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
-from deltaforge.state.checkpoints import open_store
+from deltaforge.state.checkpoints import CheckpointStore, open_store
 
 if TYPE_CHECKING:
     from deltaforge.service.manager import PipelineManager
@@ -223,10 +225,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _held_by_us(store: CheckpointStore, args: argparse.Namespace, locks: list[RunLock]) -> str | None:
+    """For ``--forget`` and ``--rollback``: the run lock of each pipeline whose checkpoints they
+    change, taken into ``locks`` (so that none starts meanwhile); why not, if one is running. A
+    change under a running pipeline would be overwritten by its next checkpoint write."""
+    if args.storage_type == "memory":
+        return None
+    keys = args.forget or [args.rollback]
+    for source in dict.fromkeys(k.split("::", 1)[0] for k in keys):
+        owner = await store.get(owner_key(source))
+        if owner is None or not isinstance(name := owner.get("name"), str):
+            continue
+        lock = RunLock(args.storage_path, name)
+        if not lock.acquire():
+            return (
+                f"pipeline {name!r} is running ({lock.holder()}): stop it first; its next checkpoint "
+                "write would undo the change"
+            )
+        locks.append(lock)
+    return None
+
+
 async def _checkpoints(args: argparse.Namespace) -> int:
     store = open_store(args.storage_type, args.storage_path)
     await store.open()
+    locks: list[RunLock] = []
     try:
+        if (args.forget or args.rollback) and (running := await _held_by_us(store, args, locks)):
+            print(running, file=sys.stderr)
+            return 1
         if args.forget:
             held = await store.get_many(args.forget)
             if missing := [k for k in args.forget if k not in held]:
@@ -259,6 +286,8 @@ async def _checkpoints(args: argparse.Namespace) -> int:
         return 1
     finally:
         await store.close()
+        for lock in locks:
+            lock.release()
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:

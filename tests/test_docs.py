@@ -28,6 +28,7 @@ MODULES = [
     "deltaforge.sinks.base",
     "deltaforge.sinks.kafka_settings",
     "deltaforge.api.listen",
+    "deltaforge.pipeline.runlock",
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
 import structlog
@@ -25,6 +25,7 @@ from deltaforge.pipeline.messages import (
 )
 from deltaforge.pipeline.owner import claim_source_id, owner_key
 from deltaforge.pipeline.reconciler import identity_key
+from deltaforge.pipeline.runlock import RunLock
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
@@ -118,6 +119,8 @@ class PipelineRunner:
         self.state = "starting"
         self._stop_asked = False
         self._opening: asyncio.Task[None] | None = None
+        """The store's opening, or the wait for the run lock: a stop cancels it."""
+        self._run_lock: RunLock | None = None
         self._replaying = asyncio.Lock()
         self.failure: str | None = None
         self.log = structlog.get_logger().bind(pipeline=self.name)
@@ -153,12 +156,13 @@ class PipelineRunner:
             self.log.error("store_open_failed", storage=storage.type, path=storage.path, exc_info=True)
             self._failed(f"spec.storage: cannot open the {storage.type} store at {storage.path}: {exc}")
             return
+        if clash is None and not self._stop_asked and not await self._hold_run_lock():
+            self._stop_asked = True  # asked to stop while another process ran the pipeline
         if self._stop_asked or clash is not None:
             self.state = "stopped"
             if clash is not None:
                 self._failed(clash)
-            if self._own_store:
-                await self.store.close()
+            await self._let_go()
             return
         self.state = "running"
         self.log.info("pipeline_started", source=self.config.source.id, sinks=list(self.sinks))
@@ -170,14 +174,38 @@ class PipelineRunner:
         except SupervisorFailed as exc:
             self._failed(str(exc))
         finally:
-            if self._own_store:
-                await self.store.close()
+            await self._let_go()
+
+    async def _let_go(self) -> None:
+        """The store closed, then the run lock released: the next holder finds every write made."""
+        if self._own_store:
+            await self.store.close()
+        if self._run_lock is not None:
+            self._run_lock.release()
+
+    async def _hold_run_lock(self) -> bool:
+        """Hold this pipeline's run lock on its store (``runlock.py``), waiting while another
+        process holds it: ``degraded``, ``run_lock`` listed with the holder, checked every
+        ``runlock.LOOK_S``. False if stopped first. A store in memory, or one a test passed in,
+        is this process's own: no lock."""
+        storage = self.config.storage
+        if not self._own_store or storage.type == "memory":
+            return True
+        lock = RunLock(storage.path, self.name)
+        if not await self._until_stopped(lock.wait(self.ctx.availability, self.ctx.clock, self.log)):
+            return False
+        self._run_lock = lock
+        return True
 
     async def _open_store(self) -> bool:
         """Open the store; False if stopped first. A disk that refuses writes (a full disk at start)
         is waited for as the store's writes are (``storewait.py``): ``degraded``, ``state_store``
         listed with the error. A drain or stop ends the wait."""
-        opening = asyncio.create_task(PatientWrites(self.ctx, refused_write)(self.store.open))
+        return await self._until_stopped(PatientWrites(self.ctx, refused_write)(self.store.open))
+
+    async def _until_stopped(self, wait: Coroutine[Any, Any, None]) -> bool:
+        """Run ``wait`` as a task a drain or stop cancels; False if it did."""
+        opening = asyncio.create_task(wait)
         self._opening = opening
         try:
             await opening
