@@ -10,6 +10,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
 from tests.helpers import wait_until
 from tests.kit import doc
+from tests.test_turso_source import written
 
 
 def pipeline(tmp: Path, name: str, source_id: str, db: str) -> PipelineRunner:
@@ -73,3 +74,43 @@ async def test_pipelines_claiming_one_source_id_at_once_leave_exactly_one_runnin
     finally:
         for r, t in zip(runners, tasks, strict=True):
             await stopped(r, t)
+
+
+async def test_a_pipeline_whose_source_id_changed_is_refused_while_the_old_id_holds_its_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """A pipeline's source given another ``id`` (a rename in the config) finds no checkpoint under
+    it: started so, the pipeline would be a new one, reading from now (``snapshot.mode: never``,
+    the default: whatever changed while it was stopped skipped) or from the beginning. It is
+    refused, naming both ids, until the source has its id back or the old checkpoints are
+    forgotten. Before, it started as a new pipeline without a word."""
+    db = tmp_path / "orders.db"
+    w = written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", "INSERT INTO t VALUES (1, 'a')")
+    w.close()
+    orders = pipeline(tmp_path, "orders", "db", "orders.db")
+    task = await started(orders)
+    store = orders.store
+    await wait_until(lambda: orders.ctx.stats.events_committed >= 1, what="the row committed")
+    await stopped(orders, task)
+
+    renamed = pipeline(tmp_path, "orders", "orders_db", "orders.db")
+    other = await started(renamed)
+    await stopped(renamed, other)
+    assert renamed.state == "failed"
+    assert renamed.failure is not None and renamed.failure.startswith(
+        "spec.source.config.id: pipeline 'orders' has checkpoints under source id 'db' in the sqlite store"
+    ), renamed.failure
+    assert "'orders_db'" in renamed.failure and "--forget db::sink::a" in renamed.failure
+    # Nothing claimed: the old id back, the pipeline starts from its checkpoints.
+    orders = pipeline(tmp_path, "orders", "db", "orders.db")
+    task = await started(orders)
+    assert orders.state == "running"
+    await stopped(orders, task)
+    # The old checkpoints forgotten (another database now, say): the new id starts.
+    await store.open()
+    await store.delete_keys(["db::sink::a"])
+    await store.close()
+    renamed = pipeline(tmp_path, "orders", "orders_db", "orders.db")
+    other = await started(renamed)
+    assert renamed.state == "running"
+    await stopped(renamed, other)

@@ -41,6 +41,8 @@ async def claim_source_id(
     async with _claim_lock(config.storage.path):
         owner = await store.get(key)
         if owner is None:
+            if renamed := await _renamed_from(store, source_id, config):
+                return renamed
             await writes(lambda: store.put(key, {"name": config.name}))
             owner = await store.get(key)  # another process's claim at the same moment: the last wins
     name = owner.get("name") if owner is not None else None
@@ -53,3 +55,30 @@ async def claim_source_id(
         f"one's; give this source another id, or this pipeline its own spec.storage.path (if this "
         f"pipeline was called {name!r} before, call it so again)"
     )
+
+
+async def _renamed_from(store: CheckpointStore, source_id: str, config: PipelineConfig) -> str | None:
+    """Why this pipeline cannot take ``source_id`` as its source's new id: its sinks hold
+    checkpoints under the id it had (a rename in the config). Under the new id it would start as a
+    new pipeline, from now (``snapshot.mode: never``) or from the beginning: what changed while
+    it was stopped skipped, or sent again. Asked only at a first claim, so a whole listing is
+    cheap enough."""
+    held = await store.list_all()
+    for key, (_, _, value) in held.items():
+        old = key.removesuffix("::pipeline")
+        if old in (key, source_id) or value.get("name") != config.name:
+            continue
+        sinks = sorted(k for k in held if k.startswith(f"{old}::sink::"))
+        if not sinks:
+            continue
+        storage = config.storage
+        return (
+            f"spec.source.config.id: pipeline {config.name!r} has checkpoints under source id {old!r} in "
+            f"the {storage.type} store {storage.path}, and its source's id is now {source_id!r}, which has "
+            "none: started so, it would be a new pipeline, reading from now (snapshot.mode never) or from "
+            "the beginning, and what changed while it was stopped would be skipped or sent again. If the "
+            f"source is the same database, give it its id back ({old!r}); if it is another one, forget "
+            f"the old checkpoints first: deltaforge checkpoints --storage-path {storage.path} --forget "
+            + " ".join(sinks)
+        )
+    return None
