@@ -37,6 +37,7 @@ from chaos.scenarios import (
     soak,
     source_half_open,
     source_latency,
+    standby_takeover,
 )
 
 SCENARIOS: list[Scenario] = [
@@ -77,6 +78,9 @@ SCENARIOS: list[Scenario] = [
              disk_full.run, quick=True, toxics=("disk",)),
     Scenario("crash_recovery", "serve SIGKILLed 5 times at random moments",
              "lost 0; order 0; Redis duplicates 0", crash_recovery.run, toxics=("kill",)),
+    Scenario("standby_takeover", "MariaDB: a second serve of the pipeline waiting; the active one SIGKILLed 3 times",
+             "the standby reads nothing until it holds the lock, then takes over; lost 0; order 0; Redis duplicates 0",
+             standby_takeover.run, toxics=("kill",)),
     Scenario("binlog_to_kafka_crash", "MariaDB → Kafka, serve SIGKILLed 5 times at random moments",
              "lost 0; order 0; no child envelope other than serve's", binlog_to_kafka_crash.run, toxics=("kill",)),
     Scenario("exactly_once", "SIGKILLs with Redis and Kafka exactly_once and a PostgreSQL if_newer target",
