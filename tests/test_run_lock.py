@@ -3,11 +3,17 @@ pipeline (a unit started twice, a second terminal) waits for the first to stop, 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import jsonl, wait_until_sync
+import structlog
+
+from deltaforge.pipeline.availability import Availability
+from deltaforge.pipeline.runlock import RunLock
+from supervision import FakeClock
+from tests.helpers import file_size_limit, jsonl, wait_until, wait_until_sync
 from tests.serve_proc import Serve
 
 
@@ -94,3 +100,35 @@ def test_checkpoints_are_not_changed_under_a_running_pipeline(tmp_path: Path) ->
     done = checkpoints("--forget", "demo::sink::console")
     assert done.returncode == 0, done.stderr
     assert "demo::sink::console" not in checkpoints().stdout
+
+
+def test_a_run_lock_whose_holder_cannot_be_written_down_is_held_all_the_same(tmp_path: Path) -> None:
+    """On a full disk (here: no file may grow past 0 bytes) the lock is taken all the same: only the
+    name of its holder is missing. Before, the write of the name failed the pipeline's start."""
+    store = str(tmp_path / "cp.db")
+    first = RunLock(store, "p")
+    assert first.acquire()  # the file exists, with a holder's name in it
+    first.release()
+    with file_size_limit(0):
+        lock = RunLock(store, "p")
+        assert lock.acquire()
+    assert not RunLock(store, "p").acquire() and RunLock(store, "p").holder() == "unknown"
+    lock.release()
+    assert RunLock(store, "p").acquire()
+
+
+async def test_a_run_lock_file_that_cannot_be_made_is_waited_for(tmp_path: Path) -> None:
+    """A lock file that cannot be opened (a full disk refusing a new file; here a directory in its
+    place) is waited for as the store is: ``run_lock`` unavailable with the error, tried again,
+    then taken. Before, the error failed the pipeline's start."""
+    lock = RunLock(str(tmp_path / "cp.db"), "p")
+    lock.path.mkdir()
+    availability = Availability("p")
+    waiting = asyncio.create_task(lock.wait(availability, FakeClock(), structlog.get_logger()))
+    await wait_until(lambda: availability.degraded or waiting.done(), what="the lock waited for")
+    assert not waiting.done(), waiting
+    assert "IsADirectoryError" in availability.view()["run_lock"]["last_error"]
+    lock.path.rmdir()
+    await asyncio.wait_for(waiting, 10)
+    assert not availability.degraded and not RunLock(str(tmp_path / "cp.db"), "p").acquire()
+    lock.release()

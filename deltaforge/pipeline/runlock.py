@@ -64,28 +64,37 @@ class RunLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock is held all the same, only its holder's name is missing
         return True
 
     async def wait(self, availability: Availability, clock: Clock, log: structlog.stdlib.BoundLogger) -> None:
         """Until this process holds the lock: meanwhile ``run_lock`` is listed unavailable (the
         pipeline ``degraded``) naming the holder, and ``pipeline_held_elsewhere`` said once."""
         said = False
-        while not self.acquire():
-            holder = self.holder()
-            availability.down(
-                "run_lock", f"pipeline run by another process ({holder}): waiting for it to stop"
-            )
-            if not said:
-                said = True
-                log.warning("pipeline_held_elsewhere", held_by=holder, lock=str(self.path))
+        while True:
+            try:
+                if self.acquire():
+                    break
+            except OSError as exc:  # the file cannot be made (a full disk): waited for, as the store is
+                why = f"cannot open the run lock {self.path}: {type(exc).__name__}: {exc}"
+            else:
+                holder = self.holder()
+                why = f"pipeline run by another process ({holder}): waiting for it to stop"
+                if not said:
+                    said = True
+                    log.warning("pipeline_held_elsewhere", held_by=holder, lock=str(self.path))
+            availability.down("run_lock", why)
             await clock.sleep(LOOK_S)
         availability.up("run_lock")
 
     def holder(self) -> str:
-        """Who holds the lock, as it wrote itself down ("unknown" between its lock and its write)."""
+        """Who holds the lock, as it wrote itself down ("unknown" between its lock and its write, or
+        when a full disk refused the write)."""
         try:
             return self.path.read_text().strip() or "unknown"
         except OSError:
