@@ -26,6 +26,7 @@ from deltaforge.pipeline.messages import (
 from deltaforge.pipeline.owner import claim_source_id, owner_key
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.runlock import RunLock
+from deltaforge.pipeline.sinkids import check_sinks, sinks_key
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
@@ -158,6 +159,10 @@ class PipelineRunner:
             return
         if clash is None and not self._stop_asked and not await self._hold_run_lock():
             self._stop_asked = True  # asked to stop while another process ran the pipeline
+        if clash is None and not self._stop_asked and self._own_store:
+            clash = await check_sinks(
+                self.store, self.config, self.ctx.key, PatientWrites(self.ctx), self.log
+            )
         if self._stop_asked or clash is not None:
             self.state = "stopped"
             if clash is not None:
@@ -384,7 +389,7 @@ class PipelineRunner:
         this name starts from the beginning."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
-        keys += [owner_key(source_id), listed_key(source_id)]
+        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id)]
         keys += [held_key(source_id, sid) for sid in self.sinks]
         await self._read_store(lambda store: store.delete_keys(keys))
 
