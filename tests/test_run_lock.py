@@ -132,3 +132,20 @@ async def test_a_run_lock_file_that_cannot_be_made_is_waited_for(tmp_path: Path)
     await asyncio.wait_for(waiting, 10)
     assert not availability.degraded and not RunLock(str(tmp_path / "cp.db"), "p").acquire()
     lock.release()
+
+
+def test_a_serve_waiting_for_the_run_lock_stops_at_once_when_asked(tmp_path: Path) -> None:
+    """SIGTERM to a standby ends its wait (exit 0, nothing read), and the running one goes on."""
+    events = tmp_path / "data" / "events.jsonl"
+    second_log = tmp_path / "second.jsonl"
+    with Serve(tmp_path, "--log-file", str(tmp_path / "first.jsonl")) as first:
+        first.wait_api()
+        with Serve(tmp_path, "--log-file", str(second_log)) as second:
+            wait_until_sync(lambda: bool(_said(second_log, "pipeline_held_elsewhere")), timeout=30,
+                            what="the second serve waiting")  # fmt: skip
+            assert second.terminate(timeout=20) == 0
+        assert [r["state"] for r in _said(second_log, "pipeline_stopped")] == ["stopped"]
+        assert not _said(second_log, "source_opening")
+        held = len(jsonl(events))
+        wait_until_sync(lambda: len(jsonl(events)) >= held + 10, timeout=30, what="the first going on")
+        assert first.terminate() == 0
