@@ -20,7 +20,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer
 
 from deltaforge.config import parse_pipeline
-from deltaforge.pipeline.runner import PipelineRunner, ReplayFailed
+from deltaforge.pipeline.replay import ReplayFailed
+from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from deltaforge.state.deadletters import Select
 from tests.helpers import jsonl, next_offsets, offsets_in_order, wait_until, wait_until_sync

@@ -22,7 +22,8 @@ from starlette.routing import Route
 
 from deltaforge.api.security import SafeJSONResponse
 from deltaforge.pipeline.dlq import DeadLetterQueue
-from deltaforge.pipeline.runner import PipelineRunner, ReplayFailed
+from deltaforge.pipeline.replay import ReplayFailed
+from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.state.deadletters import Select
 
 Handler = Callable[[PipelineRunner, DeadLetterQueue, Request], Awaitable[Any]]

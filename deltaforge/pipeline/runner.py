@@ -18,13 +18,13 @@ from deltaforge.pipeline.dlq import DeadLetterQueue
 from deltaforge.pipeline.heldends import held_key
 from deltaforge.pipeline.messages import (
     ReleaseHeld,
-    ReplayDeadLetters,
     ResumeReading,
     StopReading,
     TakeSnapshot,
 )
 from deltaforge.pipeline.owner import claim_source_id, owner_key
 from deltaforge.pipeline.reconciler import identity_key
+from deltaforge.pipeline.replay import replay
 from deltaforge.pipeline.runlock import RunLock
 from deltaforge.pipeline.sinkids import check_sinks, sinks_key
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
@@ -50,10 +50,6 @@ class BadState(Exception):
 class NotNow(Exception):
     """What the pipeline cannot do while its source is down (a snapshot needs the server to
     find its tables): ask again once it is back. Nothing was started."""
-
-
-class ReplayFailed(Exception):
-    """Dead letters could not be delivered again (the entries stay)."""
 
 
 class StoredCheckpoint(TypedDict):
@@ -397,33 +393,8 @@ class PipelineRunner:
         """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only
         once its sink holds it. Raises :class:`ReplayFailed` saying why when a sink refuses."""
         async with self._replaying:  # a replay sent twice at once would deliver each entry twice
-            return await self._replay(which)
-
-    async def _replay(self, which: Select) -> int:
-        dlq = self.ctx.dlq
-        assert dlq is not None
-        total = 0
-        for sink, items in (await dlq.take_for_replay(which)).items():
-            worker = self.tree.workers.get(sink)
-            if sink.startswith("source:"):
-                raise ReplayFailed(
-                    f"{len(items)} record(s) the source could not read ({sink}): there is nothing to deliver "
-                    "again; ack them once the producer is fixed"
-                )
-            if worker is None:
-                raise ReplayFailed(f"sink {sink!r} is not in this pipeline any more")
-            try:
-                why = await worker.ask(ReplayDeadLetters(tuple(e for _, e in items)), timeout=120)
-            except (ActorStopped, TimeoutError) as exc:
-                raise ReplayFailed(
-                    f"sink {sink!r}: the pipeline is not running ({type(exc).__name__})"
-                ) from None
-            if why is not None:
-                raise ReplayFailed(f"sink {sink!r}: {why}")
-            await dlq.remove(Select(seqs=tuple(seq for seq, _ in items)))
-            dlq.replayed += len(items)
-            total += len(items)
-        return total
+            assert self.ctx.dlq is not None
+            return await replay(self.ctx.dlq, self.tree.workers, which)
 
     async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""
