@@ -18,7 +18,7 @@ from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigur
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
-from tests.helpers import damage_on_disk, wait_until
+from tests.helpers import damage_on_disk, restarts, wait_until
 from tests.mysql_kit import fresh_db, purge_all_but_newest, read_n, source, to_file
 from tests.servers.mariadb import MariaDB
 
@@ -541,3 +541,64 @@ def test_partial_json_updates_are_refused_at_start_saying_what_to_set() -> None:
     assert "binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options=''" in str(info.value)
     answers["SHOW GLOBAL VARIABLES"][4] = ("binlog_row_value_options", "")
     assert check_preconditions(Conn(), "127.0.0.1:3306", [("shop", "t")]).version == "8.4.0"
+
+
+async def test_pipelines_whose_sources_share_an_id_read_one_server_side_by_side(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """Two pipelines whose MySQL sources have the same id (two services, each with its own store:
+    ``my`` or ``shop`` is what everyone calls it) read one server at once: each connects as a
+    replica with its own server id, so neither drops the other. Before, the server id came from
+    the source id alone: the server dropped each reader as the other connected (MariaDB error
+    4052), each was restarted, over and over, until a pipeline failed."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    runners = [to_file(mariadb, name, f"{db}.t", tmp_path / f"{name}.jsonl", MemoryCheckpointStore())
+               for name in ("billing", "search")]  # fmt: skip
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        await wait_until(lambda: all(r.state == "running" for r in runners), timeout=30, what="both running")
+        await wait_until(lambda: all(r.snapshot().find("SourceReader").state == "running" for r in runners),
+                         timeout=30, what="both sources open")  # fmt: skip
+        with mariadb.root(db) as c, c.cursor() as cur:
+            for i in range(1, 21):  # in lockstep: each row read by both before the next is written
+                cur.execute("INSERT INTO t VALUES (%s)", (i,))
+                await wait_until(lambda i=i: all(r.ctx.stats.events_committed >= i or r.state == "failed"
+                                                 for r in runners), timeout=60, what=f"row {i} in both")  # fmt: skip
+        assert [r.state for r in runners] == ["running", "running"], [r.failure for r in runners]
+        assert [restarts(r.snapshot()) for r in runners] == [0, 0]
+    finally:
+        for r, t in zip(runners, tasks, strict=True):
+            r.stop_now()
+            await asyncio.wait_for(t, 30)
+
+
+async def test_a_server_id_another_replica_took_stops_the_source_saying_so(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """A ``server_id`` set to one another replica of the server uses (here another pipeline's):
+    the server refuses whichever connects while the other is connected, and retrying would only
+    take turns at it (a real replica of that id would lose its connection each time). The refused
+    pipeline stops, naming the id and the setting. Before, it was restarted over and over until
+    its restart intensity ran out, with the server's words alone (and MySQL sends them as 1236,
+    which read as a lost position: a re-snapshot under ``when_needed``)."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    runners = []
+    for name in ("billing", "search"):
+        r = to_file(mariadb, name, f"{db}.t", tmp_path / f"{name}.jsonl", MemoryCheckpointStore())
+        r.source.chosen_server_id = 4242  # as `server_id: 4242` in both configs
+        runners.append(r)
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    try:
+        await wait_until(lambda: any(r.state == "failed" for r in runners), timeout=60, what="one stopped")
+        [refused] = [r for r in runners if r.state == "failed"]
+        assert refused.failure is not None and "server id 4242" in refused.failure, refused.failure
+        assert "spec.source.config.server_id" in refused.failure and "position lost" not in refused.failure
+        assert restarts(refused.snapshot()) == 0
+    finally:
+        for r, t in zip(runners, tasks, strict=True):
+            r.stop_now()
+            await asyncio.wait_for(t, 30)

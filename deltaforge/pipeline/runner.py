@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 import structlog
@@ -88,6 +90,7 @@ class PipelineRunner:
         for sink in self.sinks.values():
             sink.pipeline = config.name
         self.source = source or build_source(config.source, config.tenant)
+        self.source.scope = f"{socket.gethostname()}:{Path(config.storage.path).absolute()}:{config.name}"
         # Only for Kafka: its sink's thread is a serial chain per batch that the envelopes shorten.
         # With a file sink the decoder child making them cost more than serve saved (two cores).
         self.source.native_envelopes = any(s.envelope == "native" and s.type == "kafka" for s in config.sinks)

@@ -112,6 +112,11 @@ class Source(ABC):
     decoder child make each change's envelope, record key and idempotency key too (``Event.made``;
     set by the runner).
     docs/performance.md says why only for Kafka, and why not PostgreSQL's child."""
+    scope: str = ""
+    """Who runs this source: the machine, the checkpoint store and the pipeline (set by the
+    runner). What the source calls itself on the server is derived from it, so that no other
+    pipeline's source shares it: a MySQL/MariaDB replica server id (two replicas of one id drop
+    each other, endlessly)."""
     on_schema_drift: str = "adapt"
     """After a failover, when the new server's tables differ from the recorded schemas: adapt or halt."""
 

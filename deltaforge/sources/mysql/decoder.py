@@ -47,6 +47,8 @@ FLUSH_S = 0.01  # through a backlog, hand over at least this often (caught up: a
 IDLE_MARK_S = 1.0  # while only uncaptured tables change, a transaction end becomes a heartbeat this often
 _STANDALONE = 0x01  # MariaDB GTID flag: a statement with no COMMIT/XID after it
 _XA = 0x40 | 0x80  # MariaDB GTID flags FL_PREPARED_XA, FL_COMPLETED_XA: an XA transaction's group
+_SAME_ID = "same server_uuid/server_id"
+"""In the error a server sends a replica whose server id another replica connected with."""
 _LOST_CODES = {1236}  # ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or GTID not in the binlog
 
 
@@ -326,21 +328,25 @@ def main() -> None:
         from deltaforge.sources.mysql.checks import is_unavailable
 
         code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
+        detail = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, Undecodable):
             kind = "misconfigured"
-        elif code in _LOST_CODES or isinstance(exc, XaUnknown):
-            kind = "position_lost"
+        elif _SAME_ID in str(exc):  # MariaDB 4052; MySQL says it with 1236, its code for a lost position
+            kind = "misconfigured"
+            detail = (
+                f"another replica connected to the server with this source's server id {cfg['server_id']}, "
+                f"so the server refused this one ({exc.args[-1]}): two replicas of one id drop each other, "
+                "endlessly. Set spec.source.config.server_id to an id no other replica of this server uses "
+                "(unset, it is derived from the machine, the checkpoint store, the pipeline and the source id)"
+            )
+        elif code in _LOST_CODES:
+            kind, detail = "position_lost", str(exc.args[-1])
+        elif isinstance(exc, XaUnknown):
+            kind, detail = "position_lost", str(exc)
         else:
             kind = "unavailable" if is_unavailable(exc) else "source"
         if kind == "source" and not isinstance(exc, CorruptEvent):  # its message says it all
             log_crash(exc)
-        detail = (
-            exc.args[-1]
-            if code in _LOST_CODES
-            else str(exc)
-            if isinstance(exc, XaUnknown)
-            else f"{type(exc).__name__}: {exc}"
-        )
         try:
             write_frame(out, ("error", kind, str(detail)))
         except BrokenPipeError:

@@ -77,7 +77,7 @@ class MySQLSource(Source):
         # Watermarks are rows of the signal table: it is read like a captured table, never delivered.
         signal = [tuple(self.signal_table.split(".", 1))] if self.signal_table and self.captured else []
         self.patterns = [*self.captured, *signal]
-        self.server_id = config.server_id or default_server_id(self.id)
+        self.chosen_server_id = config.server_id
         self.chunk = config.read_chunk
         self.tenant = tenant
         self.info: ServerInfo | None = None
@@ -92,6 +92,15 @@ class MySQLSource(Source):
         self._checks = BlockingRunner(1)  # beside the reading, which holds the other thread
         self._look: asyncio.Future[None] | None = None
         self._look_failures = SaidOnce()
+
+    @property
+    def server_id(self) -> int:
+        """The replica server id the binlog is read with: ``server_id`` as set, or one derived from
+        the source's id and :attr:`scope`; two pipelines' sources of one id (each in its own
+        store, on its own machine) get two ids."""
+        return self.chosen_server_id or default_server_id(
+            f"{self.scope}|{self.id}" if self.scope else self.id
+        )
 
     def captures(self, db: str, table: str) -> bool:
         """Whether ``db.table`` is one of the tables this source delivers changes of (in any case
