@@ -205,3 +205,61 @@ async def test_the_decoders_catalog_connection_closed_while_idle_is_opened_again
     finally:
         await src.close()
         await conn.close()
+
+
+async def test_a_slot_another_reader_holds_is_said_and_waited_for_not_a_silent_stall(
+    postgres: Postgres,
+) -> None:
+    """Two pipelines given one slot (the default ``deltaforge`` for both: two teams' configs on one
+    database): the second cannot stream while the first does. It is listed unavailable within
+    seconds, saying who holds the slot and what to set, delivers nothing, and streams once the
+    slot is free. Before, it waited a minute without a word (``/health`` ok, nothing read),
+    then crashed with a traceback, again and again."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+
+    def pipeline(name: str) -> PipelineRunner:
+        doc = {
+            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name},
+            "spec": {"source": {"type": "postgres", "config": {"id": "pg", "dsn": postgres.dsn(db), "slot": f"s_{db}",
+                                                               "publication": f"p_{db}"}},
+                     "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+                     "supervision": {"max_restarts": 5, "within_seconds": 60, "backoff": {"base_ms": 100, "max_ms": 1000}}},
+        }  # fmt: skip
+        return PipelineRunner(
+            parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), sinks={"a": ScriptedSink("a")}
+        )
+
+    first, second = pipeline("billing"), pipeline("search")
+    tasks = [asyncio.create_task(first.run())]
+    try:
+        await wait_until(lambda: (r := first.snapshot().find("SourceReader")) is not None and r.state == "running",
+                         timeout=60, what="the first source open")  # fmt: skip
+        await conn.execute("INSERT INTO t VALUES (1)")
+        await wait_until(lambda: first.ctx.stats.events_committed >= 1, what="the first streaming")
+        tasks.append(asyncio.create_task(second.run()))
+
+        def said() -> str:
+            return str(second.ctx.availability.view().get("source", {}).get("last_error", ""))
+
+        await wait_until(lambda: "is in use" in said() or second.state == "failed", timeout=30,
+                         what="the second listed unavailable")  # fmt: skip
+        reason = said()
+        holder = await conn.fetchval(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", f"s_{db}"
+        )
+        assert f"replication slot 's_{db}' is in use by pid {holder}" in reason, reason
+        assert "spec.source.config.slot" in reason
+        await conn.execute("INSERT INTO t VALUES (2)")
+        await wait_until(lambda: first.ctx.stats.events_committed >= 2, what="the first delivering")
+        assert second.ctx.stats.events_committed == 0 and second.state == "running"
+        first.stop_now()
+        await wait_until(
+            lambda: not second.ctx.availability.degraded, timeout=60, what="the second streaming"
+        )
+    finally:
+        for r in (first, second):
+            r.stop_now()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await conn.close()

@@ -22,7 +22,6 @@ sink holds a checkpoint durably). Transactions at or before ``last_commit``
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -282,7 +281,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         write_frame(out, ("error", "position_lost", f"replication slot {slot!r} is gone (dropped?)"))
         return
     start = parse_lsn(found[0])
-    repl = _start(cfg, start)
+    repl = _start(cfg, start, catalog)
     known = cfg["seen"]
     tx = TxDecoder(
         int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None,
@@ -326,20 +325,52 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
             repl.status(reply=True)  # ask for a keepalive: a fresh WAL end
 
 
-def _start(cfg: DecoderSettings, start: int) -> LogicalStream:
-    """Open the stream; a slot still held by the walsender of a reader that just stopped is
-    waited for (it lets go once it notices), for up to a minute."""
-    for attempt in itertools.count():
+BUSY_GRACE_S = 5.0
+"""How long a slot held by another connection is waited for here, silently, before it is said:
+the walsender of a reader of this pipeline that just went lets go once it notices."""
+
+_HOLDER = (
+    "SELECT s.active_pid, a.application_name, a.client_addr::text, a.backend_start::text "
+    "FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = %s"
+)
+
+
+def _start(cfg: DecoderSettings, start: int, catalog: Catalog) -> LogicalStream:
+    """Open the stream. A slot another connection holds is waited for ``BUSY_GRACE_S`` (the
+    walsender of a reader that just stopped lets go once it notices); after that the slot is
+    unavailable, saying who holds it: another pipeline given the same slot (two teams' configs
+    with the default ``deltaforge``) would otherwise hold this one back without a word."""
+    deadline = time.monotonic() + BUSY_GRACE_S
+    while True:
         repl = LogicalStream(cfg["dsn"], SESSION, cfg["silence_s"])
         try:
             repl.start(cfg["slot"], cfg["publication"], start)
             return repl
         except StreamError as exc:
             repl.close()
-            if not exc.slot_busy or attempt >= 600:
+            if not exc.slot_busy:
                 raise
+            if time.monotonic() >= deadline:
+                raise StreamError(_busy(cfg["slot"], catalog), exc.sqlstate) from None
             time.sleep(0.1)
-    raise AssertionError("unreachable")
+
+
+def _busy(slot: str, catalog: Catalog) -> str:
+    """Why the stream cannot start: the slot in use, by whom (as far as the server says)."""
+    try:
+        found = catalog.rows(_HOLDER, (slot,))
+    except Exception:  # noqa: BLE001 - who holds it is a courtesy; that it is held is the news
+        found = []
+    pid, app, addr, since = found[0] if found else (None, None, None, None)
+    who = f"pid {pid}" if pid is not None else "another connection"
+    seen = ", ".join(x for x in (f"application {app!r}" if app else "", f"from {addr}" if addr else "",
+                                  f"since {since}" if since else "") if x)  # fmt: skip
+    return (
+        f"replication slot {slot!r} is in use by {who}{f' ({seen})' if seen else ''}: another pipeline "
+        "given the same slot, or another consumer of it; a slot has one reader. Waiting for it to be "
+        "free; if it is another pipeline's, give this source a slot of its own (spec.source.config.slot, "
+        "and spec.source.config.publication)"
+    )
 
 
 def main() -> None:
@@ -363,6 +394,8 @@ def report() -> None:
             frame = ("error", "position_lost", f"replication slot {cfg['slot']!r} is gone ({exc})")
         elif isinstance(exc, DecodeError):
             frame = ("error", "decode", str(exc))
+        elif isinstance(exc, StreamError) and exc.slot_busy:
+            frame = ("error", "unavailable", str(exc))
         elif (isinstance(exc, StreamError) and exc.unavailable) or isinstance(exc, OSError):
             frame = ("error", "unavailable", f"{type(exc).__name__}: {exc}")
         else:

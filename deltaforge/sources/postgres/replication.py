@@ -57,7 +57,13 @@ class LogicalStream:
 
     def __init__(self, dsn: str, session: dict[str, str], silence_s: float = 0.0) -> None:
         options = " ".join(f"-c {k}={v.replace(' ', '')}" for k, v in session.items())
-        conninfo = make_conninfo(dsn, replication="database", options=options, connect_timeout=10)
+        conninfo = make_conninfo(
+            dsn,
+            replication="database",
+            options=options,
+            connect_timeout=10,
+            application_name="deltaforge stream",
+        )
         self.pg = pq.PGconn.connect(conninfo.encode())
         if self.pg.status != pq.ConnStatus.OK:
             message = _text(self.pg.error_message)
