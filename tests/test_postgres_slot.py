@@ -223,6 +223,31 @@ async def test_unlogged_tables_a_publication_for_all_tables_cannot_capture_are_n
     assert [e["tables"] for e in named] == [["public.scratch"]]
 
 
+async def test_a_publication_that_publishes_more_than_tables_lists_is_named(postgres: Postgres) -> None:
+    """``tables`` lists what to capture, but pgoutput sends whatever the publication publishes: a
+    publication shared with another pipeline (two configs with the default ``deltaforge``: each
+    adds the tables it lists), or made by hand with more tables, a schema, or FOR ALL TABLES,
+    delivers the others too. Said at every open, naming them. Before, their changes reached the
+    sinks without a word (another team's table, in this pipeline's topics)."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE SCHEMA hr; CREATE TABLE orders (id int PRIMARY KEY); "
+                       "CREATE TABLE users (id int PRIMARY KEY); CREATE TABLE hr.pay (id int PRIMARY KEY)")  # fmt: skip
+    said = []
+    for made in (f"CREATE PUBLICATION p_{db} FOR TABLE orders, users, TABLES IN SCHEMA hr",
+                 f"CREATE PUBLICATION p_{db} FOR ALL TABLES", f"CREATE PUBLICATION p_{db} FOR TABLE orders"):  # fmt: skip
+        await conn.execute(f"DROP PUBLICATION IF EXISTS p_{db}")
+        await conn.execute(made)
+        src = source(postgres, db, tables=["public.orders"])
+        with capture_logs() as logs:
+            await src.open(None)
+        await src.close()
+        await conn.execute(f"SELECT pg_drop_replication_slot('s_{db}')")
+        said.append([e["tables"] for e in logs if e["event"] == "publication_tables_not_listed"])
+    await conn.close()
+    assert said == [[["hr.*", "public.users"]], [["*"]], []]
+
+
 async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
     """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
     pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write

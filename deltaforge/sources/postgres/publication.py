@@ -57,6 +57,8 @@ async def check_publication(
             reason="PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity; "
             "give each a primary key or REPLICA IDENTITY FULL",
         )  # fmt: skip
+    if pub["puballtables"] and listed:
+        _not_listed(publication, ["*"])
     if pub["puballtables"]:
         # FOR ALL TABLES takes in unlogged tables without a word, and their changes are never in
         # the WAL: say which, at every open (a table set unlogged later is named then).
@@ -71,13 +73,17 @@ async def check_publication(
     await _name_filters(conn, pub["oid"], publication)
     if not listed:
         return
-    missing = []
+    missing, oids = [], []
     for table in dict.fromkeys(listed):
         oid = await _oid(conn, table)
         if oid is None:
             raise SourceMisconfigured(f"{who}: table {table!r} in tables does not exist")
+        oids.append(oid)
         if not await _published(conn, pub["oid"], oid):
             missing.append(table)
+    query = _EXTRA if conn.get_server_version().major >= 15 else _EXTRA_14
+    if extra := [str(r[0]) for r in await conn.fetch(query, pub["oid"], oids)]:
+        _not_listed(publication, extra)
     if not missing:
         return
     add = (
@@ -102,6 +108,28 @@ async def check_publication(
         f"{who}: publication {publication!r} does not include {', '.join(missing)}, so their changes would "
         f"never be delivered; run {add} (or set create: true to let deltaforge add them)"
     )
+
+
+_EXTRA_14 = (
+    "SELECT n.nspname || '.' || c.relname FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE r.prpubid = $1 AND NOT r.prrelid = ANY($2::oid[])"
+)
+_EXTRA = f"{_EXTRA_14} UNION ALL SELECT n.nspname || '.*' FROM pg_publication_namespace p " + (
+    "JOIN pg_namespace n ON n.oid = p.pnnspid WHERE p.pnpubid = $1 ORDER BY 1"
+)
+"""What a publication publishes besides the listed tables (oids): other tables it names, and
+(PostgreSQL 15) whole schemas, as ``schema.*``."""
+
+
+def _not_listed(publication: str, tables: list[str]) -> None:
+    """Say that the publication publishes ``tables`` (``*``: every table) besides those listed."""
+    structlog.get_logger().warning(
+        "publication_tables_not_listed", actor="PostgresSource", publication=publication, tables=tables,
+        reason="pgoutput sends the changes of every table the publication publishes, whatever tables lists, "
+        "so these are delivered too. A publication two pipelines share (two configs with the default "
+        "'deltaforge': each adds the tables it lists) does this: give each pipeline a publication and slot "
+        "of its own, or take these out of the publication",
+    )  # fmt: skip
 
 
 # PostgreSQL 15: row filters and column lists
