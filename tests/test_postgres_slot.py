@@ -426,6 +426,32 @@ async def test_a_listed_table_dropped_while_streaming_is_named_once(postgres: Po
     )
 
 
+async def test_a_listed_table_renamed_away_and_replaced_by_another_while_streaming_is_said_so(
+    postgres: Postgres,
+) -> None:
+    """``ALTER TABLE orders RENAME TO orders_old; ALTER TABLE staging RENAME TO orders``: the
+    publication follows the old table, and the new ``orders`` is not in it, so its changes are
+    never decoded: position lost, saying what happened. Before, the reason said the table was
+    dropped and created again."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE orders (id int PRIMARY KEY); CREATE TABLE staging (id int PRIMARY KEY)")
+    src = source(postgres, db, tables=["public.orders"])
+    await src.open(None)
+    await conn.execute("ALTER TABLE orders RENAME TO orders_old; ALTER TABLE staging RENAME TO orders")
+    src.watch.every_s = 0.0  # every read from now asks
+    with pytest.raises(PositionLost) as lost:
+        for i in range(1, 1_000):
+            await conn.execute(f"INSERT INTO orders_old VALUES ({i})")
+            await read_n(src, 1)
+    await src.close()
+    await conn.close()
+    assert str(lost.value).startswith(
+        "position lost: table public.orders was renamed to public.orders_old, and another table took its "
+        f"name, and the new table is not in publication 'p_{db}' while streaming"
+    ), lost.value
+
+
 async def test_partitions_attached_with_rows_or_detached_while_streaming_are_named(
     postgres: Postgres,
 ) -> None:

@@ -239,10 +239,16 @@ async def left_out(
     for table, rows in now["tables"].items():
         if not rows:
             if table in was and was[table] != now["oids"][table]:
+                renamed = await conn.fetchval(_NAME_OF, was[table])
+                how = (
+                    f"renamed to {renamed}, and another table took its name"
+                    if renamed
+                    else "dropped and created again"
+                )
                 return (
-                    f"table {table} was dropped and created again, and the new table is not in "
-                    f"publication {publication!r}"
-                ), now
+                    f"table {table} was {how}, and the new table is not in publication {publication!r}",
+                    now,
+                )
             return f"table {table} was taken out of publication {publication!r}", now
     if at_open is None:
         return None, now
@@ -257,6 +263,10 @@ async def left_out(
     return out_in_between(at_open, now, publication), now
 
 
+_NAME_OF = (
+    "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.oid = $1"
+)
 _GONE = "SELECT array(SELECT x FROM unnest($1::oid[]) x WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x))"
 
 
