@@ -460,3 +460,47 @@ class _OneTable(ChunkReader):
 
     def source_info(self, table: TableRef, at: Any, ts_ms: int) -> Any:
         raise AssertionError("an empty table has no rows")
+
+
+def test_a_pipeline_deleted_with_its_checkpoints_drops_its_postgres_slot(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A replication slot keeps every WAL segment from its position on, for ever: one whose pipeline
+    was deleted with its checkpoints (``delete --delete-checkpoints``), which nothing will read
+    again, filled the source server's disk. It is dropped with them; a pipeline deleted keeping its
+    checkpoints keeps its slot (created again, it resumes there)."""
+    db = "gone_" + tmp_path.name[-12:].lower().replace("-", "_")
+    with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}".encode())
+    with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+        conn.execute(b"CREATE TABLE items (id int PRIMARY KEY)")
+
+    def slots() -> list[str]:
+        with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:
+            rows = conn.execute(
+                b"SELECT slot_name FROM pg_replication_slots WHERE database = %s", (db,)
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def doc(name: str) -> dict[str, Any]:
+        source = {"id": name, "dsn": postgres.dsn(db), "tables": ["public.items"], "slot": f"s_{name}_{db}",
+                  "publication": f"p_{name}_{db}"}  # fmt: skip
+        return {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": name},
+                "spec": {"source": {"type": "postgres", "config": source},
+                         "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / f"{name}.jsonl")}}],
+                         "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")}}}  # fmt: skip
+
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--no-workload", "--log-file", str(log), env=ENV) as serve:
+        serve.wait_api()
+        for name in ("kept", "gone"):
+            assert httpx.post(serve.url("/pipelines"), json=doc(name), headers=TOKEN).status_code == 201
+            serve.wait_source_open(name)
+        assert sorted(slots()) == [f"s_gone_{db}", f"s_kept_{db}"]
+        assert _cli(serve, "delete", "kept").returncode == 0
+        deleted = _cli(serve, "delete", "gone", "--delete-checkpoints")
+        assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+        assert slots() == [f"s_kept_{db}"]
+        assert serve.terminate() == 0
+    [dropped] = [r for r in jsonl(log) if r["event"] == "slot_dropped"]
+    assert dropped["slot"] == f"s_gone_{db}" and dropped["pipeline"] == "gone"

@@ -248,6 +248,27 @@ async def test_a_publication_that_publishes_more_than_tables_lists_is_named(post
     assert said == [[["hr.*", "public.users"]], [["*"]], []]
 
 
+async def test_a_slot_in_use_when_its_pipeline_is_deleted_is_left_and_said(postgres: Postgres) -> None:
+    """Deleting a pipeline with its checkpoints drops its slot (``tests/test_lifecycle.py``); one
+    another connection holds (another pipeline given the same slot) is left, and said with the
+    command to run once it is free: the deletion goes on."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    reading = source(postgres, db, tables=["public.t"])
+    await reading.open(None)
+    await conn.execute("INSERT INTO t VALUES (1)")
+    await read_n(reading, 1)  # streaming: the slot is held
+    with capture_logs() as logs:
+        await source(postgres, db, tables=["public.t"]).forget()
+    await reading.close()
+    held = await conn.fetchval("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f"s_{db}")
+    await conn.close()
+    [left] = [e for e in logs if e["event"] == "slot_left"]
+    assert held == 1 and left["log_level"] == "warning" and "in use by pid" in left["reason"]
+    assert f"run SELECT pg_drop_replication_slot('s_{db}') once it is free" in left["reason"]
+
+
 async def test_a_heartbeat_never_passes_a_commit_that_is_written_but_not_flushed(tmp_path: Path) -> None:
     """Item 16. With the WAL writer stopped, an asynchronous commit stays unflushed while other WAL
     pushes the write position past it. Decoding reaches only flushed WAL, so a heartbeat at the write

@@ -216,6 +216,8 @@ class PipelineManager:
             await self._stop(name)
             if not keep_checkpoints:
                 await runner.forget_checkpoints()
+                with structlog.contextvars.bound_contextvars(pipeline=name):
+                    await runner.source.forget()  # a PostgreSQL slot would keep WAL for ever
             await self.registry.delete(name)
             del self.docs[name], self.pipelines[name]
             self.tasks.pop(name, None)

@@ -146,6 +146,11 @@ class Source(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Disconnect."""
 
+    async def forget(self) -> None:  # noqa: B027 - optional hook
+        """The pipeline was deleted with its checkpoints: let go of what the server keeps for this
+        source and nothing will read again (a PostgreSQL slot keeps WAL for ever). Never raises:
+        what cannot be let go of is said, with what to run."""
+
     async def identity(self) -> dict[str, str] | None:
         """Which server is behind the DSN now (stable fields such as a server UUID), for the
         FailoverReconciler; None for a source without one (an embedded file)."""

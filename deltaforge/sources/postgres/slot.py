@@ -17,6 +17,7 @@ from typing import TypeVar
 import asyncpg
 import structlog
 
+from deltaforge.redact import redact
 from deltaforge.sources.base import PositionLost, SourceUnavailable
 from deltaforge.sources.postgres.identity import refuse_without_identity
 from deltaforge.sources.postgres.names import quote_table
@@ -176,3 +177,34 @@ async def released(conn: asyncpg.Connection, slot: str) -> None:
         async with asyncio.timeout(RELEASE_S):
             while await conn.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot):
                 await asyncio.sleep(0.02)  # the server has no notification for it
+
+
+async def forget(
+    connection: Callable[[], contextlib.AbstractAsyncContextManager[asyncpg.Connection]], slot: str, who: str
+) -> None:
+    """Drop ``slot`` for a pipeline deleted with its checkpoints: a slot keeps every WAL segment from
+    its position on, for ever, and nothing reads it again (the source server's disk filled). One
+    another connection holds is left, and said with the command (``slot_left``), as is a server
+    that cannot be reached. The publication stays: it holds no WAL, and may be another pipeline's.
+    Never raises: the deletion goes on."""
+    log = structlog.get_logger().bind(actor="PostgresSource", source=who, slot=slot)
+    drop = "SELECT pg_drop_replication_slot('{}')".format(slot.replace("'", "''"))
+    try:
+        async with connection() as conn:
+            holder = await conn.fetchrow(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot
+            )
+            if holder is None:
+                return
+            if holder["active_pid"] is None:
+                await conn.execute("SELECT pg_drop_replication_slot($1)", slot)
+                log.info("slot_dropped", reason="the pipeline was deleted with its checkpoints")
+                return
+            why = f"it is in use by pid {holder['active_pid']}"
+    except Exception as exc:  # noqa: BLE001 - the deletion goes on; the slot is said
+        why = redact(f"{type(exc).__name__}: {exc}")
+    log.warning(
+        "slot_left",
+        reason=f"the pipeline was deleted with its checkpoints, and its slot, which keeps WAL on the server "
+        f"for ever, could not be dropped ({why}): run {drop} once it is free",
+    )

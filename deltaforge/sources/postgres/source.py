@@ -151,6 +151,10 @@ class PostgresSource(Source):
                 raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
             raise
 
+    async def forget(self) -> None:
+        """Drop the slot (``slot.forget``): it keeps WAL for ever, and nothing reads it again."""
+        await slot_ops.forget(self._connection, self.slot, self.id)
+
     async def _open(self, resume: PgPosition | None) -> None:
         self.resets = max(self.resets, resume.resets if resume else 0)  # a store that lost the count
         self.txs.resets = self.resets
