@@ -111,6 +111,28 @@ def test_load_folder_of_pipelines(tmp_path: Path) -> None:
     assert [p.name for p in load(tmp_path, env={})] == ["a", "b", "c"]
 
 
+def test_pipelines_of_one_folder_reading_one_postgres_slot_are_refused_naming_both(tmp_path: Path) -> None:
+    """Two documents whose PostgreSQL sources read one database with the same slot (the default
+    ``deltaforge`` in both): a slot has one reader, so one of them would wait for ever. Refused when
+    the folder is read, naming both pipelines; the same slot name on other databases is fine."""
+
+    def pg(name: str, dsn: str, **extra: Any) -> dict[str, Any]:
+        d = doc(name=name)
+        d["spec"]["source"] = {"type": "postgres", "config": {"id": name, "dsn": dsn, **extra}}
+        return d
+
+    docs = [pg("orders", "postgresql://u:pw@db:5432/app"), pg("billing", "postgresql://v:pw2@db/app?sslmode=require"),
+            pg("search", "postgresql://u:pw@db:5432/app", slot="search"), pg("audit", "postgresql://u:pw@db:5432/other")]  # fmt: skip
+    (tmp_path / "p.yaml").write_text("---\n".join(yaml.safe_dump(d) for d in docs))
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path, env={})
+    assert refused.value.errors == [
+        "spec.source.config.slot: pipelines 'orders' and 'billing' read slot 'deltaforge' of one database "
+        "(db:5432/app): a slot has one reader, so one would wait for ever; give each a slot and publication of its own"
+    ]
+    assert "pw" not in str(refused.value.errors)
+
+
 def _validate(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "deltaforge", "validate", str(path)],
