@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel
@@ -38,6 +37,7 @@ from deltaforge.sections import (
     StorageConfig,
     SupervisionConfig,
 )
+from deltaforge.sharedreaders import shared_readers
 from deltaforge.transform.spec import ProcessorSpec, SparkConfig, processor_spec
 
 SPEC_FIELDS = (
@@ -309,37 +309,7 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> list[Pipelin
     names = [pc.name for pc in pipelines]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"metadata.name: pipeline name {dup!r} is used more than once")
-    errors += _shared_slots(pipelines)
+    errors += shared_readers(pipelines)
     if errors:
         raise ConfigError(errors, str(p))
     return pipelines
-
-
-def _shared_slots(pipelines: list[PipelineConfig]) -> list[str]:
-    """Pipelines whose PostgreSQL sources read one database with one slot (the default
-    ``deltaforge`` in two documents): a slot has one reader, so the second would wait for ever."""
-    readers: dict[tuple[str, str], str] = {}
-    errors = []
-    for pc in pipelines:
-        if pc.source.type != "postgres":
-            continue
-        cfg = pc.source.config
-        where = _database(str(getattr(cfg, "dsn", "")))
-        slot = str(getattr(cfg, "slot", ""))
-        first = readers.setdefault((where, slot), pc.name)
-        if first != pc.name:
-            errors.append(
-                f"spec.source.config.slot: pipelines {first!r} and {pc.name!r} read slot {slot!r} of one database "
-                f"({where}): a slot has one reader, so one would wait for ever; give each a slot and "
-                "publication of its own"
-            )
-    return errors
-
-
-def _database(dsn: str) -> str:
-    """``host:port/dbname`` of a PostgreSQL DSN, a URL or ``key=value`` words (no credentials)."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
-    words = dict(w.split("=", 1) for w in dsn.split() if "=" in w)
-    return f"{words.get('host', 'localhost')}:{words.get('port', '5432')}/{words.get('dbname', '')}"

@@ -133,6 +133,29 @@ def test_pipelines_of_one_folder_reading_one_postgres_slot_are_refused_naming_bo
     assert "pw" not in str(refused.value.errors)
 
 
+def test_pipelines_of_one_folder_in_one_kafka_consumer_group_are_refused_naming_both(tmp_path: Path) -> None:
+    """Two documents whose Kafka sources read one cluster with one consumer group: Kafka splits the
+    partitions between them, so each would deliver part of the records without a word. Refused
+    when the folder is read; the same group id on another cluster is fine."""
+
+    def kafka(name: str, brokers: str, group: str) -> dict[str, Any]:
+        d = doc(name=name)
+        d["spec"]["source"] = {"type": "kafka", "config": {"id": name, "brokers": brokers, "topics": ["t"],
+                                                          "group_id": group}}  # fmt: skip
+        return d
+
+    docs = [kafka("a", "k1:9092,k2:9092", "cdc"), kafka("b", "k2:9092", "cdc"), kafka("c", "k1:9092", "other"),
+            kafka("d", "elsewhere:9092", "cdc")]  # fmt: skip
+    (tmp_path / "p.yaml").write_text("---\n".join(yaml.safe_dump(d) for d in docs))
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path, env={})
+    assert refused.value.errors == [
+        "spec.source.config.group_id: pipelines 'a' and 'b' read one cluster (k2:9092) in consumer group 'cdc': "
+        "Kafka splits the partitions between them, so each would deliver part of the records; give each a "
+        "group of its own"
+    ]
+
+
 def _validate(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "deltaforge", "validate", str(path)],
