@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -574,3 +576,51 @@ async def test_a_captured_table_renamed_out_of_tables_is_named(
     await src.close()
     w.close()
     assert [(e["table"], e["to"]) for e in logs if e["event"] == "captured_table_renamed"] == [("t", "t_old")]
+
+
+async def test_a_database_another_process_holds_is_waited_for_not_a_failure(tmp_path: Path) -> None:
+    """pyturso locks a database file per process: while the application writing it runs in a
+    process of its own, deltaforge cannot open it. That is the file unavailable, said and waited
+    for (``degraded``), and read once the other process lets go. Before, each opening failed as
+    a crash, and the pipeline failed once its restarts ran out."""
+    db = tmp_path / "app.db"
+    written(db, "CREATE TABLE t (id INTEGER PRIMARY KEY)", "INSERT INTO t VALUES (1)").close()
+    holder = hold(db)
+    try:
+        d = doc(name="app", source_path=str(db), storage={"type": "memory"},
+                supervision={"max_restarts": 3, "within_seconds": 60, "backoff": {"base_ms": 50, "max_ms": 200}})  # fmt: skip
+        runner = PipelineRunner(parse_pipeline(d, env={}))
+        task = asyncio.create_task(runner.run())
+
+        def said() -> str:
+            return str(runner.ctx.availability.view().get("source", {}).get("last_error", ""))
+
+        await wait_until(lambda: "locked by another process" in said() or runner.state == "failed", timeout=30,
+                         what="the source listed unavailable")  # fmt: skip
+        assert runner.state == "running", runner.failure
+        assert "the application writing it" in said(), said()
+        holder.kill()
+        holder.wait(10)
+        await wait_until(lambda: runner.ctx.stats.events_committed >= 1, timeout=30, what="the row delivered")
+        assert not runner.ctx.availability.degraded
+        runner.stop_now()
+        await asyncio.wait_for(task, 30)
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def hold(db: Path) -> subprocess.Popen[str]:
+    """Another process with ``db`` open (pyturso's lock held), once it has it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+HOLD = """
+import sys, time, turso
+conn = turso.connect(sys.argv[1])
+conn.execute("SELECT 1").fetchall()
+print("held", flush=True)
+time.sleep(600)
+"""

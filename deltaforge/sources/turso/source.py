@@ -32,6 +32,7 @@ from deltaforge.sources.base import (
     Source,
     SourceError,
     SourceMisconfigured,
+    SourceUnavailable,
     own_position,
 )
 from deltaforge.sources.turso.captured import CapturedNames, name_dropped
@@ -209,6 +210,14 @@ class TursoSource(Source):
         try:
             conn = turso.connect(self.path)
         except Exception as exc:
+            if "locked by another process" in str(exc):
+                # pyturso locks a file per process: the application writing it runs in one of its
+                # own. Waited for (degraded), as a server that is down is: it may be stopped.
+                raise SourceUnavailable(
+                    f"turso source {self.id!r}: {self.path} is locked by another process (the application "
+                    "writing it? pyturso lets one process at a time open a database file): waiting for it "
+                    "to let go; run the writer inside deltaforge, or stop it while deltaforge reads"
+                ) from None
             raise SourceError(f"turso source {self.id!r}: cannot open {self.path}: {exc}") from exc
         return conn
 
