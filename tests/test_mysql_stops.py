@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pymysql
 import pytest
 from structlog.testing import capture_logs
 
@@ -20,7 +21,7 @@ from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import damage_on_disk, restarts, wait_until
 from tests.mysql_kit import fresh_db, purge_all_but_newest, read_n, source, to_file
-from tests.servers.mariadb import MariaDB
+from tests.servers.mariadb import CDC_PASSWORD, CDC_USER, MariaDB
 
 
 @pytest.mark.parametrize("resume_by", ["auto", "file"])
@@ -602,3 +603,48 @@ async def test_a_server_id_another_replica_took_stops_the_source_saying_so(
         for r, t in zip(runners, tasks, strict=True):
             r.stop_now()
             await asyncio.wait_for(t, 30)
+
+
+async def test_a_server_at_its_connection_limit_is_waited_for_not_a_failure(tmp_path: Path) -> None:
+    """A busy server refuses new connections past ``max_connections`` (MariaDB error 1040, "Too many
+    connections"; per user 1203, per hour 1226, a blocked host 1129): it is there, and will take
+    one once others close. The source is unavailable meanwhile (``degraded``, saying so) and
+    reads once a connection is free. Before, each refusal was a crash: the pipeline failed within
+    seconds, after its restarts ran out."""
+    with MariaDB() as server:  # its own: the limit would refuse the other tests' connections
+        db = fresh_db(server)
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+            cur.execute("INSERT INTO t VALUES (1)")
+        with server.root() as c, c.cursor() as cur:
+            cur.execute("SET GLOBAL max_connections = 10")  # MariaDB's least
+        hogs: list[Any] = []
+        while True:
+            try:
+                hogs.append(
+                    pymysql.connect(host="127.0.0.1", port=server.port, user=CDC_USER, password=CDC_PASSWORD)
+                )
+            except pymysql.err.OperationalError as exc:
+                assert exc.args[0] == 1040, exc
+                break
+        runner = to_file(server, "busy", f"{db}.t", tmp_path / "out.jsonl", MemoryCheckpointStore())
+        task = asyncio.create_task(runner.run())
+        try:
+
+            def said() -> str:
+                return str(runner.ctx.availability.view().get("source", {}).get("last_error", ""))
+
+            await wait_until(lambda: "Too many connections" in said() or runner.state == "failed", timeout=30,
+                             what="the source listed unavailable")  # fmt: skip
+            assert runner.state == "running", runner.failure
+            while hogs:
+                hogs.pop().close()
+            await wait_until(
+                lambda: runner.ctx.stats.events_committed >= 1, timeout=60, what="the row delivered"
+            )
+            assert runner.state == "running" and not runner.ctx.availability.degraded
+        finally:
+            runner.stop_now()
+            await asyncio.wait_for(task, 30)
+            for hog in hogs:
+                hog.close()

@@ -20,9 +20,12 @@ from deltaforge.sources.mysql.connection import Connection
 from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
-# Client and server error codes that mean "the server is down right now": can't connect
-# (2002, 2003), gone away or lost mid-query (2006, 2013, 2055), shutting down (1053, 1077).
-UNAVAILABLE_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1077})
+# Client and server error codes that mean "the server cannot take us right now": can't connect
+# (2002, 2003), gone away or lost mid-query (2006, 2013, 2055), shutting down (1053, 1077), the
+# connection killed (1927), at its connection limits (1040 max_connections, 1203
+# max_user_connections, 1226 a user's hourly limits) or this host blocked after connection errors
+# until a FLUSH HOSTS (1129): all pass, or are mended on the server, without a change here.
+UNAVAILABLE_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1077, 1927, 1040, 1203, 1226, 1129})
 
 
 def is_unavailable(exc: BaseException) -> bool:
