@@ -263,3 +263,60 @@ async def test_a_slot_another_reader_holds_is_said_and_waited_for_not_a_silent_s
             r.stop_now()
         await asyncio.gather(*tasks, return_exceptions=True)
         await conn.close()
+
+
+async def test_a_server_at_its_connection_limit_is_waited_for_not_a_failure(tmp_path: Path) -> None:
+    """A busy server refuses new connections past ``max_connections`` ("sorry, too many clients
+    already", SQLSTATE 53300): it is there, and takes one once others close. The source is
+    unavailable meanwhile (``degraded``, saying so) and reads once a connection is free. Before,
+    each refusal was a crash, and the pipeline failed once its restarts ran out."""
+    with Postgres() as pg:  # its own: the limit would refuse the other tests' connections
+        _restart_with(pg, "max_connections = 12\nsuperuser_reserved_connections = 0\n")
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        hogs = [conn]
+        while True:
+            try:
+                hogs.append(await asyncpg.connect(pg.dsn()))
+            except asyncpg.TooManyConnectionsError:
+                break
+        doc = {
+            "apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "busy"},
+            "spec": {"source": {"type": "postgres", "config": {"id": "pg", "dsn": pg.dsn(), "tables": ["public.t"]}},
+                     "sinks": [{"type": "stdout", "config": {"id": "a"}}],
+                     "supervision": {"max_restarts": 5, "within_seconds": 60, "backoff": {"base_ms": 100, "max_ms": 500}}},
+        }  # fmt: skip
+        runner = PipelineRunner(
+            parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), sinks={"a": ScriptedSink("a")}
+        )
+        task = asyncio.create_task(runner.run())
+        try:
+
+            def said() -> str:
+                return str(runner.ctx.availability.view().get("source", {}).get("last_error", ""))
+
+            await wait_until(lambda: "too many clients" in said() or runner.state == "failed", timeout=30,
+                             what="the source listed unavailable")  # fmt: skip
+            assert runner.state == "running", runner.failure
+            while len(hogs) > 1:
+                await hogs.pop().close()
+            await wait_until(lambda: (r := runner.snapshot().find("SourceReader")) is not None and r.state == "running",
+                             timeout=60, what="the source open")  # fmt: skip
+            await conn.execute("INSERT INTO t VALUES (1)")
+            await wait_until(
+                lambda: runner.ctx.stats.events_committed >= 1, timeout=60, what="the row delivered"
+            )
+            assert runner.state == "running"
+        finally:
+            runner.stop_now()
+            await asyncio.wait_for(task, 30)
+            for hog in hogs:
+                await hog.close()
+
+
+def _restart_with(pg: Postgres, settings: str) -> None:
+    """``pg`` stopped, ``settings`` appended to its postgresql.conf, started again."""
+    pg.halt()
+    with open(pg.data / "postgresql.conf", "a") as conf:
+        conf.write(settings)
+    pg.resume()

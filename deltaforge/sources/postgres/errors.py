@@ -7,7 +7,8 @@ import asyncpg
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    """Refused, reset, timed out, shutting down, starting up or recovering, connection lost."""
+    """Refused, reset, timed out, shutting down, starting up or recovering, connection lost, at its
+    connection limit."""
     return isinstance(
         exc,
         OSError
@@ -16,7 +17,8 @@ def is_unavailable(exc: BaseException) -> bool:
         | asyncpg.CannotConnectNowError  # starting up, shutting down, in recovery
         | asyncpg.AdminShutdownError
         | asyncpg.CrashShutdownError
-        | asyncpg.ConnectionDoesNotExistError,
+        | asyncpg.ConnectionDoesNotExistError
+        | asyncpg.TooManyConnectionsError,  # at max_connections: it takes one once others close
     )
 
 
