@@ -14,6 +14,7 @@ left out (a password changed is no new destination).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,7 +68,7 @@ def destination(sink: SinkConfig[Any]) -> str:
 async def check_sinks(
     store: CheckpointStore,
     config: PipelineConfig,
-    key_of: Any,
+    key_of: Callable[[str], str],
     writes: PatientWrites,
     log: structlog.stdlib.BoundLogger,
 ) -> str | None:
