@@ -32,12 +32,12 @@ from deltaforge.sources.base import (
     Source,
     SourceError,
     SourceMisconfigured,
-    SourceUnavailable,
     own_position,
 )
 from deltaforge.sources.turso.captured import CapturedNames, name_dropped
 from deltaforge.sources.turso.cdcids import ids_went_back
 from deltaforge.sources.turso.config import TursoSourceConfig
+from deltaforge.sources.turso.opening import check_position, connect
 from deltaforge.sources.turso.position import TursoPosition
 from deltaforge.sources.turso.record import decode_record, quote_name, table_info
 
@@ -173,53 +173,12 @@ class TursoSource(Source):
             )  # fmt: skip
 
     def _check_position(self, resume: TursoPosition) -> None:
-        """Halt rather than skip: the checkpointed change must still be in ``turso_cdc``, and be
-        the same change (a pruned table or a replaced file would otherwise jump a gap)."""
-        conn = self._conn
-        has_table = conn.execute(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'turso_cdc'"
-        ).fetchall()
-        first = last = row = None
-        if has_table:
-            first, last = conn.execute("SELECT min(change_id), max(change_id) FROM turso_cdc").fetchone()
-            row = conn.execute(
-                "SELECT change_txn_id, change_time FROM turso_cdc WHERE change_id = ?", (resume.change_id,)
-            ).fetchone()
-        conn.commit()
-        where = f"checkpoint change_id {resume.change_id} of source {self.id!r}"
-        if last is None or int(last) < resume.change_id:
-            held = "no turso_cdc table" if not has_table else f"turso_cdc ends at change_id {last}"
-            raise PositionLost(
-                f"{where} is not in {self.path} ({held}; the database was replaced or its CDC table truncated)"
-            )
-        if row is None:
-            raise PositionLost(
-                f"{where} is no longer in {self.path} (turso_cdc holds change_id {first}..{last}: the changes "
-                "after the checkpoint were pruned)"
-            )
-        if resume.txn is not None and (int(row[0]), int(row[1])) != (resume.txn, resume.at):
-            raise PositionLost(
-                f"{where} is another change in {self.path} than the one checkpointed (transaction {row[0]} at "
-                f"{row[1]}, not {resume.txn} at {resume.at}): the database file was replaced"
-            )
+        check_position(
+            self._conn, self.path, resume, f"checkpoint change_id {resume.change_id} of source {self.id!r}"
+        )
 
     def _connect(self) -> Any:
-        import turso
-
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            conn = turso.connect(self.path)
-        except Exception as exc:
-            if "locked by another process" in str(exc):
-                # pyturso locks a file per process: the application writing it runs in one of its
-                # own. Waited for (degraded), as a server that is down is: it may be stopped.
-                raise SourceUnavailable(
-                    f"turso source {self.id!r}: {self.path} is locked by another process (the application "
-                    "writing it? pyturso lets one process at a time open a database file): waiting for it "
-                    "to let go; run the writer inside deltaforge, or stop it while deltaforge reads"
-                ) from None
-            raise SourceError(f"turso source {self.id!r}: cannot open {self.path}: {exc}") from exc
-        return conn
+        return connect(self.path, f"turso source {self.id!r}")
 
     async def close(self) -> None:
         if self._conn is not None:
