@@ -102,6 +102,35 @@ async def test_two_pipelines_writing_one_stream_exactly_once_each_keep_every_cha
     assert got == [*range(100, 111), *range(1, 11)]
 
 
+async def test_two_deployments_of_one_pipeline_writing_one_stream_exactly_once_each_keep_every_change(
+    redis_server: Redis, tmp_path: Path
+) -> None:
+    """One config deployed once per shard, each deployment with its own checkpoint store: one
+    pipeline name, two sources fanned into one stream. Keyed by the name alone, the watermark was
+    shared, and the shard whose positions sorted lower had every change dropped as written
+    already. The watermark is kept per deployment too (an id its store keeps), so each shard
+    keeps every change."""
+    stream = f"fanin2.{tmp_path.name[-8:]}"
+
+    async def deploy(shard: str, total: int) -> PipelineRunner:
+        doc = redis_doc(redis_server.uri(), exactly_once=True)
+        doc["metadata"]["name"] = "orders"
+        doc["spec"]["sinks"][0]["config"]["stream"] = stream
+        doc["spec"]["storage"] = {"type": "sqlite", "path": str(tmp_path / shard / "cp.db")}
+        runner = PipelineRunner(parse_pipeline(doc, env={}), source=SyntheticSource(total))
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: runner.ctx.stats.events_committed >= total or runner.state == "failed",
+                         what=f"shard {shard} delivered")  # fmt: skip
+        await runner.drain()
+        await asyncio.wait_for(task, 30)
+        return runner
+
+    await deploy("eu", 30)
+    await deploy("us", 10)
+    got = [int(d["event_id"]) for d in entries(redis_server, stream)]
+    assert got == [*range(1, 31), *range(1, 11)]
+
+
 async def test_outage_backs_off_holds_checkpoint_and_recovers(redis_server: Redis) -> None:
     n = 20_000
     store = MemoryCheckpointStore()

@@ -24,7 +24,7 @@ from deltaforge.pipeline.messages import (
     StopReading,
     TakeSnapshot,
 )
-from deltaforge.pipeline.owner import claim_source_id, owner_key
+from deltaforge.pipeline.owner import claim_source_id, deployment_id, deployment_key, owner_key
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.replay import replay
 from deltaforge.pipeline.runlock import RunLock
@@ -162,6 +162,10 @@ class PipelineRunner:
             clash = await check_sinks(
                 self.store, self.config, self.ctx.key, PatientWrites(self.ctx), self.log
             )
+        if clash is None and not self._stop_asked:
+            deployment = await deployment_id(self.store, self.source.id, PatientWrites(self.ctx))
+            for sink in self.sinks.values():
+                sink.deployment = deployment
         if self._stop_asked or clash is not None:
             self.state = "stopped"
             if clash is not None:
@@ -388,7 +392,7 @@ class PipelineRunner:
         this name starts from the beginning."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
-        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id)]
+        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id), deployment_key(source_id)]
         keys += [held_key(source_id, sid) for sid in self.sinks]
         await self._read_store(lambda store: store.delete_keys(keys))
 

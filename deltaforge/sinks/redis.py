@@ -4,7 +4,7 @@ Default (at-least-once): each event is ``XADD stream * event <json> idempotency_
 Consumers dedup on ``idempotency_key``.
 
 ``exactly_once: true`` goes beyond the reference: every stream keeps a watermark per pipeline
-(``<stream>:df:watermark:<pipeline>``) of the last source position it wrote there, and a Lua
+(``<stream>:df:watermark:<pipeline>:<deployment>``) of the last source position it wrote there, and a Lua
 script adds only entries past the watermark and moves it, atomically per stream. A replay
 after a crash is then a no-op on the server: one entry per source change. Per pipeline, since
 positions of two sources fanned into one stream do not sort against each other.
@@ -250,10 +250,12 @@ class RedisSink(Sink[RedisSinkConfig]):
     def _calls(self, stream: str, lane: str, entries: list[Any], watermarked: bool) -> Iterator[Call]:
         """The script calls adding ``entries`` to ``stream``, ``PER_CALL`` at a time;
         ``watermarked``, past the watermark of their ``lane`` (see :func:`_watermark_of`)."""
-        # One per pipeline: another pipeline's source may write the same stream, and positions
+        # One per pipeline and deployment: another pipeline's source, or another deployment's of
+        # this one (a config deployed once per shard), may write the same stream, and positions
         # of two sources do not sort against each other (one watermark for both dropped every
         # change of the source whose positions were lower).
-        watermark = f"{stream}:df:watermark:{self.pipeline}" + (f":{lane}" if lane else "")
+        deployment = f":{self.deployment}" if self.deployment else ""
+        watermark = f"{stream}:df:watermark:{self.pipeline}{deployment}" + (f":{lane}" if lane else "")
         keys = [stream, watermark] if watermarked else [stream]
         for i in range(0, len(entries), PER_CALL):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]
