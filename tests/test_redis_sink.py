@@ -105,18 +105,19 @@ async def test_two_pipelines_writing_one_stream_exactly_once_each_keep_every_cha
 async def test_two_deployments_of_one_pipeline_writing_one_stream_exactly_once_each_keep_every_change(
     redis_server: Redis, tmp_path: Path
 ) -> None:
-    """One config deployed once per shard, each deployment with its own checkpoint store: one
+    """One config deployed once per shard, each deployment reading its own database: one
     pipeline name, two sources fanned into one stream. Keyed by the name alone, the watermark was
     shared, and the shard whose positions sorted lower had every change dropped as written
-    already. The watermark is kept per deployment too (an id its store keeps), so each shard
-    keeps every change."""
+    already. The watermark is kept per deployment too (where its source reads), so each shard
+    keeps every change; the same deployment again, its store lost, still writes nothing twice."""
     stream = f"fanin2.{tmp_path.name[-8:]}"
 
     async def deploy(shard: str, total: int) -> PipelineRunner:
         doc = redis_doc(redis_server.uri(), exactly_once=True)
         doc["metadata"]["name"] = "orders"
         doc["spec"]["sinks"][0]["config"]["stream"] = stream
-        doc["spec"]["storage"] = {"type": "sqlite", "path": str(tmp_path / shard / "cp.db")}
+        doc["spec"]["source"]["config"]["path"] = str(tmp_path / f"{shard}.db")  # each shard its database
+        doc["spec"]["storage"] = {"type": "memory"}  # a store of its own, lost at every stop
         runner = PipelineRunner(parse_pipeline(doc, env={}), source=SyntheticSource(total))
         task = asyncio.create_task(runner.run())
         await wait_until(lambda: runner.ctx.stats.events_committed >= total or runner.state == "failed",
@@ -127,6 +128,7 @@ async def test_two_deployments_of_one_pipeline_writing_one_stream_exactly_once_e
 
     await deploy("eu", 30)
     await deploy("us", 10)
+    await deploy("us", 10)  # again, its store lost: read again from the start, written again nowhere
     got = [int(d["event_id"]) for d in entries(redis_server, stream)]
     assert got == [*range(1, 31), *range(1, 11)]
 

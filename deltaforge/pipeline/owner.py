@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 
 from deltaforge.config import PipelineConfig
 from deltaforge.pipeline.storewait import PatientWrites
@@ -83,22 +82,3 @@ async def _renamed_from(store: CheckpointStore, source_id: str, config: Pipeline
             + " ".join(sinks)
         )
     return None
-
-
-def deployment_key(source_id: str) -> str:
-    """Where the store keeps the id of this deployment of the pipeline."""
-    return f"{source_id}::deployment"
-
-
-async def deployment_id(store: CheckpointStore, source_id: str, writes: PatientWrites) -> str:
-    """This deployment's id, made at its first start and kept in its store: one config deployed
-    once per shard (each with its own store) runs one pipeline name several times, and what a
-    sink server keeps per pipeline (a Redis stream's watermark) must tell them apart. It moves
-    with the store (a standby taking over on another machine is the same deployment)."""
-    key = deployment_key(source_id)
-    found = await store.get(key)
-    if found is not None and isinstance(made := found.get("id"), str):
-        return made
-    made = uuid.uuid4().hex[:12]
-    await writes(lambda: store.put(key, {"id": made}))
-    return made

@@ -24,11 +24,11 @@ from deltaforge.pipeline.messages import (
     StopReading,
     TakeSnapshot,
 )
-from deltaforge.pipeline.owner import claim_source_id, deployment_id, deployment_key, owner_key
+from deltaforge.pipeline.owner import claim_source_id, owner_key
 from deltaforge.pipeline.reconciler import identity_key
 from deltaforge.pipeline.replay import replay
 from deltaforge.pipeline.runlock import RunLock
-from deltaforge.pipeline.sinkids import check_sinks, sinks_key
+from deltaforge.pipeline.sinkids import check_sinks, deployment_of, sinks_key
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
@@ -87,8 +87,9 @@ class PipelineRunner:
         self._own_store = store is None
         self.store = store or open_store(config.storage.type, config.storage.path)
         self.sinks = sinks or {s.id: build_sink(s) for s in config.sinks}
+        deployment = deployment_of(config.source)
         for sink in self.sinks.values():
-            sink.pipeline = config.name
+            sink.pipeline, sink.deployment = config.name, deployment
         self.source = source or build_source(config.source, config.tenant)
         self.source.scope = f"{socket.gethostname()}:{Path(config.storage.path).absolute()}:{config.name}"
         # Only for Kafka: its sink's thread is a serial chain per batch that the envelopes shorten.
@@ -162,10 +163,6 @@ class PipelineRunner:
             clash = await check_sinks(
                 self.store, self.config, self.ctx.key, PatientWrites(self.ctx), self.log
             )
-        if clash is None and not self._stop_asked:
-            deployment = await deployment_id(self.store, self.source.id, PatientWrites(self.ctx))
-            for sink in self.sinks.values():
-                sink.deployment = deployment
         if self._stop_asked or clash is not None:
             self.state = "stopped"
             if clash is not None:
@@ -392,7 +389,7 @@ class PipelineRunner:
         this name starts from the beginning."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
-        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id), deployment_key(source_id)]
+        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id)]
         keys += [held_key(source_id, sid) for sid in self.sinks]
         await self._read_store(lambda store: store.delete_keys(keys))
 

@@ -14,6 +14,7 @@ left out (a password changed is no new destination).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from deltaforge.config import PipelineConfig
-from deltaforge.configmodel import SinkConfig
+from deltaforge.configmodel import SinkConfig, SourceConfig
 from deltaforge.pipeline.storewait import PatientWrites
 from deltaforge.state.checkpoints import CheckpointStore
 
@@ -34,6 +35,24 @@ _WHERE: dict[str, tuple[str, ...]] = {
     "postgres": ("dsn", "table"),
 }
 """The settings that say where a sink of each type writes (any other type: its type alone)."""
+
+
+def deployment_of(source: SourceConfig[Any]) -> str:
+    """Which deployment of a pipeline this is, as a sink server may need to tell (a Redis stream's
+    ``exactly_once`` watermark): where its source reads, hashed (8 hex digits). One config
+    deployed once per shard runs one pipeline name against several servers; the same pipeline
+    on the same server, with its store lost or in memory, or a standby taking over, is the same
+    deployment, so its replays are still recognised. Credentials are left out."""
+    cfg = source.config
+    if (dsn := getattr(cfg, "dsn", None)) is not None:
+        where = _server(str(dsn))
+    elif (brokers := getattr(cfg, "brokers", None)) is not None:
+        where = ",".join(sorted(b.strip().lower() for b in str(brokers).split(",")))
+    elif (path := getattr(cfg, "path", None)) is not None:
+        where = str(Path(path).absolute())
+    else:
+        where = source.id
+    return f"{zlib.crc32(f'{source.type} {where}'.encode()):08x}"
 
 
 def sinks_key(source_id: str) -> str:

@@ -62,8 +62,9 @@ class Sink(ABC, Generic[K]):
         self.id = config.id
         self.pipeline = "pipeline"  # set by the runner: names transactional ids and the like
         self.deployment = ""
-        """Which deployment of the pipeline this is (an id its checkpoint store keeps; set by the
-        runner): one config deployed once per shard runs one pipeline name several times."""
+        """Which deployment of the pipeline this is (``sinkids.deployment_of``: where its source
+        reads; set by the runner): one config deployed once per shard runs one pipeline name
+        several times."""
         self.lost_acknowledged = 0
         """How many times this run found the sink's server without what it had acknowledged
         (``acknowledged.py``, and the delivery worker for a sink that records its position)."""
