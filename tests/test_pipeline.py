@@ -20,7 +20,7 @@ from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from supervision import FakeClock
 from tests.helpers import first_occurrences, wait_until
-from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+from tests.kit import PacedSource, ScriptedSink, SyntheticSource, config, sink_doc
 
 N = 500
 
@@ -134,6 +134,31 @@ async def test_an_optional_sink_whose_library_raises_what_no_one_classified_neve
         assert node is not None and node.restarts == 0, actor
     crashed = [e for e in logs if e["event"] == "sink_raised"]
     assert len(crashed) >= 10 and all(e["exc_info"] is True and e["sink"] == "b" for e in crashed)
+
+
+async def test_an_optional_sink_whose_probe_hangs_never_holds_the_others_back() -> None:
+    """A lagging optional sink is probed to see whether it is back; a probe that does not answer
+    (a server half-open, a connect that waits out its timeout) took the coordinator with it,
+    which waited for the answer (up to 120 s) before it handed any sink its next batch: the
+    required sink delivered nothing meanwhile, probe after probe. Probes now run beside
+    delivery."""
+    probed = asyncio.Event()
+
+    class Hanging(ScriptedSink):
+        async def reachable(self) -> None:
+            probed.set()
+            await asyncio.Event().wait()  # never answers
+
+    a, b = ScriptedSink("a"), Hanging("b", required=False, script=fails())
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)], batch={"max_events": 50, "max_ms": 5})
+    runner, task = await start(cfg, [a, b], PacedSource(1000, chunk=50, delay=0.01), MemoryCheckpointStore())
+    await asyncio.wait_for(probed.wait(), 30)  # b lags, and its probe hangs from now on
+    held = len(a.received)
+    await wait_until(lambda: len(a.received) == 1000, timeout=30, what="a delivering while b's probe hangs")
+    assert held < 1000  # a had more to take once the probe began
+    assert runner.ctx.stats.sinks["b"].lagging
+    await stop(runner, task)
+    assert a.received == list(range(1, 1001))
 
 
 async def test_a_lagging_optional_sink_that_comes_back_catches_up_in_the_same_run() -> None:

@@ -25,6 +25,7 @@ from deltaforge.pipeline.messages import (
     ProbeLagging,
     ProbeSink,
     Rewind,
+    SinksProbed,
 )
 from deltaforge.position import Position
 from deltaforge.sections import CommitPolicy
@@ -141,6 +142,7 @@ class DeliveryCoordinator(Actor):
         self.comebacks_failed = 0  # probes refused, or sinks that failed again right after rejoining
         self.rng = ctx.rng
         self._prober: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
         self.unwritten = Unwritten()
         self.max_unwritten = ctx.config.batch.max_events
         self.writing: tuple[asyncio.Future[int], Unwritten] | None = None
@@ -149,8 +151,9 @@ class DeliveryCoordinator(Actor):
         self._probe_later()
 
     async def on_stop(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
+        for task in (self._prober, self._probing):
+            if task is not None:
+                task.cancel()
         await self._write_on_the_way_out()
 
     async def _write_on_the_way_out(self) -> None:
@@ -184,22 +187,51 @@ class DeliveryCoordinator(Actor):
             await self.ctx.clock.sleep(self.backoff.delay(min(self.comebacks_failed + 1, 30), self.rng))
             self.ref.try_tell(ProbeLagging())
 
-    async def _probe(self) -> None:
-        for sink_id in sorted(self.lagging.keys() - self.back - self._unprobed()):
+    def _probe(self) -> None:
+        """Probe the lagging sinks in a task of its own, unless one is under way: a probe that
+        does not answer (a half-open server, a connect waiting out its timeout) must not hold
+        this actor, and with it every other sink's next batch. The answers come back as
+        :class:`SinksProbed`."""
+        if self._probing is not None and not self._probing.done():
+            return
+        todo = sorted(self.lagging.keys() - self.back - self._unprobed())
+        if todo:
+            self._probing = asyncio.create_task(self._ask_probes(todo))
+        else:
+            self._rewind_if_due()
+
+    async def _ask_probes(self, sinks: list[str]) -> None:
+        answers: list[tuple[str, str | None]] = []
+        fatal: BaseException | None = None
+        for sink_id in sinks:
             try:
                 reason = await self.workers[sink_id].ask(ProbeSink(), timeout=ASK_TIMEOUT)
-            except Fatal:
-                raise
+            except Fatal as exc:
+                fatal = exc
+                break
             except Exception as exc:  # noqa: BLE001 - as in _ask: the worker crashed, or is down between
-                # two incarnations (ActorStopped): not back. Raised here, it crashed this actor, and
-                # with it the whole pipeline, for a sink the commit policy does not wait for.
+                # two incarnations (ActorStopped): not back. Raised, it crashed this actor, and with it
+                # the whole pipeline, for a sink the commit policy does not wait for.
                 reason = f"{type(exc).__name__}: {exc}"
-            if reason is None:
+            answers.append((sink_id, reason))
+        try:
+            await self.ref.tell(SinksProbed(tuple(answers), fatal))
+        except ActorStopped:
+            pass  # this incarnation is gone; the next one probes again
+
+    def _probed(self, message: SinksProbed) -> None:
+        if message.fatal is not None:
+            raise message.fatal
+        for sink_id, reason in message.answers:
+            if reason is None and sink_id in self.lagging:
                 self.back.add(sink_id)
                 self.rewind_due = True
                 self.log.info("sink_back", sink=sink_id)
-            else:
+            elif reason is not None:
                 self.comebacks_failed += 1
+        self._rewind_if_due()
+
+    def _rewind_if_due(self) -> None:
         # Never wait on the reader: it may itself be waiting for room downstream of here.
         if self.rewind_due and self.reader().try_tell(Rewind()):
             self.rewind_due = False
@@ -228,7 +260,10 @@ class DeliveryCoordinator(Actor):
             await self._deliver(message.batch)  # a halt's checkpoints are written by on_stop
             return None
         if isinstance(message, ProbeLagging):
-            await self._probe()
+            self._probe()
+            return None
+        if isinstance(message, SinksProbed):
+            self._probed(message)
             return None
         if isinstance(message, CheckpointWritten):
             return None

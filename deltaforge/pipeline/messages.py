@@ -104,6 +104,15 @@ class ProbeLagging:
 
 
 @message
+class SinksProbed:
+    """The probe of lagging sinks, done beside delivery: each sink and why it is not back (None:
+    back), or the :class:`~supervision.Fatal` a probe raised."""
+
+    answers: tuple[tuple[str, str | None], ...]
+    fatal: BaseException | None = None
+
+
+@message
 class FlushDue:
     """Timer tick: flush a partial batch older than max_ms."""
 
