@@ -35,7 +35,7 @@ from deltaforge.service.client import VERBS as PIPELINE_VERBS
 from deltaforge.sources import childproc
 from deltaforge.sources.turso.config import TursoSourceConfig
 from deltaforge.sources.turso.workload import DemoWorkload
-from deltaforge.state.checkpoints import CheckpointStore, open_store
+from deltaforge.state.checkpoints import CheckpointStore, open_store, set_back_key, set_back_note
 
 if TYPE_CHECKING:
     from deltaforge.service.manager import PipelineManager
@@ -246,6 +246,14 @@ async def _held_by_us(store: CheckpointStore, args: argparse.Namespace, locks: l
     return None
 
 
+async def _note_set_back(store: CheckpointStore, keys: list[str], how: str) -> None:
+    """Sinks' checkpoints set back by hand are noted, for the sinks to set back their own records
+    of what they hold at the next start (an exactly-once sink skips a replay by them)."""
+    notes = {set_back_key(*k.split("::sink::", 1)): set_back_note(how) for k in keys if "::sink::" in k}
+    if notes:
+        await store.put_many(notes)
+
+
 async def _checkpoints(args: argparse.Namespace) -> int:
     store = open_store(args.storage_type, args.storage_path)
     await store.open()
@@ -262,11 +270,13 @@ async def _checkpoints(args: argparse.Namespace) -> int:
                 )
                 return 1
             await store.delete_keys(args.forget)
+            await _note_set_back(store, args.forget, "forget")
             print(f"forgot {', '.join(args.forget)}: at the next start each is a sink added, given a snapshot "
                   "under snapshot.mode initial or when_needed")  # fmt: skip
             return 0
         if args.rollback:
             await store.rollback(args.rollback, args.to)
+            await _note_set_back(store, [args.rollback], "rollback")
             print(f"rolled back {args.rollback} to version {args.to}")
             return 0
         if args.versions:

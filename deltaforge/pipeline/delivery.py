@@ -26,6 +26,7 @@ from deltaforge.pipeline.messages import (
 )
 from deltaforge.position import Position, advance, not_held
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
+from deltaforge.state.checkpoints import set_back_key
 from supervision import Backoff, Fatal
 
 RETRY = Backoff(base=0.1, max=10.0)
@@ -85,8 +86,29 @@ class DeliveryWorker(Actor):
         if not self.opened:
             await self.sink.open()
             self.opened = True
+            if await self._rewound():
+                return
             if self.sink.records_position:
                 await self._adopt_sink_position()
+
+    async def _rewound(self) -> bool:
+        """Whether this sink's checkpoint was set back by hand (``deltaforge checkpoints
+        --rollback`` / ``--forget``) since the sink last opened: then what the sink keeps of its own
+        is set back too (:meth:`Sink.rewind`), before anything is delivered, and its position
+        record is not adopted (it would undo the rollback). The note goes once that is done; a
+        crash in between sets it back again, which is exact: nothing was delivered meanwhile."""
+        key = set_back_key(self.ctx.source.id, self.sink_id)
+        note = await self.ctx.store.get(key)
+        if note is None:
+            return False
+        await self.sink.rewind(self.position)
+        await self.ctx.store.delete_keys([key])
+        self.log.warning(
+            "sink_record_rewound", sink=self.sink_id, how=note.get("how"),
+            to=self.position.to_doc() if self.position else None,
+            reason="its checkpoint was set back by hand: what comes again from there is delivered again",
+        )  # fmt: skip
+        return True
 
     async def _adopt_sink_position(self) -> None:
         """What the sink itself recorded wins when it is further than the local checkpoint: a crash

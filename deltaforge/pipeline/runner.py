@@ -38,7 +38,7 @@ from deltaforge.snapshot.listed import listed_key
 from deltaforge.snapshot.progress import progress_key
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
-from deltaforge.state.checkpoints import CheckpointStore, open_store
+from deltaforge.state.checkpoints import CheckpointStore, open_store, set_back_key, set_back_note
 from deltaforge.state.deadletters import Select
 from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed, Unavailable
 
@@ -386,12 +386,15 @@ class PipelineRunner:
     async def forget_checkpoints(self) -> None:
         """Delete this pipeline's checkpoints (and the source's failover identity and snapshot
         progress, with the stream position a snapshot began at): a pipeline created again under
-        this name starts from the beginning."""
+        this name starts from the beginning: its sinks' own records of what they hold (a Kafka
+        ``exactly_once`` position record, a Redis watermark) are set back when it starts."""
         source_id = self.config.source.id
         keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
         keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id)]
         keys += [held_key(source_id, sid) for sid in self.sinks]
+        notes = {set_back_key(source_id, sid): set_back_note("deleted") for sid in self.sinks}
         await self._read_store(lambda store: store.delete_keys(keys))
+        await self._read_store(lambda store: store.put_many(notes))
 
     async def replay_dead_letters(self, which: Select) -> int:
         """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only

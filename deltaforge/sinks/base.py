@@ -92,6 +92,13 @@ class Sink(ABC, Generic[K]):
     async def open(self) -> None:
         """Connect."""
 
+    async def rewind(self, position: Position | None) -> None:
+        """On an open sink whose checkpoint was set back by hand to ``position`` (None: forgotten),
+        before its next batch: forget what the sink keeps of its own about what it holds, so that
+        what comes again from there is written again. A sink that skips replays by a record of
+        its own (a Kafka ``exactly_once`` sink's position record, a Redis stream's watermark)
+        would otherwise skip what the operator asked for. Nothing by default."""
+
     async def reachable(self) -> None:
         """On an open sink: raise a :class:`SinkError` unless it answers now (a lagging sink is
         probed with this before the source is read again for it). By default a successful

@@ -238,7 +238,18 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         topic = self.settings.offsets_topic
         return await self._thread.run(read_position, self.reach, topic, self.position_key, self.timeout)
 
-    def _deliver(self, events: list[Event], position: Position | None = None) -> None:
+    async def rewind(self, position: Position | None) -> None:
+        """exactly_once: the position record set back to ``position`` (a null position: none),
+        in a transaction of its own, so that the next start does not take the one before the
+        rollback over the checkpoint set back, and skip what the operator asked for again."""
+        if not self.exactly_once:
+            return
+        self._ahead = None  # read before the rewind
+        if self._producer is None:
+            await self.open()
+        await self._thread.run(self._deliver, [], position, True)
+
+    def _deliver(self, events: list[Event], position: Position | None = None, rewind: bool = False) -> None:
         producer = self._producer
         assert producer is not None
         errors: list[KafkaError] = []
@@ -264,7 +275,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 # an exactly_once producer's offsets topic too: its position record follows
                 learn(producer, topics | self._own_topics, self._learned, self.timeout)
                 if self.exactly_once:
-                    if position is not None:
+                    if position is not None or rewind:
                         # In the same transaction: a read_committed reader (this sink, after a crash)
                         # sees the batch and where it left the source together or not at all. And only
                         # once every record of the batch is acknowledged: a broker that shows aborted
@@ -277,7 +288,11 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                                     f"kafka sink {self.id!r}: records not acknowledged in time"
                                 )
                             )
-                        held = encode({"position": position.to_doc(), "order": list(position.order)})
+                        held = encode(
+                            {"position": position.to_doc(), "order": list(position.order)}
+                            if position is not None
+                            else {"position": None, "order": None}  # read back as no record
+                        )
                         producer.produce(
                             self.settings.offsets_topic, held, self.position_key, on_delivery=on_delivery
                         )

@@ -21,6 +21,7 @@ the log; ``exactly_once`` cannot do without its script, so there the refusal sto
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -37,7 +38,7 @@ from deltaforge.position import Position, lane_of
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, servers_of
-from deltaforge.sinks.templates import Template, compile_template
+from deltaforge.sinks.templates import Template, compile_template, glob_of
 
 _LAST_ID = """
 local function last_id(key)
@@ -134,6 +135,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         cfg = self.settings
         self.uri = cfg.uri
         self.stream_of = compile_template(cfg.stream)
+        self.streams = glob_of(cfg.stream)  # a MATCH pattern of every stream it writes
         self.maxlen = cfg.maxlen
         self.exactly_once = cfg.exactly_once
         self.encode = encoder(config.envelope)
@@ -200,6 +202,32 @@ class RedisSink(Sink[RedisSinkConfig]):
                     )  # fmt: skip
             await self._xadd({stream: entries for (stream, _), entries in by_stream.items()})
 
+    @property
+    def _own(self) -> str:
+        """Whose watermarks: ``<pipeline>:<deployment>`` (see :meth:`_calls`)."""
+        return f"{self.pipeline}:{self.deployment}" if self.deployment else self.pipeline
+
+    async def rewind(self, position: Position | None) -> None:
+        """exactly_once: the watermarks of this pipeline and deployment in the streams this sink
+        writes are deleted, so that what comes again from the checkpoint set back is written
+        again (all that comes after the rewind is what the operator asked for); the next batches
+        set them anew. SCAN finds them: one key per stream (per partition, for a Kafka source)."""
+        if not self.exactly_once:
+            return
+        if self._client is None:
+            await self.open()
+        assert self._client is not None
+        own = self._own
+        pattern = f"{self.streams}:df:watermark:{glob_of(own)}*"
+        # another pipeline whose name begins with this one's, or (without a deployment) another
+        # deployment's, matches the pattern too: only this one's, and its partitions', are kept
+        exact = re.compile(rf":df:watermark:{re.escape(own)}(:[A-Za-z0-9._-]+:[0-9]+)?$")
+        with self._errors():
+            found = [k async for k in self._client.scan_iter(match=pattern, count=1000)
+                     if exact.search(k.decode(errors="replace"))]  # fmt: skip
+            for i in range(0, len(found), PER_CALL):
+                await self._client.delete(*found[i : i + PER_CALL])
+
     async def _read_settings(self) -> None:
         """Once, before the first batch: what the server's settings risk of acknowledged entries
         (``deltaforge/sinks/durability.py``). A server that does not answer is left to the batch to
@@ -254,8 +282,7 @@ class RedisSink(Sink[RedisSinkConfig]):
         # this one (a config deployed once per shard), may write the same stream, and positions
         # of two sources do not sort against each other (one watermark for both dropped every
         # change of the source whose positions were lower).
-        deployment = f":{self.deployment}" if self.deployment else ""
-        watermark = f"{stream}:df:watermark:{self.pipeline}{deployment}" + (f":{lane}" if lane else "")
+        watermark = f"{stream}:df:watermark:{self._own}" + (f":{lane}" if lane else "")
         keys = [stream, watermark] if watermarked else [stream]
         for i in range(0, len(entries), PER_CALL):
             yield keys, [self.maxlen, *(v for entry in entries[i : i + PER_CALL] for v in entry)]

@@ -48,6 +48,13 @@ def is_fixed(text: str) -> bool:
     return _PART.search(text) is None
 
 
+def glob_of(text: str) -> str:
+    """A Redis ``MATCH`` pattern for every name the template renders: each placeholder ``*``, the
+    rest escaped."""
+    parts = _PART.split(text)  # literal, field, literal, field, ..., literal
+    return "*".join(re.sub(r"([*?\[\]\\])", r"\\\1", part) for part in parts[::2])
+
+
 def compile_template(text: str, check: Callable[[str], object] | None = None) -> Callable[[Event], str]:
     """A function from event to name; a text without ``${...}`` is returned as is (fast path).
 

@@ -35,6 +35,19 @@ def sink_key(source_id: str, sink_id: str) -> str:
     return f"{source_id}::sink::{sink_id}"
 
 
+def set_back_key(source_id: str, sink_id: str) -> str:
+    """Where ``deltaforge checkpoints --rollback`` / ``--forget`` note that a sink's checkpoint
+    was set back by hand: ``{source_id}::set_back::{sink_id}``, until the sink's own record of
+    what it holds is set back too (``DeliveryWorker``, ``Sink.rewind``)."""
+    return f"{source_id}::set_back::{sink_id}"
+
+
+def set_back_note(how: str) -> PositionDoc:
+    """What the note under :func:`set_back_key` says: how (``rollback``, ``forget``, ``deleted``)
+    and when."""
+    return {"how": how, "at": time.time()}
+
+
 @dataclass(frozen=True, slots=True)
 class VersionInfo:
     """One stored version of a checkpoint."""
