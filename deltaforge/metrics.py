@@ -102,6 +102,21 @@ class StageTimers:
         self.batch_bytes = BATCH_BYTES.labels(pipeline)
 
 
+def forget(pipeline: str) -> None:
+    """A deleted pipeline's series gone from the labelled metrics kept between scrapes: left,
+    they stayed in every scrape until the process ended (its lag frozen at its last value, under
+    alerts and dashboards), and a pipeline created again under the name went on from them."""
+    for metric in (
+        STAGE_SECONDS,
+        SINK_SECONDS,
+        END_TO_END_SECONDS,
+        BATCH_EVENTS,
+        BATCH_BYTES,
+        SOURCE_LAG_SECONDS,
+    ):
+        metric.remove_by_labels({"pipeline": pipeline})
+
+
 def observe_lag(pipeline: str, source: str, table: str, ts_ms: int) -> None:
     if ts_ms > 0:
         SOURCE_LAG_SECONDS.labels(pipeline, source, table).set(max(0.0, time.time() - ts_ms / 1000))

@@ -115,9 +115,11 @@ def test_lifecycle_over_rest_and_cli_loses_and_repeats_nothing(tmp_path: Path, p
         delivered(250)
         listed = _cli(serve, "list")
         assert listed.returncode == 0 and '"name": "shop"' in listed.stdout
+        assert 'pipeline="shop"' in serve.get("/metrics").text
         deleted = _cli(serve, "delete", "shop")
         assert deleted.returncode == 0, deleted.stdout
         assert serve.get("/pipelines/shop").status_code == 404
+        assert 'pipeline="shop"' not in serve.get("/metrics").text  # no series left behind
         assert _cli(serve, "get", "shop").returncode == 1
         assert serve.terminate() == 0
 

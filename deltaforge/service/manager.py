@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from deltaforge import metrics
 from deltaforge.config import ConfigError, PipelineConfig, parse_pipeline
 from deltaforge.pipeline.runner import BadState, PipelineRunner
 
@@ -221,6 +222,7 @@ class PipelineManager:
             await self.registry.delete(name)
             del self.docs[name], self.pipelines[name]
             self.tasks.pop(name, None)
+            metrics.forget(name)
             self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
 
     async def _stop(self, name: str) -> None:
