@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 
+from deltaforge.pipeline.transformer import UNANSWERED_S
 from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 from tests.servers.spark import SparkCluster
@@ -357,6 +358,55 @@ def test_killing_the_spark_jvm_restarts_the_session_and_loses_nothing(tmp_path: 
     log = (tmp_path / "log.jsonl").read_text()
     assert log.count('"event":"spark_session_started"') == 2
     assert '"event":"spark_session_lost"' in log
+
+
+def test_a_spark_jvm_that_stops_answering_is_said_and_waited_for(tmp_path: Path) -> None:
+    """A JVM that stops answering (stopped, swapped out, in a garbage collector's spiral) holds its
+    job for ever, and with it every batch: the pipeline said ``running`` and ``/health`` ok while
+    nothing was delivered. A job unanswered for ``UNANSWERED_S`` lists ``transform`` as unavailable
+    (``degraded``); answered again, the pipeline is ok and has lost nothing."""
+    processors = [{"type": "filter", "expr": "op <> 'd'"}]
+    cfg = pipeline_yaml(
+        tmp_path, "hung", processors, workload={"rows_per_second": 100, "max_rows": 1500},
+        batch={"max_events": 50, "max_ms": 20, "max_inflight": 1},
+    )  # fmt: skip
+    with Serve(tmp_path, "--config", str(cfg)) as serve:
+        serve.wait_api()
+        wait_until_sync(
+            lambda: counters(serve, "hung")["transform"]["batches"] >= 3, timeout=JVM_START, what="transforms"
+        )
+        [java] = jvms(serve.proc.pid)
+        java.suspend()
+        try:
+
+            def said() -> bool:
+                body = serve.get("/health").json()
+                return body["status"] == "degraded" and "transform" in body["unavailable"].get("hung", {})
+
+            wait_until_sync(said, timeout=UNANSWERED_S + 30, what="/health degraded by the transform")
+        finally:
+            java.resume()
+        wait_until_sync(lambda: serve.get("/health").json()["status"] == "ok", timeout=60, what="/health ok")
+
+        def written() -> bool:
+            tree = serve.get("/pipelines/hung/actors").json()
+            return next(c for c in tree["children"] if c["name"] == "DemoWorkload")["state"] != "running"
+
+        wait_until_sync(written, timeout=120, what="the workload written")
+        assert serve.terminate() == 0
+    # The source holds the database's lock while it runs: read it now, then let the pipeline
+    # (without the workload) finish what it had not read.
+    cdc = orjson.loads(subprocess.run([sys.executable, "-c", READ_CDC, str(tmp_path / "app.db")],
+                                      capture_output=True, check=True, timeout=60).stdout)  # fmt: skip
+    with Serve(tmp_path, "--config", str(pipeline_yaml(tmp_path, "hung", processors))) as serve:
+        serve.wait_api()
+        wait_until_sync(
+            lambda: (stored_checkpoint(tmp_path / "cp.db", "src::sink::f") or {}).get("change_id") == cdc["last"],
+            timeout=JVM_START, what="every change checkpointed",
+        )  # fmt: skip
+        assert serve.terminate() == 0
+    wanted = [cid for cid, kind in cdc["rows"] if kind != -1]
+    assert first_occurrences([e["source"]["change_id"] for e in jsonl(tmp_path / "hung.jsonl")]) == wanted
 
 
 @pytest.fixture()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from deltaforge.pipeline.coordinator import DeliveryCoordinator
 
 MAX_WAITING_BATCHES = 64  # bounds memory when batches are tiny
+UNANSWERED_S = 30.0
+"""A job running this long lists ``transform`` as unavailable until it answers (a JVM stopped,
+swapped out or in a garbage collector's spiral holds every batch meanwhile)."""
 
 
 class SparkSessionLost(Exception):
@@ -59,6 +63,8 @@ class SparkTransformer(Actor):
         self.running: collections.deque[tuple[list[Batch], asyncio.Future[Transformed]]] = collections.deque()
         self.runtime: SparkRuntime | None = None
         self.plan: Plan | None = None
+        self.unanswered: set[asyncio.Future[Transformed]] = set()
+        """Jobs running longer than ``UNANSWERED_S``: ``transform`` is listed unavailable meanwhile."""
 
     async def on_start(self) -> None:
         cfg = self.ctx.config
@@ -99,6 +105,9 @@ class SparkTransformer(Actor):
     async def on_stop(self) -> None:
         for _, job in self.running:
             job.cancel()
+        if self.unanswered:  # the next incarnation's jobs say it again if the JVM still does not answer
+            self.unanswered.clear()
+            self.ctx.availability.up("transform")
         if self.runtime is not None:
             self.runtime.users -= 1
 
@@ -148,11 +157,27 @@ class SparkTransformer(Actor):
             self.waiting_events -= size
             events = group[0].events if len(group) == 1 else [e for b in group for e in b.events]
             job = loop.run_in_executor(self.runtime.pool, self.plan.run, self.runtime, events)
+            timer = loop.call_later(UNANSWERED_S, self._unanswered, job)
+            job.add_done_callback(functools.partial(self._answered, timer=timer))
             job.add_done_callback(self._wake)
             self.running.append((group, job))
             stats = self.ctx.stats
             stats.transform_jobs += 1
             stats.transform_most_inflight = max(stats.transform_most_inflight, len(self.running))
+
+    def _unanswered(self, job: asyncio.Future[Transformed]) -> None:
+        """A job still running after ``UNANSWERED_S``: every batch waits for it, so the pipeline is
+        degraded, not running, until it answers (a failure is the restart's to handle)."""
+        self.unanswered.add(job)
+        reason = f"a Spark job unanswered for {UNANSWERED_S:g} s (is the JVM stopped, or out of memory?)"
+        self.ctx.availability.down("transform", reason)
+
+    def _answered(self, job: asyncio.Future[Transformed], *, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        if job in self.unanswered:
+            self.unanswered.discard(job)
+            if not self.unanswered:
+                self.ctx.availability.up("transform")
 
     def _wake(self, _: asyncio.Future[Transformed]) -> None:
         # A full mailbox means messages are queued, and each of them forwards what is ready.
