@@ -98,9 +98,11 @@ def run(
             try:
                 rec = orjson.loads(line)
             except orjson.JSONDecodeError:
+                rec = None
+            if not isinstance(rec, dict):  # not a log record (a library's own line): shown as is
                 console.print(Text(line, style="dim"))
                 continue
-            if isinstance(rec, dict) and matches(rec, pipeline, actor, level):
+            if matches(rec, pipeline, actor, level):
                 console.print(render(rec))
     except KeyboardInterrupt:
         return 0

@@ -173,6 +173,7 @@ def test_logs_reads_stdin_and_filters_by_level() -> None:
             '{"event":"source_opening","level":"info","pipeline":"p","actor":"SourceReader"}',
             '{"event":"other","level":"error","pipeline":"q","actor":"SourceReader"}',
             "not json at all",
+            "[1, 2, 3]",
         ]
     )
     r = subprocess.run(
@@ -185,6 +186,7 @@ def test_logs_reads_stdin_and_filters_by_level() -> None:
     assert not any("source_opening" in x for x in out)  # below the level
     assert not any(" other" in x for x in out)  # another pipeline
     assert "not json at all" in r.stdout  # shown as is, not dropped
+    assert "[1, 2, 3]" in r.stdout  # JSON, but no log record: shown as is too
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
