@@ -7,38 +7,35 @@ import random
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
 from actors import ActorStopped, AskTimeout, NodeSnapshot
 from deltaforge.config import PipelineConfig
 from deltaforge.events import Event
+from deltaforge.pipeline import stored
 from deltaforge.pipeline.availability import Availability
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.dlq import DeadLetterQueue
-from deltaforge.pipeline.heldends import held_key
 from deltaforge.pipeline.messages import (
     ReleaseHeld,
     ResumeReading,
     StopReading,
     TakeSnapshot,
 )
-from deltaforge.pipeline.owner import claim_source_id, owner_key
-from deltaforge.pipeline.reconciler import identity_key
+from deltaforge.pipeline.owner import claim_source_id
 from deltaforge.pipeline.replay import replay
 from deltaforge.pipeline.runlock import RunLock
-from deltaforge.pipeline.sinkids import check_sinks, deployment_of, sinks_key
+from deltaforge.pipeline.sinkids import check_sinks, deployment_of
+from deltaforge.pipeline.stored import StoredCheckpoint
 from deltaforge.pipeline.storewait import PatientWrites, refused_write
 from deltaforge.pipeline.tree import build_tree, workload_child
 from deltaforge.plugins import build_sink, build_source
-from deltaforge.position import PositionDoc
 from deltaforge.sinks.base import PoisonEvent, Sink
-from deltaforge.snapshot.listed import listed_key
-from deltaforge.snapshot.progress import progress_key
 from deltaforge.sources.base import Source
 from deltaforge.sources.turso.workload import DemoWorkload
-from deltaforge.state.checkpoints import CheckpointStore, open_store, set_back_key, set_back_note
+from deltaforge.state.checkpoints import CheckpointStore, open_store
 from deltaforge.state.deadletters import Select
 from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorFailed, Unavailable
 
@@ -52,15 +49,6 @@ class BadState(Exception):
 class NotNow(Exception):
     """What the pipeline cannot do while its source is down (a snapshot needs the server to
     find its tables): ask again once it is back. Nothing was started."""
-
-
-class StoredCheckpoint(TypedDict):
-    """One sink's checkpoint as the API shows it."""
-
-    key: str
-    version: int
-    updated_at: float
-    position: PositionDoc
 
 
 class PipelineRunner:
@@ -368,33 +356,18 @@ class PipelineRunner:
     async def schemas(self) -> dict[str, Any]:
         """Each captured table's current schema: its latest recorded version."""
         source_id = self.config.source.id
-
-        async def latest(store: CheckpointStore) -> dict[str, Any]:
-            tables: dict[str, Any] = {}
-            for table in await store.schema_tables(source_id):
-                history = await store.schema_history(source_id, table)
-                tables[table] = {"version": len(history), **history[-1]}
-            return tables
-
-        return {"source": source_id, "tables": await self._read_store(latest)}
+        return {
+            "source": source_id,
+            "tables": await self._read_store(lambda s: stored.latest_schemas(s, source_id)),
+        }
 
     async def schema_versions(self, table: str) -> list[dict[str, Any]]:
         """Every schema recorded for ``table``, oldest first, each from the source position it began at."""
-        history = await self._read_store(lambda store: store.schema_history(self.config.source.id, table))
-        return [{"version": n, **doc} for n, doc in enumerate(history, 1)]
+        return await self._read_store(lambda s: stored.schema_versions(s, self.config.source.id, table))
 
     async def forget_checkpoints(self) -> None:
-        """Delete this pipeline's checkpoints (and the source's failover identity and snapshot
-        progress, with the stream position a snapshot began at): a pipeline created again under
-        this name starts from the beginning: its sinks' own records of what they hold (a Kafka
-        ``exactly_once`` position record, a Redis watermark) are set back when it starts."""
-        source_id = self.config.source.id
-        keys = [self.ctx.key(sid) for sid in self.sinks] + [identity_key(source_id), progress_key(source_id)]
-        keys += [owner_key(source_id), listed_key(source_id), sinks_key(source_id)]
-        keys += [held_key(source_id, sid) for sid in self.sinks]
-        notes = {set_back_key(source_id, sid): set_back_note("deleted") for sid in self.sinks}
-        await self._read_store(lambda store: store.delete_keys(keys))
-        await self._read_store(lambda store: store.put_many(notes))
+        """What :func:`stored.forget` forgets: a pipeline created again under this name starts over."""
+        await self._read_store(lambda s: stored.forget(s, self.config.source.id, list(self.sinks)))
 
     async def replay_dead_letters(self, which: Select) -> int:
         """Deliver the chosen dead letters again, sink by sink in seq order; each is acked (gone) only
@@ -405,17 +378,4 @@ class PipelineRunner:
 
     async def checkpoints(self) -> dict[str, StoredCheckpoint | None]:
         """Current per-sink checkpoints with their versions."""
-        store = self.store
-        keys = {self.ctx.key(sid): sid for sid in self.sinks}
-        listed = await store.list_all()
-        return {
-            sid: {
-                "key": key,
-                "version": listed[key][0],
-                "updated_at": listed[key][1],
-                "position": listed[key][2],
-            }
-            if key in listed
-            else None
-            for key, sid in keys.items()
-        }
+        return await stored.checkpoints(self.store, self.config.source.id, list(self.sinks))
