@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from redis.crc import key_slot
 from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
@@ -19,7 +20,7 @@ from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import NextRuns, PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
-from tests.servers.redis import Redis, restart
+from tests.servers.redis import Redis, redis_cluster, restart
 from tests.sink_crash import crash_and_recover, outage_and_recover
 
 
@@ -165,6 +166,25 @@ async def test_wrong_password_is_non_retryable_and_names_the_sink() -> None:
             await sink.deliver([make_event(1)])
         await sink.close()
         assert "wrong-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_redis_cluster_node_is_refused_saying_why(exactly_once: bool) -> None:
+    """A Redis Cluster node answers a stream of another node's slots MOVED, and a script whose
+    stream and watermark hash to two slots CROSSSLOT: both were retried for ever, the pipeline
+    degraded as if the server were down. The sink speaks to one server, so a cluster is a
+    setting to change, said before anything is written."""
+    with redis_cluster() as (a, b):
+        theirs = next(f"cdc.{i}" for i in range(1000) if key_slot(f"cdc.{i}".encode()) > 8191)  # b's
+        for stream in (theirs, "cdc.t"):
+            config = {"id": "r", "uri": a.uri(), "stream": stream, "exactly_once": exactly_once}
+            sink = RedisSink(parse_pipeline(sink_pipeline("r", "redis", config), env={}).sinks[0])
+            try:
+                with pytest.raises(NonRetryableSinkError, match=r"redis sink 'r': .*Redis Cluster"):
+                    await sink.deliver([make_event(1)])
+            finally:
+                await sink.close()
+        assert a.client().dbsize() == b.client().dbsize() == 0
 
 
 @pytest.mark.slow

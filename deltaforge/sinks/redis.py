@@ -230,8 +230,8 @@ class RedisSink(Sink[RedisSinkConfig]):
 
     async def _read_settings(self) -> None:
         """Once, before the first batch: what the server's settings risk of acknowledged entries
-        (``deltaforge/sinks/durability.py``). A server that does not answer is left to the batch to
-        find, and asked again before the next one."""
+        (``deltaforge/sinks/durability.py``), and whether it is a Redis Cluster node (refused). A
+        server that does not answer is left to the batch to find, and asked again before the next one."""
         assert self._client is not None
         pipe = self._client.pipeline(transaction=False)
         for name in durability.REDIS_SETTINGS:
@@ -245,7 +245,22 @@ class RedisSink(Sink[RedisSinkConfig]):
         else:
             config = {str(k): str(v) for part in found for k, v in part.items()}
             durability.report(self.id, "RedisSink", durability.redis_risks(config))
+        try:
+            cluster = await self._client.info("cluster")
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            return
+        except rex.RedisError:
+            cluster = {}  # INFO refused: a cluster still says so at the first write (_errors)
+        if cluster.get("cluster_enabled"):
+            raise NonRetryableSinkError(self._not_a_cluster("the server says cluster_enabled:1"))
         self._settings_read = True
+
+    def _not_a_cluster(self, why: str) -> str:
+        return (
+            f"redis sink {self.id!r}: the server is a Redis Cluster node ({why}); the sink writes to one "
+            "server, each batch's stream and its watermark by one script: give it a standalone Redis "
+            "(a primary, with replicas if you like)"
+        )
 
     async def reachable(self) -> None:
         if self._client is None:
@@ -262,6 +277,9 @@ class RedisSink(Sink[RedisSinkConfig]):
             yield
         except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
             raise NonRetryableSinkError(f"redis sink {self.id!r}: {exc}") from None
+        except (rex.AskError, rex.ClusterCrossSlotError) as exc:  # MOVED is an AskError
+            # retried for ever before, degraded as if the server were down
+            raise NonRetryableSinkError(self._not_a_cluster(f"{type(exc).__name__}: {exc}")) from None
         except rex.ResponseError as exc:
             text = str(exc)
             if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
 import redis
 
 from tests.servers.base import ServerProcess
@@ -10,13 +14,16 @@ from tests.servers.base import ServerProcess
 class Redis(ServerProcess):
     name = "redis"
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, cluster: bool = False) -> None:
         super().__init__()
         self.password = password
+        self.cluster = cluster
 
     def command(self) -> list[str]:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--save", "", "--appendonly", "yes", "--appendfsync", "always"]  # fmt: skip
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.dir / "nodes.conf")]
         return args + (["--requirepass", self.password] if self.password else [])
 
     def ready(self) -> bool:
@@ -36,3 +43,18 @@ class Redis(ServerProcess):
 def restart(server: Redis) -> None:
     """Start the same server again (same port, same append-only file)."""
     server.start()
+
+
+@contextlib.contextmanager
+def redis_cluster() -> Iterator[tuple[Redis, Redis]]:
+    """Two Redis Cluster nodes, each serving half of the hash slots."""
+    with Redis(cluster=True) as a, Redis(cluster=True) as b:
+        a.client().cluster("ADDSLOTSRANGE", 0, 8191)
+        b.client().cluster("ADDSLOTSRANGE", 8192, 16383)
+        a.client().cluster("MEET", "127.0.0.1", b.port)
+        deadline = time.monotonic() + 30
+        while any(n.client().cluster("INFO").get("cluster_state") != "ok" for n in (a, b)):
+            if time.monotonic() > deadline:
+                raise AssertionError("the two Redis Cluster nodes did not agree in 30 s")
+            time.sleep(0.05)  # polling the cluster's own state: there is nothing to wait on
+        yield a, b
