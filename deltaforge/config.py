@@ -105,6 +105,17 @@ def expand_env(value: Any, path: str, env: Mapping[str, str], errors: list[str])
     return value
 
 
+def _said_once(errors: list[str]) -> list[str]:
+    """Without what a field's unresolved variable reference caused: the value it left (empty,
+    or cut short) is not what the user wrote, so its other errors would only mislead."""
+
+    def reference(e: str) -> bool:
+        return ": environment variable " in e or ": bad variable reference " in e
+
+    unresolved = {e.split(": ", 1)[0] for e in errors if reference(e)}
+    return [e for e in errors if reference(e) or e.split(": ", 1)[0] not in unresolved]
+
+
 def _section(model: type[M], raw: Any, path: str, errors: list[str]) -> M | None:
     """``raw`` as ``model``; problems go to ``errors`` (and None comes back)."""
     try:
@@ -267,7 +278,7 @@ def parse_pipeline(
     storage = _section(StorageConfig, spec.get("storage"), "spec.storage", errors)
     journal = _section(JournalConfig, spec.get("journal"), "spec.journal", errors)
     if errors:
-        raise ConfigError(errors, source_name)
+        raise ConfigError(_said_once(errors), source_name)
     assert meta and source and spark and batch and policy and supervision and storage and journal
     return PipelineConfig(
         name=meta.name,

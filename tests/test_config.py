@@ -82,6 +82,11 @@ def test_bad_env_references() -> None:
     errs = errors_of(d)
     assert "spec.sinks[0].config.path: environment variable NOPE is not set" in errs
     assert any(e.startswith("spec.source.config.path: bad variable reference ${1bad}") for e in errs)
+    unset = errors_of(doc(sinks=[{"type": "file", "config": {"id": "f", "path": "${NOPE}"}}]))
+    # said once: not also as the empty value the reference left
+    assert [e for e in unset if e.startswith("spec.sinks[0].config.path:")] == [
+        "spec.sinks[0].config.path: environment variable NOPE is not set"
+    ]
 
 
 def test_unknown_fields_and_duplicates_and_quorum() -> None:
