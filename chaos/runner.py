@@ -59,7 +59,8 @@ class Scenario:
     quick: bool = False
     """Part of the CI subset."""
     toxics: tuple[str, ...] = ()
-    """The faults it injects: toxic types, ``down`` (a disabled proxy), ``kill`` (SIGKILL)."""
+    """The faults it injects: toxic types, ``down`` (a disabled proxy), ``kill`` (SIGKILL), ``stop``
+    (SIGSTOP)."""
 
 
 @dataclass

@@ -37,6 +37,7 @@ from chaos.scenarios import (
     soak,
     source_half_open,
     source_latency,
+    spark_stalled,
     standby_takeover,
 )
 
@@ -56,6 +57,9 @@ SCENARIOS: list[Scenario] = [
     Scenario("source_half_open", "timeout toxic (hold) on the PostgreSQL source, both ways, 25 s",
              "silent stream noticed (degraded); lost 0, order 0; recovers by itself", source_half_open.run,
              toxics=("timeout",)),
+    Scenario("spark_stalled", "the Spark JVM of a mask processor SIGSTOPped 40-60 s under writes",
+             "degraded (transform) meanwhile; lost 0, order 0; recovers by itself", spark_stalled.run,
+             toxics=("stop",)),
     Scenario("reset_mid_batch", "reset_peer on Redis and the PostgreSQL target, 3 rounds",
              "failed batches retried; lost 0; duplicates 0; target equals source", reset_mid_batch.run,
              quick=True, toxics=("reset_peer",)),
