@@ -16,11 +16,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
+from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.state.checkpoints import sink_key
+from deltaforge.position import Position
+from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.state.checkpoints import MemoryCheckpointStore, set_back_key, set_back_note, sink_key
 from deltaforge.state.sqlite_store import SqliteCheckpointStore
 from tests.helpers import wait_until
-from tests.kit import SyntheticSource, sink_pipeline
+from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc, sink_pipeline
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
 from tests.test_kafka_sink import consume
@@ -129,3 +132,40 @@ async def test_a_redis_exactly_once_stream_set_back_by_hand_is_delivered_again_f
     got = [int(orjson.loads(f[b"event"])["event_id"]) for _, f in redis_server.client().xrange(stream)]
     assert got == [*range(1, N + 1), *range(seq + 1, N + 1)]
     assert [redis_server.client().get(key) for key in others] == [b"keep", b"keep"]
+
+
+class Rewinding(ScriptedSink):
+    """A sink whose first rewind fails as a server down a moment would."""
+
+    def __init__(self) -> None:
+        super().__init__("a")
+        self.log: list[str] = []
+
+    async def rewind(self, position: Position | None) -> None:
+        self.log.append("rewind")
+        if self.log.count("rewind") == 1:
+            raise RetryableSinkError("down a moment")
+
+    async def deliver(self, events: list[Event], position: Position | None = None) -> None:
+        self.log.append("deliver")
+        await super().deliver(events, position)
+
+
+async def test_a_rewind_that_fails_is_tried_again_before_anything_is_delivered() -> None:
+    """The retry of the first batch after a failed rewind found the sink open and delivered
+    without rewinding (an exactly-once sink then skipped what the operator asked for again)."""
+    store = MemoryCheckpointStore()
+    await store.put(set_back_key("src", "a"), set_back_note("rollback"))
+    sink = Rewinding()
+    runner = PipelineRunner(
+        config(sinks=[sink_doc("a")]), store=store, source=SyntheticSource(10), sinks={"a": sink}
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: len(sink.received) >= 10 or task.done(), timeout=60, what="delivered")
+        await runner.drain()
+    finally:
+        runner.stop_now()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sink.log[:3] == ["rewind", "rewind", "deliver"], sink.log
+    assert await store.get(set_back_key("src", "a")) is None  # the note goes once the rewind is done

@@ -73,6 +73,8 @@ class DeliveryWorker(Actor):
         self.position = self.ctx.source.load_position(doc) if doc is not None else None
         await self.held.load()
         self.opened = False
+        self.checked = False
+        """The sink's own record of what it holds set back (a note) or adopted since it opened."""
         self.recheck = False
         """A sink that records its position failed a batch: read the record again before the retry
         (the sink may have started over on a new connection, to a server that lost it)."""
@@ -86,10 +88,11 @@ class DeliveryWorker(Actor):
         if not self.opened:
             await self.sink.open()
             self.opened = True
-            if await self._rewound():
-                return
-            if self.sink.records_position:
+            self.checked = False
+        if not self.checked:  # until this succeeds: a retry finds the sink open, and must not skip it
+            if not await self._rewound() and self.sink.records_position:
                 await self._adopt_sink_position()
+            self.checked = True
 
     async def _rewound(self) -> bool:
         """Whether this sink's checkpoint was set back by hand (``deltaforge checkpoints
