@@ -18,11 +18,13 @@ from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.plugins import build_sink
+from deltaforge.position import Position
 from deltaforge.sinks.base import RetryableSinkError
+from deltaforge.sources.base import PositionLost
 from deltaforge.sources.mysql.retention import BinlogRetention
-from deltaforge.state.checkpoints import MemoryCheckpointStore
+from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import jsonl, wait_until, wait_until_sync
-from tests.kit import ScriptedSink
+from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
 from tests.mysql_kit import fresh_db
 from tests.serve_proc import serve_pipeline
 from tests.servers.mariadb import CDC_USER, MariaDB
@@ -261,3 +263,49 @@ async def test_a_sink_behind_whose_binlog_is_the_oldest_left_is_warned_of(
         assert said()[1] == ("binlog_purged_under_checkpoint", needed)
         await runner.drain()
         await asyncio.wait_for(task, 30)
+
+
+class LostOnRead(SyntheticSource):
+    """Opening from behind ``gone`` succeeds, and the first read then finds the position lost, as
+    MariaDB says it (the binlog dump's error 1236 comes after the opening's own check passed: a
+    purge in between)."""
+
+    def __init__(self, total: int, gone: int) -> None:
+        super().__init__(total, chunk=50)
+        self.gone = gone
+        self.behind = False
+
+    async def open(self, resume_after: Position | None) -> None:
+        await super().open(resume_after)
+        self.behind = self.next <= self.gone
+
+    async def read(self) -> list[Event]:
+        if self.behind:
+            raise PositionLost("the binlog from the checkpoint was purged")
+        return await super().read()
+
+
+async def test_an_optional_sink_whose_position_is_found_lost_while_reading_never_stops_the_others() -> None:
+    """An optional sink behind, whose position the server turned out not to have at the first
+    read rather than at the opening (a purge between MariaDB's check and its binlog dump): the
+    pipeline failed, the required sink with it. Now the same as at an opening: the optional sink
+    is named and parked, the source opens again from the others' checkpoints."""
+    store = MemoryCheckpointStore()
+    await store.put_many({sink_key("src", "a"): {"seq": 50}, sink_key("src", "b"): {"seq": 10}})
+    a, b = ScriptedSink("a"), ScriptedSink("b", required=False)
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)])
+    runner = PipelineRunner(cfg, store=store, source=LostOnRead(200, gone=20), sinks={"a": a, "b": b})
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        try:
+            await wait_until(
+                lambda: 200 in a.received or task.done(), timeout=60, what="a given every change"
+            )
+            await runner.drain()
+        finally:
+            runner.stop_now()
+            await asyncio.gather(task, return_exceptions=True)
+    assert runner.failure is None
+    assert a.received == list(range(51, 201))
+    assert b.received == []  # parked: snapshot.mode never
+    assert [e["sinks"] for e in logs if e["event"] == "sink_position_lost"] == [["b"]]

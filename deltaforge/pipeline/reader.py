@@ -132,6 +132,11 @@ class SourceReader(Actor):
             raise
         await self._remember()
 
+    async def _reopen(self) -> None:
+        await self.snapshots.close()
+        await self.ctx.source.close()
+        await self._open()
+
     async def _remember(self) -> None:
         """Store what the source's next opening compares with, when it changed."""
         source = self.ctx.source
@@ -251,7 +256,12 @@ class SourceReader(Actor):
                 try:
                     events = await self.snapshots.read()
                 except PositionLost as lost:
-                    await self._resnapshot_or_halt(lost)
+                    # As at an opening: MariaDB says a purged binlog at the first read, once its
+                    # dump starts, when the purge came after the opening's own check of it.
+                    if await self._spare(lost):
+                        await self._reopen()  # without them
+                    else:
+                        await self._resnapshot_or_halt(lost)
                     events = []
                 # A column change may ask the server for a snapshot: down, it is unavailable too.
                 for table, columns, position in source.take_schema_changes():
@@ -286,9 +296,7 @@ class SourceReader(Actor):
             return None
         if isinstance(message, Rewind):
             if self.reading:
-                await self.snapshots.close()
-                await self.ctx.source.close()
-                await self._open()
+                await self._reopen()
             return None
         if isinstance(message, TakeSnapshot):
             try:
