@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 
 import redis
 
+from tests.helpers import wait_until_sync
 from tests.servers.base import ServerProcess
 
 
@@ -52,9 +52,8 @@ def redis_cluster() -> Iterator[tuple[Redis, Redis]]:
         a.client().cluster("ADDSLOTSRANGE", 0, 8191)
         b.client().cluster("ADDSLOTSRANGE", 8192, 16383)
         a.client().cluster("MEET", "127.0.0.1", b.port)
-        deadline = time.monotonic() + 30
-        while any(n.client().cluster("INFO").get("cluster_state") != "ok" for n in (a, b)):
-            if time.monotonic() > deadline:
-                raise AssertionError("the two Redis Cluster nodes did not agree in 30 s")
-            time.sleep(0.05)  # polling the cluster's own state: there is nothing to wait on
+        wait_until_sync(
+            lambda: all(n.client().cluster("INFO").get("cluster_state") == "ok" for n in (a, b)),
+            timeout=30, what="the two Redis Cluster nodes to agree",
+        )  # fmt: skip
         yield a, b
