@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tests.helpers import stored_checkpoint, wait_until_sync
+from tests.helpers import jsonl, stored_checkpoint, wait_until_sync
 from tests.serve_proc import Serve
 from tests.test_crash import read_cdc
 
@@ -115,6 +115,40 @@ def outage_and_recover(
         wait_until_sync(lambda: serve.get("/health").json()["status"] == "ok", timeout=60, what="/health ok")
         assert serve.terminate() == 0
     return _catch_up(tmp_path, without, key, env)
+
+
+def silenced_and_recover(
+    tmp_path: Path, sink: dict[str, Any], env: dict[str, str], silence: Callable[[], None]
+) -> tuple[list[list[int]], str]:
+    """The sink's open connections go silent for good (``silence``: its server's host vanished,
+    or a NAT forgot them; new connections pass) while ``serve`` runs with the workload: the sink
+    must say so and go on over new ones by itself, its checkpoint moving again. Returns the
+    changes the database recorded, for the test to compare with what the sink holds, and what
+    the sink said was wrong."""
+    with_workload, without = _pipeline_files(tmp_path, sink)
+    sid = sink["config"]["id"]
+    key = f"db::sink::{sid}"
+    cp_db, log = tmp_path / "cp.db", tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(with_workload), "--log-file", str(log), env=env) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: stored_checkpoint(cp_db, key) is not None, timeout=30, what="a checkpoint")
+        silence()
+
+        def said() -> dict[str, Any] | None:
+            return next(
+                (r for r in jsonl(log) if r["event"] == "unavailable" and r["what"] == f"sink:{sid}"), None
+            )
+
+        wait_until_sync(lambda: said() is not None, timeout=60, what="the silent connection said")
+        held = stored_checkpoint(cp_db, key)
+        wait_until_sync(
+            lambda: stored_checkpoint(cp_db, key) != held, timeout=60, what="progress over a new connection"
+        )
+        assert serve.get("/pipelines/crash").json()["state"] == "running"
+        assert serve.terminate() == 0
+    record = said()
+    assert record is not None
+    return _catch_up(tmp_path, without, key, env), str(record["reason"])
 
 
 def crash_and_recover(

@@ -29,7 +29,8 @@ from tests.mysql_kit import fresh_db as fresh_mysql_db
 from tests.postgres_kit import fresh_db
 from tests.servers.mariadb import MariaDB
 from tests.servers.postgres import Postgres
-from tests.sink_crash import crash_and_recover, outage_and_recover
+from tests.servers.proxy import TcpProxy
+from tests.sink_crash import crash_and_recover, outage_and_recover, silenced_and_recover
 
 
 def pg_doc(dsn: str, **sink: Any) -> dict[str, Any]:
@@ -198,6 +199,35 @@ def test_target_stopped_for_a_minute_is_waited_for_and_ends_equal_to_the_source(
         )
     assert len(source_rows) > 20
     assert got == source_rows  # the target equals the source after the outage
+
+
+@pytest.mark.slow
+def test_a_target_connection_gone_silent_is_given_up_and_the_target_written_over_a_new_one(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A target whose host vanished (a failover that moved its name), or a connection a NAT
+    forgot, answers nothing and closes nothing: a statement sent on it waited for ever, the
+    pipeline stuck while the target took new connections. ``query_timeout_s`` gives it up."""
+    db = asyncio.run(target(postgres, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
+                                      "status text, version int, note bytea, _df_position text)"))  # fmt: skip
+    sink = {
+        "type": "postgres",
+        "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer",
+                   "query_timeout_s": 3},
+    }  # fmt: skip
+    with TcpProxy(postgres.port) as proxy:
+        through = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
+        _, said = silenced_and_recover(tmp_path, sink, {"PG": through}, proxy.freeze)
+    assert "no answer for 3 s" in said and "query_timeout_s" in said, said
+    out = subprocess.run(
+        [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
+    )
+    source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
+    got = asyncio.run(
+        rows(postgres.dsn(db), "SELECT id, customer, amount, status, version FROM orders ORDER BY id")
+    )
+    assert len(source_rows) > 20
+    assert got == source_rows  # every change applied once the silent connection was given up
 
 
 def into_target(name: str, source: dict[str, Any], target_dsn: str, **sink: Any) -> dict[str, Any]:

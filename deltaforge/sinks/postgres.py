@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from pydantic import BeforeValidator, Field
 
-from deltaforge.configmodel import Hint, PostgresDsn, SinkConfig, SinkSettings, Text, fail
+from deltaforge.configmodel import Hint, PositiveNumber, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.events import Event, not_carried
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
@@ -84,6 +84,13 @@ class PostgresSinkConfig(SinkSettings):
         "always", description="if_newer: apply a change only when it is newer than the row's position."
     )
     position_column: Text = Field("_df_position", description="Where if_newer keeps each row's position.")
+    query_timeout_s: PositiveNumber = Field(
+        60.0,
+        description="How long a statement may go unanswered before its connection is given up and the "
+        "batch tried again on a new one: a target whose host vanished (a failover that moved its name) "
+        "or a connection a NAT forgot answers nothing and closes nothing. A statement waiting this long "
+        "for a lock is cancelled and tried again too.",
+    )
 
 
 class PostgresSink(Sink[PostgresSinkConfig]):
@@ -97,6 +104,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         self.keys: tuple[str, ...] | None = tuple(cfg.key_columns) if cfg.key_columns else None
         self.if_newer = cfg.upsert_strategy == "if_newer"
         self.position_column = cfg.position_column
+        self.query_timeout = cfg.query_timeout_s
         self._conn: asyncpg.Connection | None = None
         self._sql: dict[tuple[Any, ...], str] = {}
         # Each target table's columns and how they take values (pgtypes), read once per table;
@@ -106,19 +114,39 @@ class PostgresSink(Sink[PostgresSinkConfig]):
 
     async def open(self) -> None:
         try:
-            conn = await asyncpg.connect(self.dsn, timeout=10)
-            # A batch is checkpointed once its COMMIT returns. With synchronous_commit=off (the
-            # server's, the database's or the role's default) that is before the commit is on
-            # disk, and a crash of the target then loses batches the checkpoint has passed.
-            if await conn.fetchval("SHOW synchronous_commit") == "off":
-                await conn.execute("SET synchronous_commit = local")
-            self._conn = conn
+            # command_timeout bounds every statement: nothing else notices a connection whose
+            # other end vanished without a reset (no TCP keepalive on asyncpg's sockets).
+            self._conn = await asyncpg.connect(self.dsn, timeout=10, command_timeout=self.query_timeout)
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}") from None
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise RetryableSinkError(
                 f"postgres sink {self.id!r}: cannot connect: {type(exc).__name__}"
             ) from None
+        try:
+            # A batch is checkpointed once its COMMIT returns. With synchronous_commit=off (the
+            # server's, the database's or the role's default) that is before the commit is on
+            # disk, and a crash of the target then loses batches the checkpoint has passed.
+            if await self._conn.fetchval("SHOW synchronous_commit") == "off":
+                await self._conn.execute("SET synchronous_commit = local")
+        except TimeoutError:
+            raise self._unanswered() from None
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.close()
+            raise RetryableSinkError(
+                f"postgres sink {self.id!r}: cannot connect: {type(exc).__name__}"
+            ) from None
+
+    def _unanswered(self) -> RetryableSinkError:
+        """The connection given up without a word to the server: a goodbye on a connection that
+        answers nothing would wait too."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+        return RetryableSinkError(
+            f"postgres sink {self.id!r}: no answer for {self.query_timeout:g} s (query_timeout_s): "
+            "the connection is given up and the batch tried again on a new one"
+        )
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -265,13 +293,16 @@ class PostgresSink(Sink[PostgresSinkConfig]):
                         await conn.execute(sql)
                     else:
                         await conn.executemany(sql, rows)
+        except TimeoutError:  # asyncpg's command_timeout (or the connect's): see open()
+            self._forget()
+            raise self._unanswered() from None
         except _REFUSED as exc:
             self._forget()  # the target may have been altered: its types are read again first
             raise PoisonEvent(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}", "rejected") from None
         except _PERMANENT as exc:
             self._forget()
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}: {exc}") from None
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             self._forget()
             if isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "deferrable" in str(exc):
                 raise NonRetryableSinkError(  # a target made from a source whose key is DEFERRABLE

@@ -1,6 +1,9 @@
 """A TCP proxy in front of a test server that can be taken down and brought back, to stage an
 outage of a server that cannot be restarted without losing its data (Tansu keeps its data in
-memory). Down means: listening socket closed, every open connection reset. With ``tls``, clients
+memory). Down means: listening socket closed, every open connection reset. Frozen means: every
+open connection passes nothing more and is never closed, while new ones pass as before (what a
+client sees of a server whose host vanished, or of a connection a NAT forgot, once the name
+leads to a server that answers). With ``tls``, clients
 talk TLS to the proxy and it talks plain TCP to the server (a server that cannot do TLS itself)."""
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._held: set[asyncio.StreamWriter] = set()
 
     def _call(self, coro: object) -> None:
         fut: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -40,6 +45,10 @@ class TcpProxy:
     def down(self) -> None:
         self._call(self._close())
 
+    def freeze(self) -> None:
+        """Every open connection, from now on, silent both ways and left open."""
+        self._call(self._freeze())
+
     def stop(self) -> None:
         self.down()
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -55,9 +64,16 @@ class TcpProxy:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        for w in list(self._writers):
+        for w in list(self._writers | self._held):
             w.transport.abort()  # a reset, as when the server's host goes away
         self._writers.clear()
+        self._held.clear()
+
+    async def _freeze(self) -> None:
+        self._held |= self._writers
+        self._writers.clear()
+        for pipe in list(self._pipes):
+            pipe.cancel()  # each pipe's copies stop reading; their sockets stay open (in _held)
 
     async def _pipe_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -66,7 +82,16 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+        pipe = asyncio.ensure_future(
+            asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+        )
+        self._pipes.add(pipe)
+        try:
+            await pipe
+        except asyncio.CancelledError:
+            pass  # frozen
+        finally:
+            self._pipes.discard(pipe)
 
     async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -75,9 +100,10 @@ class TcpProxy:
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
-        finally:
-            self._writers.discard(writer)
-            writer.transport.abort()
+        except asyncio.CancelledError:
+            return  # frozen: the socket stays open, in _held
+        self._writers.discard(writer)
+        writer.transport.abort()
 
     def __enter__(self) -> TcpProxy:
         return self.start()
