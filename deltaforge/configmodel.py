@@ -296,6 +296,12 @@ class ServerSourceSettings(SourceSettings):
         description="After a failover, when the new server's tables differ from the schemas last "
         "recorded: adapt (record the drift, continue with the new schema) or halt.",
     )
+    query_timeout_s: PositiveNumber = Field(
+        60.0,
+        description="How long one of deltaforge's own queries (a snapshot's chunk reads, the checks) "
+        "may go unanswered before its connection is given up as dead and the server is unavailable: "
+        "a server whose host vanished, or a connection a NAT forgot, answers nothing and closes nothing.",
+    )
 
 
 class SinkSettings(PluginConfig):

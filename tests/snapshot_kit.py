@@ -17,8 +17,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import jsonl
-from tests.serve_proc import Serve
+from tests.helpers import jsonl, wait_until_sync
+from tests.serve_proc import Serve, serve_pipeline
+from tests.servers.proxy import TcpProxy
 
 Execute = Callable[[str, tuple[Any, ...]], None]
 
@@ -161,6 +162,39 @@ def snapshot_done(serve: Serve, pipeline: str = "shop") -> bool:
 def snapshot_rows_in(path: Path) -> int:
     """How many snapshot rows a sink file holds so far (cheap: no JSON parsing while polling)."""
     return path.read_bytes().count(b'"op":"r"') if path.exists() else 0
+
+
+def frozen_mid_snapshot(tmp: Path, spec: dict[str, Any], rows: int, port: int, **config: Any) -> None:
+    """``serve`` on ``spec``, its source reached through a proxy in front of the server on
+    ``port`` (``config`` added to the source's), until a tenth of ``rows`` is delivered; then
+    every open connection to the source goes silent for good (the proxy's ``freeze``: its host
+    vanished, or a NAT forgot them; new connections pass). The snapshot must give the silent
+    ones up after ``query_timeout_s`` (3 s here), saying so, and finish by itself."""
+    log = tmp / "log.jsonl"
+    source = spec["source"]["config"]
+    with TcpProxy(port) as proxy:
+        source.update(config, dsn=source["dsn"].replace(f":{port}/", f":{proxy.port}/"), query_timeout_s=3)
+        with serve_pipeline(tmp, spec) as serve:
+            wait_until_sync(
+                lambda: snapshot_rows_in(tmp / "events.jsonl") > rows // 10, timeout=120, what="rows"
+            )
+            proxy.freeze()
+
+            def said() -> str | None:
+                return next(
+                    (
+                        str(r["reason"])
+                        for r in jsonl(log)
+                        if r["event"] == "unavailable" and r["what"] == "source"
+                    ),
+                    None,
+                )
+
+            wait_until_sync(lambda: said() is not None, timeout=60, what="the silent connection said")
+            wait_until_sync(lambda: snapshot_done(serve), timeout=120, what="snapshot finished")
+            assert serve.terminate() == 0
+    reason = said()
+    assert reason is not None and "no answer for 3 s (query_timeout_s)" in reason, reason
 
 
 def kill_points(seed: int, rows: int, kills: int) -> list[int]:

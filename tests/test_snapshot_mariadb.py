@@ -31,6 +31,7 @@ from tests.snapshot_kit import (
     Execute,
     Writer,
     check_handoff,
+    frozen_mid_snapshot,
     kill_during_snapshot,
     pipeline_spec,
     replay,
@@ -92,6 +93,18 @@ def finish(serve: Serve, tmp: Path, server: MariaDB, work: Writer) -> None:
         work.join(10)
     assert work.error is None, work.error
     wait_until_sync(lambda: caught_up(tmp, server), timeout=120, what="sink caught up")
+
+
+def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
+    mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """A chunk read on a connection that answers nothing and closes nothing (the server's host
+    vanished, a NAT forgot it) waited for ever: the snapshot stalled, ``/health`` ok."""
+    rows = 50_000
+    db = prepare(mariadb, rows)
+    doc = spec(tmp_path, mariadb, db, chunk_size=1000)
+    frozen_mid_snapshot(tmp_path, doc, rows, mariadb.port)
+    check_handoff(tmp_path / "events.jsonl", table_state(mariadb, db), crashes=True)
 
 
 def test_snapshot_under_writes_hands_off_to_streaming_without_gaps_or_stale_rows(

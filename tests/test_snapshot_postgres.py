@@ -32,6 +32,7 @@ from tests.snapshot_kit import (
     Execute,
     Writer,
     check_handoff,
+    frozen_mid_snapshot,
     kill_during_snapshot,
     pipeline_spec,
     replay,
@@ -161,6 +162,19 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(postgres: Postgres,
     snapshot_rows = check_handoff(out, table_state(postgres, db), crashes=True)
     # Each kill repeats at most the chunks not yet checkpointed, never the whole table again.
     assert snapshot_rows < ROWS + kills * 10 * 5000, snapshot_rows
+
+
+def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A chunk read on a connection that answers nothing and closes nothing (the server's host
+    vanished, a NAT forgot it) waited for ever: the snapshot stalled, ``/health`` ok."""
+    rows = 50_000
+    db = prepare(postgres, rows)
+    doc = spec(tmp_path, postgres, db, chunk_size=1000)
+    # The stream's own rule gives up its own silent connection: receiver_timeout_ms.
+    frozen_mid_snapshot(tmp_path, doc, rows, postgres.port, receiver_timeout_ms=3000)
+    check_handoff(tmp_path / "events.jsonl", table_state(postgres, db), crashes=True)
 
 
 def test_on_demand_snapshot_over_rest_while_streaming(postgres: Postgres, tmp_path: Path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
@@ -14,7 +15,25 @@ from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
 from deltaforge.snapshot.window import WATERMARK_PREFIX as WATERMARK_PREFIX
 from deltaforge.snapshot.window import TableRef
+from deltaforge.sources.base import SourceUnavailable
 from supervision import Fatal
+
+T = TypeVar("T")
+
+
+async def answered(work: Awaitable[T], timeout: float, drop: Callable[[], None], who: str) -> T:
+    """``work``'s answer on a connection, within ``timeout`` (``query_timeout_s``). A connection
+    whose other end vanished without a reset (a host gone, a NAT that forgot it) answers nothing
+    and closes nothing, and a chunk read on it held the snapshot for ever; past the timeout it
+    is dropped (``drop``, without a goodbye that would wait too) and the server is unavailable."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await work
+    except TimeoutError:
+        drop()
+        raise SourceUnavailable(
+            f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
+        ) from None
 
 
 def rows_of(

@@ -27,7 +27,7 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._pipes: set[asyncio.Task[None]] = set()
+        self._pipes: set[asyncio.Future[tuple[None, None]]] = set()
         self._held: set[asyncio.StreamWriter] = set()
 
     def _call(self, coro: object) -> None:
@@ -82,9 +82,7 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        pipe = asyncio.ensure_future(
-            asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
-        )
+        pipe = asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
         self._pipes.add(pipe)
         try:
             await pipe

@@ -22,7 +22,7 @@ import structlog
 
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
-from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, debezium_signal, table_changed
+from deltaforge.snapshot.chunks import ChunkReader, SnapshotRefused, answered, debezium_signal, table_changed
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.checks import is_unavailable
@@ -97,9 +97,11 @@ class MySQLChunks(ChunkReader):
     async def _run(self, work: Callable[[aiomysql.Cursor], Awaitable[T]]) -> T:
         if self.pool is None:
             raise RuntimeError("snapshot reader is not open")
+        who = f"mysql source {self.source.id!r} ({self.source.settings.where})"
+        timeout = self.source.settings.query_timeout_s
         try:
             async with self.pool.acquire() as conn, conn.cursor(aiomysql.DictCursor) as cur:
-                return await work(cur)
+                return await answered(work(cur), timeout, conn.close, who)
         except Exception as exc:
             if is_unavailable(exc):
                 where = self.source.settings.where

@@ -13,6 +13,7 @@ so a resume starts exactly after the committed transaction.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -67,7 +68,9 @@ class MySQLSource(Source):
 
     def __init__(self, config: MySQLSourceConfig, tenant: str = "default") -> None:
         self.id = config.id
-        self.settings = MySQLSettings.from_dsn(config.dsn)
+        self.settings = dataclasses.replace(
+            MySQLSettings.from_dsn(config.dsn), query_timeout_s=config.query_timeout_s
+        )
         self.by_file = config.resume_by == "file"
         self.on_schema_drift = config.on_schema_drift
         self.cascades = config.foreign_key_cascades

@@ -21,6 +21,7 @@ from deltaforge.snapshot.chunks import (
     WATERMARK_PREFIX,
     ChunkReader,
     SnapshotRefused,
+    answered,
     debezium_signal,
     rows_of,
     table_changed,
@@ -147,9 +148,10 @@ class PostgresChunks(ChunkReader):
         """``work`` on a pooled connection; a server that went away is unavailable, not an error."""
         if self.pool is None:
             raise RuntimeError("snapshot reader is not open")
+        who = f"postgres source {self.source.id!r}"
         try:
             async with self.pool.acquire() as conn:
-                return await work(conn)
+                return await answered(work(conn), self.source.query_timeout, conn.terminate, who)
         except Exception as exc:
             if is_unavailable(exc):
                 raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None

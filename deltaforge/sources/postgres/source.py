@@ -78,6 +78,7 @@ class PostgresSource(Source):
         self.heartbeat_s = config.heartbeat_ms / 1000
         self._idle = config.poll_interval_ms / 1000
         self._silence = config.receiver_timeout_ms / 1000
+        self.query_timeout = config.query_timeout_s
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.retention = SlotRetention(self.id, self.slot, config.wal_warn_mb << 20)
@@ -139,9 +140,9 @@ class PostgresSource(Source):
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A short connection; a server that goes down, while connecting or while queried, is
-        unavailable, not an error."""
+        unavailable, not an error; so is one that answers nothing for ``query_timeout_s``."""
         try:
-            conn = await asyncpg.connect(self.dsn, timeout=10)
+            conn = await asyncpg.connect(self.dsn, timeout=10, command_timeout=self.query_timeout)
             try:
                 yield conn
             finally:
