@@ -62,6 +62,7 @@ class ActorCell(Generic[A]):
         actor._attach(self.ref, self.name)
         mailbox = self.mailbox
         self.state = "running"
+        ended = False  # with an error of its own, which the supervisor judges it by
         try:
             await actor.on_start()
             task_status.started()
@@ -71,6 +72,7 @@ class ActorCell(Generic[A]):
             self.state = "stopped"
         except BaseException:
             self.state = "crashed"
+            ended = True
             raise
         finally:
             self.mailbox = None
@@ -78,7 +80,15 @@ class ActorCell(Generic[A]):
                 if left.reply is not None:
                     left.reply.close()
             with anyio.CancelScope(shield=True):
-                await actor.on_stop()
+                try:
+                    await actor.on_stop()
+                except Exception as exc:
+                    if not ended:
+                        raise
+                    # The clean-up failing on the way out (a connection that does not answer its
+                    # goodbye) must not stand in for the error the actor ended with: a server
+                    # unavailable would be judged a crash.
+                    actor.log.warning("on_stop_failed", reason=f"{type(exc).__name__}: {exc}", exc_info=True)
 
     async def _handle(self, actor: A, envelope: Envelope) -> None:
         reply = envelope.reply

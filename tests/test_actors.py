@@ -10,6 +10,7 @@ import anyio
 import anyio.lowlevel
 import psutil
 import pytest
+import structlog.testing
 
 from actors import Actor, ActorCell, ActorStopped, AskTimeout, message
 from tests.helpers import wait_until
@@ -234,6 +235,44 @@ async def test_lifecycle_hooks_and_normal_stop() -> None:
     await task  # returns normally
     assert events == ["start", "msg:hi", "msg:bye", "stop"]
     assert cell.state == "stopped"
+
+
+class StopFails(Actor):
+    """Fails on ``Boom`` with the error it was given; its ``on_stop`` fails too, another way."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Boom):
+            raise self.error
+        self.stop()
+
+    async def on_stop(self) -> None:
+        raise TimeoutError("the goodbye was not answered")
+
+
+async def test_a_failing_on_stop_never_hides_what_the_actor_ended_with() -> None:
+    """A supervisor judges an actor by the error it ended with (a server unavailable is waited
+    for; a crash is counted): the clean-up's own failure, on the way out (a connection that does
+    not answer its goodbye), replaced it, and a wait became a crash. A normal exit whose clean-up
+    fails is still a failure."""
+    ended = LookupError("the actor's own error")
+    cell = ActorCell("stopfails", lambda: StopFails(ended))
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(cell.run())
+        await cell.ref.tell(Boom())
+        with pytest.raises(LookupError) as raised:
+            await task
+    assert raised.value is ended
+    said = [r for r in logs if r["event"] == "on_stop_failed"]
+    assert said and "the goodbye was not answered" in said[0]["reason"], logs
+    cell = ActorCell("stopfails", lambda: StopFails(ended))
+    task = asyncio.create_task(cell.run())
+    await cell.ref.tell(Echo("bye"))
+    with pytest.raises(TimeoutError):
+        await task
 
 
 class Blocker(Actor):

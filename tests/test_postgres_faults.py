@@ -15,10 +15,12 @@ from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import SourceError, SourceUnavailable
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
-from tests.helpers import damage_on_disk, jsonl, wait_until
+from tests.helpers import damage_on_disk, jsonl, wait_until, wait_until_sync
 from tests.kit import NeverDurable, ScriptedSink
 from tests.postgres_kit import fresh_db, read_n, source
+from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
+from tests.servers.proxy import TcpProxy
 
 
 async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
@@ -53,6 +55,72 @@ async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
         proxy.destroy_toxic(f"hole_{stream}")
     await src.close()
     await conn.close()
+
+
+async def test_closing_a_source_whose_connections_went_silent_never_fails(postgres: Postgres) -> None:
+    """Closing the source on the way to its next opening, after every connection went silent
+    for good (its host vanished, a NAT forgot them): the control connection answers neither the
+    wait for the slot's release nor its goodbye, and the close raised TimeoutError, which the
+    reader's exit carried in place of the outage: a crash, counted."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    with TcpProxy(postgres.port) as proxy:
+        src = source(postgres, db, dsn=f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}")
+        await src.open(None)
+        await conn.execute("INSERT INTO t VALUES (1)")
+        await read_n(src, 1)
+        proxy.freeze()
+        await src.close()
+    await conn.close()
+
+
+def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Every connection to the source goes silent for good (its host vanished, a NAT forgot
+    them; new ones pass). The stream notices (``receiver_timeout_ms``) and the source is
+    unavailable; closing it on the way to the next opening must not fail on the control
+    connection, which answers neither its query nor its goodbye: that failure stood in for the
+    outage, the reader's exit was judged a crash, counted against the restart intensity (a few
+    such in a row fail the pipeline)."""
+    db = asyncio.run(fresh_db(postgres))
+    role = f"brief_{db}"
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
+        # The silent stream's walsender lets go of the slot in 2 s, not the default minute.
+        await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = '2s'")
+        await conn.close()
+
+    async def insert(first: int, n: int) -> None:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.executemany("INSERT INTO t VALUES ($1)", [(i,) for i in range(first, first + n)])
+        await conn.close()
+
+    asyncio.run(setup())
+    out, log = tmp_path / "out.jsonl", tmp_path / "log.jsonl"
+    with TcpProxy(postgres.port) as proxy:
+        config = {"id": "pg", "dsn": f"postgresql://{role}@127.0.0.1:{proxy.port}/{db}", "slot": f"s_{db}",
+                  "publication": f"p_{db}", "receiver_timeout_ms": 2000, "query_timeout_s": 2}  # fmt: skip
+        spec = {"source": {"type": "postgres", "config": config},
+                "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]}  # fmt: skip
+        with serve_pipeline(tmp_path, spec) as serve:
+            asyncio.run(insert(1, 10))
+            wait_until_sync(lambda: len(jsonl(out)) == 10, timeout=30, what="the first rows")
+            proxy.freeze()
+            asyncio.run(insert(11, 10))
+            wait_until_sync(
+                lambda: len(jsonl(out)) >= 20, timeout=90, what="the rows written after the freeze"
+            )
+            assert serve.terminate() == 0
+    assert {r["after"]["id"] for r in jsonl(out)} == set(range(1, 21))
+    restarts = [r for r in jsonl(log) if r["event"] == "child_restarted" and r["failed"] == "SourceReader"]
+    assert restarts, "the source was never opened again"
+    crashes = [r["reason"] for r in restarts if not r["reason"].startswith("SourceUnavailable")]
+    assert not crashes, crashes
 
 
 async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(

@@ -316,7 +316,12 @@ class PostgresSource(Source):
                 return
             if decoder is not None:
                 await slot_ops.released(conn, self.slot)  # a stopped pipeline has let go of its slot
-            await conn.close(timeout=5)
+            try:
+                await conn.close(timeout=5)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # TimeoutError among them
+                # A connection that answers nothing (its host vanished; the release's wait above
+                # gave up on it mid-query) is dropped: the outage stands, not a failed close.
+                conn.terminate()
 
     async def confirm(self, checkpoint: Position) -> None:
         """Every sink has this checkpoint durably: the slot may release WAL up to it."""
