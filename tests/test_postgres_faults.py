@@ -83,7 +83,9 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     unavailable; closing it on the way to the next opening must not fail on the control
     connection, which answers neither its query nor its goodbye: that failure stood in for the
     outage, the reader's exit was judged a crash, counted against the restart intensity (a few
-    such in a row fail the pipeline)."""
+    such in a row fail the pipeline). The server does not notice the silent stream either
+    (``wal_sender_timeout`` 0 here: never; a minute by default), and that stream's walsender
+    held the slot against the next one, for ever: it is this source's own, and is ended."""
     db = asyncio.run(fresh_db(postgres))
     role = f"brief_{db}"
 
@@ -91,8 +93,9 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
         conn = await asyncpg.connect(postgres.dsn(db))
         await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
-        # The silent stream's walsender lets go of the slot in 2 s, not the default minute.
-        await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = '2s'")
+        # The server never times the silent stream's walsender out (the default: after a
+        # minute): it holds the slot until deltaforge ends it, the walsender of its own stream.
+        await conn.execute(f"ALTER ROLE {role} SET wal_sender_timeout = 0")
         await conn.close()
 
     async def insert(first: int, n: int) -> None:
@@ -121,6 +124,8 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     assert restarts, "the source was never opened again"
     crashes = [r["reason"] for r in restarts if not r["reason"].startswith("SourceUnavailable")]
     assert not crashes, crashes
+    ended = [r for r in jsonl(log) if r["event"] == "stale_walsender_ended"]
+    assert len(ended) == 1, ended
 
 
 async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(

@@ -32,6 +32,7 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childproc import child_setup, log_crash, read_frame, write_frame
+from deltaforge.sources.postgres.holder import busy, walsender
 from deltaforge.sources.postgres.names import PRIMARY_KEY
 from deltaforge.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
@@ -282,6 +283,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         return
     start = parse_lsn(found[0])
     repl = _start(cfg, start, catalog)
+    if (ours := walsender(slot, catalog.rows)) is not None:
+        write_frame(out, ("walsender", *ours))  # ended at the next opening if still holding the slot
     known = cfg["seen"]
     tx = TxDecoder(
         int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None,
@@ -329,11 +332,6 @@ BUSY_GRACE_S = 5.0
 """How long a slot held by another connection is waited for here, silently, before it is said:
 the walsender of a reader of this pipeline that just went lets go once it notices."""
 
-_HOLDER = (
-    "SELECT s.active_pid, a.application_name, a.client_addr::text, a.backend_start::text "
-    "FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = %s"
-)
-
 
 def _start(cfg: DecoderSettings, start: int, catalog: Catalog) -> LogicalStream:
     """Open the stream. A slot another connection holds is waited for ``BUSY_GRACE_S`` (the
@@ -351,26 +349,8 @@ def _start(cfg: DecoderSettings, start: int, catalog: Catalog) -> LogicalStream:
             if not exc.slot_busy:
                 raise
             if time.monotonic() >= deadline:
-                raise StreamError(_busy(cfg["slot"], catalog), exc.sqlstate) from None
+                raise StreamError(busy(cfg["slot"], catalog.rows), exc.sqlstate) from None
             time.sleep(0.1)
-
-
-def _busy(slot: str, catalog: Catalog) -> str:
-    """Why the stream cannot start: the slot in use, by whom (as far as the server says)."""
-    try:
-        found = catalog.rows(_HOLDER, (slot,))
-    except Exception:  # noqa: BLE001 - who holds it is a courtesy; that it is held is the news
-        found = []
-    pid, app, addr, since = found[0] if found else (None, None, None, None)
-    who = f"pid {pid}" if pid is not None else "another connection"
-    seen = ", ".join(x for x in (f"application {app!r}" if app else "", f"from {addr}" if addr else "",
-                                  f"since {since}" if since else "") if x)  # fmt: skip
-    return (
-        f"replication slot {slot!r} is in use by {who}{f' ({seen})' if seen else ''}: another pipeline "
-        "given the same slot, or another consumer of it; a slot has one reader. Waiting for it to be "
-        "free; if it is another pipeline's, give this source a slot of its own (spec.source.config.slot, "
-        "and spec.source.config.publication)"
-    )
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import structlog
 
 from deltaforge.redact import redact
 from deltaforge.sources.base import PositionLost, SourceUnavailable
+from deltaforge.sources.postgres.holder import HOLDER, Walsender
 from deltaforge.sources.postgres.identity import refuse_without_identity
 from deltaforge.sources.postgres.names import quote_table
 from deltaforge.sources.postgres.pgoutput import format_lsn, parse_lsn
@@ -207,4 +208,25 @@ async def forget(
         "slot_left",
         reason=f"the pipeline was deleted with its checkpoints, and its slot, which keeps WAL on the server "
         f"for ever, could not be dropped ({why}): run {drop} once it is free",
+    )
+
+
+async def end_stale(conn: asyncpg.Connection, slot: str, stale: Walsender | None, who: str) -> None:
+    """End ``stale``, the walsender of this source's stream from before, if it still holds
+    ``slot``. One the source's role may not end is left to the server's own timeout, said."""
+    if stale is None:
+        return
+    row = await conn.fetchrow(HOLDER.format("$1"), slot)
+    if row is None or (row[0], row[3]) != stale:
+        return
+    log = structlog.get_logger().bind(actor="PostgresSource", source=who, slot=slot, pid=stale[0])
+    try:
+        await conn.execute("SELECT pg_terminate_backend($1)", stale[0])
+    except asyncpg.PostgresError as exc:
+        log.warning("stale_walsender_left", reason=redact(f"{type(exc).__name__}: {exc}"))
+        return
+    log.warning(
+        "stale_walsender_ended",
+        reason="the walsender of this source's stream from before still held the slot: its connection "
+        "went silent (a vanished host, a NAT that forgot it) and the server had not noticed",
     )

@@ -46,6 +46,7 @@ from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.frames import Transactions
+from deltaforge.sources.postgres.holder import Walsender
 from deltaforge.sources.postgres.names import quote_table, split
 from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
@@ -79,6 +80,7 @@ class PostgresSource(Source):
         self._idle = config.poll_interval_ms / 1000
         self._silence = config.receiver_timeout_ms / 1000
         self.query_timeout = config.query_timeout_s
+        self._walsender: Walsender | None = None  # of the last stream started: see holder.py
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.retention = SlotRetention(self.id, self.slot, config.wal_warn_mb << 20)
@@ -189,6 +191,7 @@ class PostgresSource(Source):
                 raise
             raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
         self._conn = conn
+        await slot_ops.end_stale(conn, self.slot, self._walsender, f"postgres source {self.id!r}")
         self.txs.db = str(await conn.fetchval("SELECT current_database()"))
         level = await conn.fetchval("SHOW wal_level")
         if level != "logical":
@@ -377,6 +380,9 @@ class PostgresSource(Source):
             return None
         if kind == "heartbeat":
             return [self.txs.heartbeat(int(frame[1]), frame[2])]
+        if kind == "walsender":
+            self._walsender = (int(frame[1]), str(frame[2]))
+            return None
         if kind == "keyless":
             log.warning(
                 "delete_key_not_logged", source=self.id, table=frame[1], key=frame[2], identity=frame[3],
