@@ -23,7 +23,8 @@ from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
 from tests.servers.nats import Nats, NatsCluster, PlainNats, stream_leader
-from tests.sink_crash import crash_and_recover, outage_and_recover
+from tests.servers.proxy import TcpProxy
+from tests.sink_crash import crash_and_recover, outage_and_recover, silenced_and_recover
 
 
 def nats_doc(url: str, **sink: Any) -> dict[str, Any]:
@@ -276,6 +277,28 @@ def test_server_stopped_for_a_minute_is_waited_for_and_nothing_is_lost(
         int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "out.orders", "OUTAGE"))
     ]
     assert len(got) == len(set(got)), "a change was stored twice within the duplicate window"
+    assert got == [int(r[0]) for r in rows]  # every change, in order, none lost
+
+
+def test_a_connection_gone_silent_is_given_up_and_the_stream_written_over_a_new_one(
+    nats_server: Nats, tmp_path: Path
+) -> None:
+    """The server's host vanished, or a NAT forgot the connection: nothing answers, nothing
+    closes. The acks' timeout gives the connection up, saying what it waited for, and the
+    batch goes again over a new one."""
+    sink = {
+        "type": "nats",
+        "config": {"id": "n", "url": "${NATS}", "subject": "out.${source.table}", "stream": "SILENT",
+                   "stream_subjects": "out.>", "ack_timeout_s": 2},
+    }  # fmt: skip
+    with TcpProxy(nats_server.port) as proxy:
+        rows, said = silenced_and_recover(
+            tmp_path, sink, {"NATS": f"nats://127.0.0.1:{proxy.port}"}, proxy.freeze
+        )
+    assert "no acknowledgement for 2 s (ack_timeout_s)" in said, said
+    got = [
+        int(d["source"]["change_id"]) for d in asyncio.run(consume(nats_server.url(), "out.orders", "SILENT"))
+    ]
     assert got == [int(r[0]) for r in rows]  # every change, in order, none lost
 
 

@@ -20,8 +20,9 @@ from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
 from tests.kit import NextRuns, PacedSource, SyntheticSource, losses_named, make_event, sink_pipeline
+from tests.servers.proxy import TcpProxy
 from tests.servers.redis import Redis, redis_cluster, restart
-from tests.sink_crash import crash_and_recover, outage_and_recover
+from tests.sink_crash import crash_and_recover, outage_and_recover, silenced_and_recover
 
 
 def redis_doc(uri: str, exactly_once: bool = False, **batch: Any) -> dict[str, Any]:
@@ -211,6 +212,28 @@ def test_server_stopped_for_a_minute_is_waited_for_with_one_entry_per_change(
     rows = outage_and_recover(
         tmp_path, sink, {"REDIS": redis_server.uri()}, redis_server.kill, redis_server.start
     )
+    got = [int(d["source"]["change_id"]) for d in entries(redis_server, "out.orders")]
+    assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
+
+
+def test_a_connection_gone_silent_is_given_up_and_the_stream_written_over_a_new_one(
+    redis_server: Redis, tmp_path: Path
+) -> None:
+    """The server's host vanished, or a NAT forgot the connection: nothing answers, nothing
+    closes. The socket's timeout gives the connection up and the batch goes again over a new
+    one, each change once."""
+    sink = {
+        "type": "redis",
+        "config": {"id": "r", "uri": "${REDIS}", "stream": "out.${source.table}", "exactly_once": True},
+    }
+    with TcpProxy(redis_server.port) as proxy:
+        rows, said = silenced_and_recover(
+            tmp_path,
+            sink,
+            {"REDIS": redis_server.uri().replace(f":{redis_server.port}/", f":{proxy.port}/")},
+            proxy.freeze,
+        )
+    assert "Timeout reading" in said, said
     got = [int(d["source"]["change_id"]) for d in entries(redis_server, "out.orders")]
     assert got == [int(r[0]) for r in rows]  # every change exactly once, in order
 

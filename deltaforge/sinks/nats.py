@@ -227,7 +227,12 @@ class NatsSink(Sink[NatsSinkConfig]):
             OSError,
         ) as exc:
             await self.close()
-            raise RetryableSinkError(f"nats sink {self.id!r}: {type(exc).__name__}: {exc}") from None
+            why = (  # the acks' own wait: a bare TimeoutError says nothing of what was waited for
+                f"no acknowledgement for {self.ack_timeout:g} s (ack_timeout_s)"
+                if type(exc) is TimeoutError
+                else f"{type(exc).__name__}: {exc}"
+            )
+            raise RetryableSinkError(f"nats sink {self.id!r}: {why}") from None
         except nerr.MaxPayloadError:
             # nats-py refuses it before sending: larger than the server's max_payload
             raise PoisonEvent(
