@@ -81,6 +81,10 @@ class PartitionEnds:
                 self.refused = True  # a user that may produce but not describe: no check, said once
                 durability.unknown(self.sink, "KafkaSink", f"partition ends not readable: {name}")
             self.disturbed = True
+            # The next reading on a new client: one whose connection went silent for good (a
+            # vanished host, a NAT that forgot it) answers nothing until librdkafka gives the
+            # connection up (socket.timeout.ms, a minute), and each batch waited for it meanwhile.
+            self._admin = None
             return 0
         self.disturbed, self.read_at = False, now
         return sum(self.acked.check(where, end, end) for where, end in ends.items())
@@ -113,5 +117,8 @@ class PartitionEnds:
         if asked:
             futures = admin.list_offsets(dict.fromkeys(asked, _LATEST), request_timeout=wait)
             for tp, future in futures.items():
-                ends[asked[tp]] = int(future.result().offset)
+                end = int(future.result().offset)
+                if end < 0:  # OFFSET_INVALID (-1001): librdkafka's answer to a request that timed out
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{asked[tp]}: no end read"))
+                ends[asked[tp]] = end
         return ends
