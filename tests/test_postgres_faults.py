@@ -14,6 +14,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sources.base import SourceError, SourceUnavailable
+from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import damage_on_disk, jsonl, wait_until, wait_until_sync
 from tests.kit import NeverDurable, ScriptedSink
@@ -57,11 +58,16 @@ async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
     await conn.close()
 
 
-async def test_closing_a_source_whose_connections_went_silent_never_fails(postgres: Postgres) -> None:
+async def test_closing_a_source_whose_connections_went_silent_never_fails(
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Closing the source on the way to its next opening, after every connection went silent
     for good (its host vanished, a NAT forgot them): the control connection answers neither the
     wait for the slot's release nor its goodbye, and the close raised TimeoutError, which the
-    reader's exit carried in place of the outage: a crash, counted."""
+    reader's exit carried in place of the outage: a crash, counted. Nor is the release waited
+    for on a connection that does not answer (it was, for ``RELEASE_S``: a shutdown then took
+    that long after its drain)."""
+    monkeypatch.setattr(slot_ops, "RELEASE_S", 3600.0)
     db = await fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(db))
     await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
@@ -71,7 +77,7 @@ async def test_closing_a_source_whose_connections_went_silent_never_fails(postgr
         await conn.execute("INSERT INTO t VALUES (1)")
         await read_n(src, 1)
         proxy.freeze()
-        await src.close()
+        await asyncio.wait_for(src.close(), 60)  # not the hour the release may take
     await conn.close()
 
 

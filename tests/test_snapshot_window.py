@@ -15,6 +15,7 @@ from itertools import pairwise
 from typing import Any
 
 import anyio
+import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,10 +25,10 @@ from deltaforge.envelopes import snapshot_marker
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.position import Position, PositionDoc
-from deltaforge.snapshot.chunks import ChunkReader, debezium_signal
+from deltaforge.snapshot.chunks import ChunkReader, answered, debezium_signal
 from deltaforge.snapshot.driver import SnapshotDriver
 from deltaforge.snapshot.window import TableRef
-from deltaforge.sources.base import Source, own_position
+from deltaforge.sources.base import Source, SourceUnavailable, own_position
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.kit import SeqPosition, config
 from tests.snapshot_kit import key_events, last_not_newest, out_of_order, replay
@@ -260,3 +261,17 @@ async def test_mode_always_snapshots_once_per_process_not_per_reconnect() -> Non
             durable = delivered[-1].checkpoint
             await driver.confirm(durable)
     assert len(started) == 1
+
+
+async def test_a_chunk_read_given_up_or_cancelled_drops_its_connection() -> None:
+    """A chunk read past ``query_timeout_s`` is the server unavailable, its connection dropped;
+    one cancelled (a shutdown's drain given up) drops it too: left mid-query, the pool's release
+    (shielded from the cancellation) waited on it, for ever on a connection gone silent."""
+    dropped: list[str] = []
+    with pytest.raises(SourceUnavailable, match=r"src: no answer for 0.01 s \(query_timeout_s\)"):
+        await answered(anyio.sleep_forever(), 0.01, lambda: dropped.append("timed out"), "src")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(answered, anyio.sleep_forever(), 60, lambda: dropped.append("cancelled"), "src")
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert dropped == ["timed out", "cancelled"]

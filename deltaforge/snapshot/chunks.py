@@ -25,7 +25,8 @@ async def answered(work: Awaitable[T], timeout: float, drop: Callable[[], None],
     """``work``'s answer on a connection, within ``timeout`` (``query_timeout_s``). A connection
     whose other end vanished without a reset (a host gone, a NAT that forgot it) answers nothing
     and closes nothing, and a chunk read on it held the snapshot for ever; past the timeout it
-    is dropped (``drop``, without a goodbye that would wait too) and the server is unavailable."""
+    is dropped (``drop``, without a goodbye that would wait too) and the server is unavailable;
+    so is a read cancelled (a shutdown)."""
     try:
         async with asyncio.timeout(timeout):
             return await work
@@ -34,6 +35,11 @@ async def answered(work: Awaitable[T], timeout: float, drop: Callable[[], None],
         raise SourceUnavailable(
             f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
         ) from None
+    except asyncio.CancelledError:
+        # Left mid-query, its pool's release (shielded from the cancellation) would wait on it:
+        # for ever on a connection gone silent, holding up a shutdown whose drain gave up.
+        drop()
+        raise
 
 
 def rows_of(

@@ -28,6 +28,7 @@ from deltaforge.sources.postgres.position import PgPosition
 T = TypeVar("T")
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
+ANSWER_S = 2.0  # a question of that wait unanswered this long: the connection is silent
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
 
 
@@ -170,14 +171,25 @@ async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> No
     await _unheld(lambda: conn.execute("SELECT pg_replication_slot_advance($1, $2)", slot, lsn), who)
 
 
-async def released(conn: asyncpg.Connection, slot: str) -> None:
+async def released(conn: asyncpg.Connection, slot: str) -> bool:
     """Wait (at most ``RELEASE_S``) until no walsender holds the slot, so a stopped pipeline has
     let go of it (a user's drop right after stopping works, the next reader is not refused).
-    Errors (a server going down) end the wait: nothing holds a slot on a server that is down."""
+    Errors (a server going down) end the wait: nothing holds a slot on a server that is down.
+    False when a question went unanswered for ``ANSWER_S``: a connection gone silent (its
+    server's host vanished) is not waited on for the rest, and is to be dropped."""
+    ask = "SELECT active FROM pg_replication_slots WHERE slot_name = $1"
     with contextlib.suppress(Exception):
         async with asyncio.timeout(RELEASE_S):
-            while await conn.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot):
+            while True:
+                try:
+                    async with asyncio.timeout(ANSWER_S):
+                        active = await conn.fetchval(ask, slot)
+                except TimeoutError:
+                    return False
+                if not active:
+                    break
                 await asyncio.sleep(0.02)  # the server has no notification for it
+    return True
 
 
 async def forget(

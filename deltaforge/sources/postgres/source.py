@@ -317,8 +317,9 @@ class PostgresSource(Source):
             if interrupted:
                 conn.terminate()
                 return
-            if decoder is not None:
-                await slot_ops.released(conn, self.slot)  # a stopped pipeline has let go of its slot
+            if decoder is not None and not await slot_ops.released(conn, self.slot):
+                conn.terminate()  # silent: its goodbye would not be answered either
+                return
             try:
                 await conn.close(timeout=5)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # TimeoutError among them
