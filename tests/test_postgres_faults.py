@@ -81,6 +81,32 @@ async def test_closing_a_source_whose_connections_went_silent_never_fails(
     await conn.close()
 
 
+async def test_a_catalog_connection_a_nat_forgot_while_idle_is_not_asked_again(postgres: Postgres) -> None:
+    """The decoder's catalog connection idles between tables' first changes, and a NAT or
+    firewall forgets an idle connection: a lookup asked on it (a new table's key) waited for
+    ever, the stream unread meanwhile and ``/health`` ok. One idle longer than the stream's own
+    silence bound (``receiver_timeout_ms``) is opened anew before it is asked."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t1 (id int PRIMARY KEY)")
+    with TcpProxy(postgres.port) as proxy:
+        dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}"
+        # The stream asks for a keepalive every 0.2 s: it is never idle long enough to be forgotten.
+        src = source(postgres, db, dsn=dsn, heartbeat_ms=200, receiver_timeout_ms=1000)
+        await src.open(None)
+        await conn.execute("INSERT INTO t1 VALUES (1)")
+        await read_n(src, 1)
+        proxy.forget_idle(1.5)
+        # The decoder's catalog connection and the source's control connection (a check every 5 s).
+        await wait_until(lambda: proxy.forgotten >= 2, timeout=30, what="the idle connections forgotten")
+        await conn.execute("CREATE TABLE t2 (id int PRIMARY KEY)")
+        await conn.execute("INSERT INTO t2 VALUES (2)")
+        got = await read_n(src, 1, timeout=30)
+        assert [(e.source.table, e.after) for e in got] == [("t2", {"id": 2})]
+        await src.close()
+    await conn.close()
+
+
 def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     postgres: Postgres, tmp_path: Path
 ) -> None:

@@ -3,7 +3,8 @@ outage of a server that cannot be restarted without losing its data (Tansu keeps
 memory). Down means: listening socket closed, every open connection reset. Frozen means: every
 open connection passes nothing more and is never closed, while new ones pass as before (what a
 client sees of a server whose host vanished, or of a connection a NAT forgot, once the name
-leads to a server that answers). With ``tls``, clients
+leads to a server that answers). ``forget_idle(s)`` does that to each connection idle for ``s``,
+as a NAT or firewall forgets an idle connection: a question asked on it later waits for ever. With ``tls``, clients
 talk TLS to the proxy and it talks plain TCP to the server (a server that cannot do TLS itself)."""
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._pipes: set[asyncio.Future[tuple[None, None]]] = set()
         self._held: set[asyncio.StreamWriter] = set()
+        self._links: dict[
+            asyncio.Future[tuple[None, None]], tuple[list[float], set[asyncio.StreamWriter]]
+        ] = {}
+        """Each open connection's last byte (either way) and its two ends."""
+        self.forgotten = 0
+        """Connections frozen for idling (``forget_idle``)."""
 
     def _call(self, coro: object) -> None:
         fut: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -48,6 +55,22 @@ class TcpProxy:
     def freeze(self) -> None:
         """Every open connection, from now on, silent both ways and left open."""
         self._call(self._freeze())
+
+    def forget_idle(self, idle_s: float) -> None:
+        """From now on, freeze each connection as soon as it has passed nothing for ``idle_s``."""
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._forget(idle_s)))
+
+    async def _forget(self, idle_s: float) -> None:
+        while True:
+            now = self._loop.time()
+            for pipe, (last, ends) in list(self._links.items()):
+                if now - last[0] >= idle_s:
+                    self._held |= ends
+                    self._writers -= ends
+                    self._links.pop(pipe, None)
+                    pipe.cancel()
+                    self.forgotten += 1
+            await asyncio.sleep(idle_s / 10)  # a NAT's own sweep: how often idle entries are dropped
 
     def stop(self) -> None:
         self.down()
@@ -82,18 +105,24 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        pipe = asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+        last = [self._loop.time()]
+        pipe = asyncio.gather(self._copy(reader, up_writer, last), self._copy(up_reader, writer, last))
         self._pipes.add(pipe)
+        self._links[pipe] = (last, {writer, up_writer})
         try:
             await pipe
         except asyncio.CancelledError:
             pass  # frozen
         finally:
             self._pipes.discard(pipe)
+            self._links.pop(pipe, None)
 
-    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _copy(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, last: list[float]
+    ) -> None:
         try:
             while data := await reader.read(65536):
+                last[0] = self._loop.time()
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):

@@ -241,11 +241,16 @@ class Catalog:
     """The child's catalog connection (primary keys, column types; ``deltaforge decoder`` in
     ``pg_stat_activity``). It idles between tables' first changes, and a server closes idle
     sessions (``idle_session_timeout``, a DBA's clean-up): a query on a connection found closed
-    is asked again once on a new one, where it failed the stream as a source error."""
+    is asked again once on a new one, where it failed the stream as a source error. A NAT or
+    firewall forgets an idle connection without a word, and a question asked on it waited for
+    ever, the stream unread: one idle longer than ``idle_s`` (the stream's own silence bound) is
+    opened anew before it is asked."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, idle_s: float = 60.0) -> None:
         self.dsn = dsn
+        self.idle_s = idle_s
         self.conn = self._connect()
+        self.used_at = time.monotonic()
 
     def _connect(self) -> Any:
         import psycopg
@@ -258,6 +263,10 @@ class Catalog:
             raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
 
     def rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if time.monotonic() - self.used_at > self.idle_s:
+            self.conn.close()
+            self.conn = self._connect()
+        self.used_at = time.monotonic()
         try:
             return list(self.conn.execute(query, params).fetchall())
         except Exception:
@@ -269,7 +278,7 @@ class Catalog:
 
 def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
     slot, chunk = cfg["slot"], int(cfg["chunk"])
-    catalog = Catalog(cfg["dsn"])
+    catalog = Catalog(cfg["dsn"], float(cfg["silence_s"]) or 60.0)
     found = next(
         iter(
             catalog.rows(
