@@ -158,23 +158,32 @@ rows = conn.execute("SELECT id, customer, amount, status, version FROM orders OR
 sys.stdout.buffer.write(orjson.dumps(rows))
 """
 
+ORDERS = (
+    "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, status text, version int, "
+    "note bytea, _df_position text)"
+)
+"""The shared Turso workload's table (``sink_crash``), as the target keeps it."""
+
+
+def orders_both_sides(tmp_path: Path, dsn: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The workload's orders as the Turso file holds them, and as the target ``dsn`` does."""
+    out = subprocess.run(
+        [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
+    )
+    source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
+    got = asyncio.run(rows(dsn, "SELECT id, customer, amount, status, version FROM orders ORDER BY id"))
+    return source_rows, got
+
 
 @pytest.mark.slow
 def test_sigkill_ends_with_exactly_one_effect_per_change(postgres: Postgres, tmp_path: Path) -> None:
-    db = asyncio.run(target(postgres, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
-                                      "status text, version int, note bytea, _df_position text)"))  # fmt: skip
+    db = asyncio.run(target(postgres, ORDERS))
     sink = {
         "type": "postgres",
         "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer"},
     }
     crash_and_recover(tmp_path, sink, {"PG": postgres.dsn(db)}, seed=12)
-    out = subprocess.run(
-        [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
-    )
-    source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
-    got = asyncio.run(
-        rows(postgres.dsn(db), "SELECT id, customer, amount, status, version FROM orders ORDER BY id")
-    )
+    source_rows, got = orders_both_sides(tmp_path, postgres.dsn(db))
     assert len(source_rows) > 20
     assert got == source_rows  # the target equals the source: every change applied once, none lost
 
@@ -183,20 +192,13 @@ def test_sigkill_ends_with_exactly_one_effect_per_change(postgres: Postgres, tmp
 @pytest.mark.outage_minute
 def test_target_stopped_for_a_minute_is_waited_for_and_ends_equal_to_the_source(tmp_path: Path) -> None:
     with Postgres() as pg:
-        db = asyncio.run(target(pg, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
-                                    "status text, version int, note bytea, _df_position text)"))  # fmt: skip
+        db = asyncio.run(target(pg, ORDERS))
         sink = {
             "type": "postgres",
             "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer"},
         }
         outage_and_recover(tmp_path, sink, {"PG": pg.dsn(db)}, pg.halt, pg.resume)
-        out = subprocess.run(
-            [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
-        )
-        source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
-        got = asyncio.run(
-            rows(pg.dsn(db), "SELECT id, customer, amount, status, version FROM orders ORDER BY id")
-        )
+        source_rows, got = orders_both_sides(tmp_path, pg.dsn(db))
     assert len(source_rows) > 20
     assert got == source_rows  # the target equals the source after the outage
 
@@ -208,8 +210,7 @@ def test_a_target_connection_gone_silent_is_given_up_and_the_target_written_over
     """A target whose host vanished (a failover that moved its name), or a connection a NAT
     forgot, answers nothing and closes nothing: a statement sent on it waited for ever, the
     pipeline stuck while the target took new connections. ``query_timeout_s`` gives it up."""
-    db = asyncio.run(target(postgres, "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount float8, "
-                                      "status text, version int, note bytea, _df_position text)"))  # fmt: skip
+    db = asyncio.run(target(postgres, ORDERS))
     sink = {
         "type": "postgres",
         "config": {"id": "p", "dsn": "${PG}", "key_columns": ["id"], "upsert_strategy": "if_newer",
@@ -219,13 +220,7 @@ def test_a_target_connection_gone_silent_is_given_up_and_the_target_written_over
         through = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
         _, said = silenced_and_recover(tmp_path, sink, {"PG": through}, proxy.freeze)
     assert "no answer for 3 s" in said and "query_timeout_s" in said, said
-    out = subprocess.run(
-        [sys.executable, "-c", READ_ORDERS, str(tmp_path / "app.db")], capture_output=True, check=True
-    )
-    source_rows = [tuple(r) for r in orjson.loads(out.stdout)]
-    got = asyncio.run(
-        rows(postgres.dsn(db), "SELECT id, customer, amount, status, version FROM orders ORDER BY id")
-    )
+    source_rows, got = orders_both_sides(tmp_path, postgres.dsn(db))
     assert len(source_rows) > 20
     assert got == source_rows  # every change applied once the silent connection was given up
 

@@ -293,7 +293,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
                         await conn.execute(sql)
                     else:
                         await conn.executemany(sql, rows)
-        except TimeoutError:  # asyncpg's command_timeout (or the connect's): see open()
+        except TimeoutError:  # asyncpg's command_timeout: see open()
             self._forget()
             raise self._unanswered() from None
         except _REFUSED as exc:
