@@ -225,6 +225,29 @@ def test_a_target_connection_gone_silent_is_given_up_and_the_target_written_over
     assert got == source_rows  # every change applied once the silent connection was given up
 
 
+async def test_a_session_given_up_mid_transaction_is_ended_so_its_locks_hold_nothing_back(
+    postgres: Postgres,
+) -> None:
+    """The connection went silent inside a transaction (a NAT forgot it): the server has not
+    noticed, and that session keeps the row locks of its upserts. Each retry on a new connection
+    waited on them past ``query_timeout_s`` again, for ever. The next opening ends the session
+    it gave up (its pid and start, so never another's)."""
+    db = await target(postgres, "CREATE TABLE t (id int PRIMARY KEY, seq int, _df_position text)")
+    with TcpProxy(postgres.port) as proxy:
+        through = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
+        sink = PostgresSink(parse_pipeline(pg_doc(through, query_timeout_s=2), env={}).sinks[0])
+        await sink.open()
+        assert sink._conn is not None
+        await sink._conn.execute("BEGIN")  # as a batch's transaction: its row lock held when the NAT forgets
+        await sink._conn.execute("INSERT INTO t VALUES (5, 0, NULL)")
+        proxy.freeze()
+        with pytest.raises(RetryableSinkError, match="no answer for 2 s"):
+            await sink.deliver([make_event(97 * 3 + 5)])
+        await sink.deliver([make_event(97 * 3 + 5)])  # id 5: on a new connection, the old lock gone
+        await sink.close()
+    assert await rows(postgres.dsn(db), "SELECT id, seq FROM t") == [(5, 296)]
+
+
 def into_target(name: str, source: dict[str, Any], target_dsn: str, **sink: Any) -> dict[str, Any]:
     """A pipeline from ``source`` to an if_newer PostgreSQL sink writing ``target_dsn``."""
     config = {"id": "t", "dsn": target_dsn, "upsert_strategy": "if_newer", **sink}

@@ -14,6 +14,7 @@ Target tables must exist with the source's columns plus, for ``if_newer``, a
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -43,6 +44,14 @@ _PERMANENT = (
 _REFUSED = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 """A row the target refuses (a value out of range, a constraint): the event's fault, not the sink's."""
 
+
+_SESSION = (
+    "SELECT current_setting('synchronous_commit'), pg_backend_pid(), "
+    "(SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+)
+_END_ABANDONED = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2"
+)
 
 _DOT_OR_PLACEHOLDER = re.compile(r"\$\{[^}]*\}|\.")
 
@@ -106,6 +115,8 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         self.position_column = cfg.position_column
         self.query_timeout = cfg.query_timeout_s
         self._conn: asyncpg.Connection | None = None
+        self._backend: tuple[int, str] | None = None  # the session's server process: pid and start
+        self._abandoned: tuple[int, str] | None = None  # a session given up, to be ended at the next open
         self._sql: dict[tuple[Any, ...], str] = {}
         # Each target table's columns and how they take values (pgtypes), read once per table;
         # forgotten whenever a batch fails, so an ALTER of the target is read again.
@@ -127,8 +138,19 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             # A batch is checkpointed once its COMMIT returns. With synchronous_commit=off (the
             # server's, the database's or the role's default) that is before the commit is on
             # disk, and a crash of the target then loses batches the checkpoint has passed.
-            if await self._conn.fetchval("SHOW synchronous_commit") == "off":
+            commit, pid, since = await self._conn.fetchrow(_SESSION)
+            if commit == "off":
                 await self._conn.execute("SET synchronous_commit = local")
+            if self._abandoned is not None:
+                # The session given up for not answering may still hold its transaction's row
+                # locks (a NAT forgot its connection: the server has not noticed), and this
+                # batch's upserts would wait on them for ever: end it, if it is still there.
+                abandoned, self._abandoned = self._abandoned, None
+                with contextlib.suppress(
+                    asyncpg.InsufficientPrivilegeError
+                ):  # then the server's own timeouts
+                    await self._conn.execute(_END_ABANDONED, *abandoned)
+            self._backend = (pid, since)
         except TimeoutError:
             raise self._unanswered() from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -143,6 +165,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.terminate()
+            self._abandoned = self._backend
         return RetryableSinkError(
             f"postgres sink {self.id!r}: no answer for {self.query_timeout:g} s (query_timeout_s): "
             "the connection is given up and the batch tried again on a new one"
