@@ -28,6 +28,7 @@ from tests.helpers import jsonl, on_terminal, stored_checkpoint, wait_until_sync
 from tests.postgres_kit import TYPES, chunk_reader_on, fresh_db, read_n, source
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
+from tests.servers.proxy import TcpProxy
 from tests.snapshot_kit import (
     Execute,
     Writer,
@@ -612,6 +613,43 @@ def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(post
 
     raised = asyncio.run(run())
     assert isinstance(raised, SourceUnavailable), repr(raised)
+
+
+def test_a_connection_gone_silent_as_the_pool_takes_it_back_is_given_up(postgres: Postgres) -> None:
+    """The pool takes a connection back by resetting it with a query of its own: a connection
+    gone silent just after a chunk's answer (the proxy frozen between the two) held the
+    snapshot for ever, found in CI once in five runs of the ``serve`` test above. It must be
+    given up within ``query_timeout_s`` like a silent chunk read, and the next read go over a
+    new connection."""
+    from deltaforge.sources.base import SourceUnavailable
+
+    async def run(proxy: TcpProxy) -> tuple[Exception | None, int]:
+        db = await fresh_db(postgres)
+        dsn = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
+        reader = PostgresChunks(source(postgres, db, dsn=dsn, query_timeout_s=1), SnapshotSettings())
+        await reader.open(1)
+
+        async def answered_then_silent(conn: asyncpg.Connection) -> int:
+            answer: int = await conn.fetchval("SELECT 1")
+            proxy.freeze()
+            return answer
+
+        try:
+            try:
+                await reader._run(answered_then_silent)
+                raised = None
+            except Exception as exc:  # noqa: BLE001 - what it raised is the point
+                raised = exc
+            after: int = await reader._run(lambda conn: conn.fetchval("SELECT 2"))
+            return raised, after
+        finally:
+            await reader.close()
+
+    with TcpProxy(postgres.port) as proxy:
+        raised, after = asyncio.run(asyncio.wait_for(run(proxy), 30))
+    assert isinstance(raised, SourceUnavailable), repr(raised)
+    assert "no answer for 1 s (query_timeout_s)" in str(raised)
+    assert after == 2
 
 
 def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(postgres: Postgres) -> None:

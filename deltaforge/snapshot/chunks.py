@@ -32,14 +32,19 @@ async def answered(work: Awaitable[T], timeout: float, drop: Callable[[], None],
             return await work
     except TimeoutError:
         drop()
-        raise SourceUnavailable(
-            f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
-        ) from None
+        raise unanswered(who, timeout) from None
     except asyncio.CancelledError:
         # Left mid-query, its pool's release (shielded from the cancellation) would wait on it:
         # for ever on a connection gone silent, holding up a shutdown whose drain gave up.
         drop()
         raise
+
+
+def unanswered(who: str, timeout: float) -> SourceUnavailable:
+    """What a connection given up for its silence says."""
+    return SourceUnavailable(
+        f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
+    )
 
 
 def rows_of(

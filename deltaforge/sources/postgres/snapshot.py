@@ -25,6 +25,7 @@ from deltaforge.snapshot.chunks import (
     debezium_signal,
     rows_of,
     table_changed,
+    unanswered,
 )
 from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable
@@ -148,10 +149,19 @@ class PostgresChunks(ChunkReader):
         """``work`` on a pooled connection; a server that went away is unavailable, not an error."""
         if self.pool is None:
             raise RuntimeError("snapshot reader is not open")
-        who = f"postgres source {self.source.id!r}"
+        who, timeout = f"postgres source {self.source.id!r}", self.source.query_timeout
         try:
-            async with self.pool.acquire() as conn:
-                return await answered(work(conn), self.source.query_timeout, conn.terminate, who)
+            conn = await self.pool.acquire()
+            try:
+                return await answered(work(conn), timeout, conn.terminate, who)
+            finally:
+                # The pool's release resets the connection with a query of its own, unbounded
+                # unless told: on a connection gone silent just after the answer, the snapshot
+                # waited on it for ever. Past the timeout asyncpg ends the connection itself.
+                try:
+                    await self.pool.release(conn, timeout=timeout)
+                except TimeoutError:
+                    raise unanswered(who, timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
                 raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None
