@@ -43,16 +43,14 @@ from deltaforge.sources.mysql.binlog import DecoderSettings
 from deltaforge.sources.mysql.checks import (
     MySQLSettings,
     ServerInfo,
-    check_position,
     check_preconditions,
-    current_position,
     default_server_id,
-    earliest_position,
     is_unavailable,
 )
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.names import matches
 from deltaforge.sources.mysql.position import BinlogPosition
+from deltaforge.sources.mysql.positions import check_position, current_position, earliest_position
 from deltaforge.sources.mysql.retention import BinlogRetention
 from deltaforge.sources.mysql.txevents import TxEvents
 from deltaforge.sources.saidonce import SaidOnce
