@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltaforge import gctune, logsetup
+from deltaforge import gctune, logsetup, waiting
 from deltaforge.api.listen import TOKEN_ENV, bind, unsafe_bind
 from deltaforge.checkpointcmd import cmd_checkpoints
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
@@ -81,6 +81,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    waiting.install(loop)  # kill -USR1: what every task and thread waits on, logged
     manager.start_all()
     await asyncio.sleep(0)  # the pipelines begin opening their sources before the web stack loads
     from deltaforge.api import build_app, build_metrics_app

@@ -377,3 +377,26 @@ def test_standard_output_closed_by_its_reader_gives_up_the_console_sink_and_the_
     assert not [r for r in records if r["event"] in ("child_restarted", "pipeline_failed")]
     assert rc == 0 and records[-1]["event"] == "shutdown_complete"
     assert b"BrokenPipe" not in (tmp_path / "serve.err").read_bytes()  # nothing said at exit about it
+
+
+def test_sigusr1_logs_what_every_task_and_thread_waits_on_and_serve_goes_on(tmp_path: Path) -> None:
+    """A pipeline standing still with ``/health`` ok showed nothing of where: py-spy sees the
+    event loop's thread in ``select`` only. SIGUSR1 logs every task's chain of awaits (named by
+    its supervisor) and every thread's stack, and serve runs on."""
+    log = tmp_path / "data" / "deltaforge.log"
+    with Serve(tmp_path, "--no-workload", "--log-file", "data/deltaforge.log") as serve:
+        serve.wait_api()
+        serve.wait_source_open("demo")
+        serve.proc.send_signal(signal.SIGUSR1)
+        wait_until_sync(
+            lambda: any(r["event"] == "waiting_on" for r in lines(log)), timeout=30, what="waiting_on said"
+        )
+        assert serve.get("/health").json()["status"] == "ok"
+        assert serve.terminate() == 0
+    [said] = [r for r in lines(log) if r["event"] == "waiting_on"]
+    tasks = {t["task"]: t["awaits"] for t in said["tasks"]}
+    reader = tasks["PipelineSupervisor[demo]/SourceReader"]
+    assert reader[0].startswith("supervision.supervisor:") and reader[0].endswith(" Supervisor._watch")
+    assert any(a.endswith(" SourceReader.receive") for a in reader), reader
+    assert any(name.endswith("/DeliveryWorker[events-file]") for name in tasks)
+    assert said["threads"]["MainThread"][-1].endswith(" stacks")  # the handler's own frame, innermost
