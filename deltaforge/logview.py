@@ -73,10 +73,25 @@ def render(rec: dict[str, Any]) -> Text:
     if where:
         text.append(f"{where} ", style="magenta")
     text.append(str(rec.get("event", "")), style="bold")
+    if rec.get("event") == "waiting_on":
+        return _waits(text, rec)
     for k, v in rec.items():
         if k not in _SHOWN:
             text.append(f" {k}=", style="dim")
             text.append(v if isinstance(v, str) else orjson.dumps(v, default=str).decode())
+    return text
+
+
+def _waits(text: Text, rec: dict[str, Any]) -> Text:
+    """serve's answer to SIGUSR1 (``waiting.py``), one await or frame a line under its task or
+    thread, as a stack is read: on one line it was a wall of JSON."""
+    blocks = [("task", t.get("task"), t.get("awaits")) for t in rec.get("tasks") or () if isinstance(t, dict)]
+    blocks += [("thread", name, frames) for name, frames in dict(rec.get("threads") or {}).items()]
+    for kind, name, lines in blocks:
+        text.append(f"\n  {kind} ", style="dim")
+        text.append(str(name), style="magenta")
+        for line in lines or ():
+            text.append(f"\n    {line}")
     return text
 
 

@@ -400,3 +400,9 @@ def test_sigusr1_logs_what_every_task_and_thread_waits_on_and_serve_goes_on(tmp_
     assert any(a.endswith(" SourceReader.receive") for a in reader), reader
     assert any(name.endswith("/DeliveryWorker[events-file]") for name in tasks)
     assert said["threads"]["MainThread"][-1].endswith(" stacks")  # the handler's own frame, innermost
+    shown = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "logs", str(log)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    at = shown.index("  task PipelineSupervisor[demo]/SourceReader")  # one await a line under its task
+    assert shown[at + 1 : at + 1 + len(reader)] == [f"    {a}" for a in reader]
+    assert "  thread MainThread" in shown
