@@ -107,6 +107,66 @@ async def test_a_catalog_connection_a_nat_forgot_while_idle_is_not_asked_again(p
     await conn.close()
 
 
+async def test_a_control_connection_gone_silent_while_opening_is_given_up(postgres: Postgres) -> None:
+    """The opening asks its questions (the slot, the publication, the checkpoint's checks) on
+    the control connection, which had no timeout: one that went silent for good mid-opening
+    (the server's host vanished as the pipeline reconnected after an outage, the likeliest time
+    for it) held the opening for ever, the pipeline ``starting``. Staged: the opening's
+    ``CREATE PUBLICATION`` waits on a table lock; the proxy freezes; the lock goes. It must be
+    given up after ``query_timeout_s`` and the next opening go over a new connection."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    with TcpProxy(postgres.port) as proxy:
+        dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}"
+        src = source(postgres, db, dsn=dsn, tables=["public.t"], query_timeout_s=3)
+        lock = conn.transaction()
+        await lock.start()
+        await conn.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        opening = asyncio.ensure_future(src.open(None))
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 't'::regclass"
+        while not opening.done() and not await conn.fetchval(waiting):  # the server has no notice of it
+            await asyncio.sleep(0.01)
+        assert not opening.done(), opening
+        proxy.freeze()
+        await lock.rollback()
+        with pytest.raises(SourceUnavailable, match=r"no answer for 3 s \(query_timeout_s\)"):
+            await asyncio.wait_for(opening, 30)
+        await asyncio.wait_for(src.close(), 30)
+        await asyncio.wait_for(src.open(None), 30)  # over a new connection
+        await conn.execute("INSERT INTO t VALUES (1)")
+        assert [e.after for e in await read_n(src, 1)] == [{"id": 1}]
+        await src.close()
+    await conn.close()
+
+
+async def test_a_check_on_a_control_connection_a_nat_forgot_is_given_up(postgres: Postgres) -> None:
+    """The publication, partition and slot checks run every 5 s on the control connection. One
+    a NAT forgot between two checks answered nothing, the check waited for ever, and no check
+    ran again, said by nothing: a table taken out of the publication then went unnoticed. The
+    check unanswered within ``query_timeout_s`` makes the source unavailable: it is opened
+    again over a new connection, its checks with it."""
+    db = await fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    with TcpProxy(postgres.port) as proxy:
+        dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}"
+        # The stream asks for a keepalive every 0.2 s: it is never idle long enough to be forgotten.
+        src = source(postgres, db, dsn=dsn, heartbeat_ms=200, receiver_timeout_ms=1000, query_timeout_s=2)
+        await src.open(None)
+        await conn.execute("INSERT INTO t VALUES (1)")
+        await read_n(src, 1)
+        proxy.forget_idle(1.5)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(SourceUnavailable, match=r"its control connection: no answer for 2 s"):
+            while loop.time() - began < 60:
+                await src.read()
+        assert proxy.forgotten >= 1
+        await asyncio.wait_for(src.close(), 30)
+    await conn.close()
+
+
 def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     postgres: Postgres, tmp_path: Path
 ) -> None:

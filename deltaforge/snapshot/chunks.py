@@ -15,7 +15,7 @@ from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
 from deltaforge.snapshot.window import WATERMARK_PREFIX as WATERMARK_PREFIX
 from deltaforge.snapshot.window import TableRef
-from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.base import unanswered
 from supervision import Fatal
 
 T = TypeVar("T")
@@ -38,13 +38,6 @@ async def answered(work: Awaitable[T], timeout: float, drop: Callable[[], None],
         # for ever on a connection gone silent, holding up a shutdown whose drain gave up.
         drop()
         raise
-
-
-def unanswered(who: str, timeout: float) -> SourceUnavailable:
-    """What a connection given up for its silence says."""
-    return SourceUnavailable(
-        f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
-    )
 
 
 def rows_of(

@@ -53,6 +53,14 @@ class SourceUnavailable(SourceError, Unavailable):
     timed out): wait for it, with backoff, for as long as it takes."""
 
 
+def unanswered(who: str, timeout: float) -> SourceUnavailable:
+    """What a connection given up for its silence says: its server's host vanished, or a NAT
+    forgot it, and nothing answers or closes it (``query_timeout_s``)."""
+    return SourceUnavailable(
+        f"{who}: no answer for {timeout:g} s (query_timeout_s): the connection is given up"
+    )
+
+
 class PositionLost(Fatal):
     """The checkpointed position is gone from the source: never skip, halt."""
 

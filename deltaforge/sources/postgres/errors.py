@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from deltaforge.sources.base import SourceError
+
 
 def is_unavailable(exc: BaseException) -> bool:
     """Refused, reset, timed out, shutting down, starting up or recovering, connection lost, at its
@@ -24,3 +26,7 @@ def is_unavailable(exc: BaseException) -> bool:
 
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+class DecodeFailed(SourceError):
+    """pgoutput bytes that could not be decoded (the message names the LSN)."""

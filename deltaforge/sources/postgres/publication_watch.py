@@ -95,12 +95,17 @@ class PublicationWatch:
         }  # fmt: skip
 
     def poll(self, conn: asyncpg.Connection | None) -> None:
-        """Raise :class:`PositionLost` when the last check found something left out; start the
-        next check when one is due."""
+        """Raise :class:`PositionLost` when the last check found something left out, and
+        :class:`TimeoutError` when it went unanswered; start the next check when one is due."""
         task = self._task
         if task is not None and task.done():
             self._task = None
             failed = None if task.cancelled() else task.exception()
+            if isinstance(failed, TimeoutError):
+                # Unanswered within the connection's command_timeout: a silent control connection
+                # would time out every check from now on, each said as nothing (a lost connection
+                # is the stream's to notice). Raised: the source is opened again on a new one.
+                raise failed
             if failed is not None:
                 self._failed(failed)
             elif not task.cancelled():

@@ -30,6 +30,11 @@ T = TypeVar("T")
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ANSWER_S = 2.0  # a question of that wait unanswered this long: the connection is silent
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
+DECODING_S = 24 * 3600.0
+"""The bound on a question that may take long for reasons no timeout tells from a silent
+connection: creating a slot waits for the transactions running then to end, moving or peeking
+one decodes the WAL in between. Every other question on the control connection is bounded by
+``query_timeout_s`` (its ``command_timeout``)."""
 
 
 async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: list[str], who: str) -> None:
@@ -40,7 +45,7 @@ async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: 
             conn, tables or None, f"creating publication {publication!r} {target}", who
         )
         await conn.execute(f'CREATE PUBLICATION "{publication}" {target}')
-    await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+    await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot, timeout=DECODING_S)
 
 
 WAL_END = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text"
@@ -113,7 +118,14 @@ async def check_same_commit(
     at, ts = last
     upto = checkpoint.lsn if checkpoint.quiet else at + 1
     rows = await _unheld(
-        lambda: conn.fetch(COMMITS_FROM, slot, format_lsn(upto), f'"{publication}"', at.to_bytes(8, "big")),
+        lambda: conn.fetch(
+            COMMITS_FROM,
+            slot,
+            format_lsn(upto),
+            f'"{publication}"',
+            at.to_bytes(8, "big"),
+            timeout=DECODING_S,
+        ),
         who,
     )
     commits = [_COMMIT.unpack(bytes(r[0])) for r in rows]
@@ -168,7 +180,8 @@ async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:
 
 async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:
     """Move the slot to ``lsn`` while no stream of ours holds it (before the decoder starts)."""
-    await _unheld(lambda: conn.execute("SELECT pg_replication_slot_advance($1, $2)", slot, lsn), who)
+    advance = "SELECT pg_replication_slot_advance($1, $2)"
+    await _unheld(lambda: conn.execute(advance, slot, lsn, timeout=DECODING_S), who)
 
 
 async def released(conn: asyncpg.Connection, slot: str) -> bool:

@@ -25,10 +25,9 @@ from deltaforge.snapshot.chunks import (
     debezium_signal,
     rows_of,
     table_changed,
-    unanswered,
 )
 from deltaforge.snapshot.window import TableRef
-from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.base import SourceUnavailable, unanswered
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import PRIMARY_KEY, qualified, quote_ident, quote_table
 from deltaforge.sources.postgres.values import SESSION, TYPES, Types

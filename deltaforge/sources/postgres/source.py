@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -39,12 +38,13 @@ from deltaforge.sources.base import (
     SourceMisconfigured,
     SourceUnavailable,
     own_position,
+    unanswered,
 )
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.postgres import failover
+from deltaforge.sources.postgres import connections, failover
 from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
-from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.errors import DecodeFailed, describe, is_unavailable
 from deltaforge.sources.postgres.frames import Transactions
 from deltaforge.sources.postgres.holder import Walsender
 from deltaforge.sources.postgres.names import quote_table, split
@@ -117,6 +117,8 @@ class PostgresSource(Source):
     async def open(self, resume_after: Position | None) -> None:
         try:
             await self._open(own_position(resume_after, PgPosition))
+        except TimeoutError:  # a question on the control connection unanswered: see connections.py
+            raise unanswered(f"postgres source {self.id!r}", self.query_timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
                 raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
@@ -139,20 +141,8 @@ class PostgresSource(Source):
         async with self._connection() as conn:
             await failover.check_reachable(conn, self.slot, self.publication, cp.lsn, previous)
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A short connection; a server that goes down, while connecting or while queried, is
-        unavailable, not an error; so is one that answers nothing for ``query_timeout_s``."""
-        try:
-            conn = await asyncpg.connect(self.dsn, timeout=10, command_timeout=self.query_timeout)
-            try:
-                yield conn
-            finally:
-                conn.terminate()  # only queries ran on it: nothing to flush, and it may be broken
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
-            raise
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return connections.short(self.dsn, self.query_timeout, f"postgres source {self.id!r}")
 
     async def forget(self) -> None:
         """Drop the slot (``slot.forget``): it keeps WAL for ever, and nothing reads it again."""
@@ -185,7 +175,7 @@ class PostgresSource(Source):
     async def _prepare(self, resume: PgPosition | None) -> None:
         """Check the server and the slot (create it if asked), and move it to ``resume``."""
         try:
-            conn = await asyncpg.connect(self.dsn, timeout=10)
+            conn = await connections.connect(self.dsn, self.query_timeout, f"postgres source {self.id!r}")
         except asyncpg.PostgresError as exc:
             if is_unavailable(exc):
                 raise
@@ -359,7 +349,12 @@ class PostgresSource(Source):
             raise SourceUnavailable(
                 f"postgres source {self.id!r}: its control connection was closed by the server"
             )
-        self.watch.poll(self._conn)
+        try:
+            self.watch.poll(self._conn)
+        except TimeoutError:  # a check on the control connection unanswered: reopened, checked anew
+            raise unanswered(
+                f"postgres source {self.id!r}: its control connection", self.query_timeout
+            ) from None
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
@@ -400,7 +395,3 @@ class PostgresSource(Source):
         if frame[1] == "unavailable":
             raise SourceUnavailable(f"postgres source {self.id!r}: {frame[2]}")
         raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
-
-
-class DecodeFailed(SourceError):
-    """pgoutput bytes that could not be decoded (the message names the LSN)."""
