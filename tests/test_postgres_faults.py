@@ -140,6 +140,23 @@ async def test_a_control_connection_gone_silent_while_opening_is_given_up(postgr
     await conn.close()
 
 
+async def test_describing_the_tables_of_a_server_that_is_down_is_an_outage_not_an_error(
+    postgres: Postgres,
+) -> None:
+    """A Spark transformer starting asks the source to describe its tables: with the server down
+    (a restart of the pipeline's actors during an outage) that was an error, ``cannot
+    connect``, so a crash counted against the pipeline's restarts, where every other question
+    to a server that is down is an outage, waited out."""
+    db = await fresh_db(postgres)
+    with TcpProxy(postgres.port) as proxy:
+        src = source(postgres, db, dsn=f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}")
+        proxy.down()
+        with pytest.raises(SourceUnavailable):
+            await src.describe_tables()
+        proxy.up()
+        assert await src.describe_tables() == []
+
+
 async def test_a_check_on_a_control_connection_a_nat_forgot_is_given_up(postgres: Postgres) -> None:
     """The publication, partition and slot checks run every 5 s on the control connection. One
     a NAT forgot between two checks answered nothing, the check waited for ever, and no check

@@ -262,11 +262,9 @@ class PostgresSource(Source):
         return self.watch.memo()
 
     async def describe_tables(self) -> list[DeclaredTable]:
-        try:
-            conn = await asyncpg.connect(self.dsn, timeout=10)
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
-        try:
+        # A short connection: a server that is down is waited for (a Spark transformer starting
+        # during an outage asks this), not a crash counted against the pipeline's restarts.
+        async with self._connection() as conn:
             rows = await conn.fetch(
                 "SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod) "
                 "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
@@ -275,8 +273,6 @@ class PostgresSource(Source):
                 "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%' "
                 "ORDER BY n.nspname, c.relname, a.attnum"
             )
-        finally:
-            await conn.close()
         wanted = {split(t) for t in self.tables}
         tables: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for schema, table, column, typ in rows:
