@@ -184,6 +184,34 @@ async def test_a_check_on_a_control_connection_a_nat_forgot_is_given_up(postgres
     await conn.close()
 
 
+def test_a_catalog_question_whose_connection_goes_silent_is_asked_again_on_a_new_one(
+    postgres: Postgres,
+) -> None:
+    """The decoder's catalog questions (a new table's key, a type) block its one thread, the
+    stream's too, and psycopg's wait has no timeout: a connection that went silent mid-question
+    (its host vanished, a NAT forgot it while busy) held the stream for ever, ``/health`` ok.
+    Past the silence bound the connection is cut and the question asked on a new one."""
+    import threading
+
+    import psycopg
+
+    from deltaforge.sources.postgres.catalog import Catalog
+
+    with TcpProxy(postgres.port) as proxy:
+        catalog = Catalog(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres", idle_s=2)
+        got: list[object] = []
+        asking = threading.Thread(target=lambda: got.append(catalog.rows("SELECT 7 FROM pg_sleep(1)", ())))
+        asking.start()
+        with psycopg.connect(postgres.dsn(), autocommit=True) as watcher:
+            asked = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT 7 FROM pg_sleep%'"
+            while watcher.execute(asked).fetchone() == (0,):  # the server has no notice of it
+                pass
+        proxy.freeze()
+        asking.join(30)
+        assert not asking.is_alive(), "the question waited on the silent connection"
+    assert got == [[(7,)]]
+
+
 def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     postgres: Postgres, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childproc import child_setup, log_crash, read_frame, write_frame
+from deltaforge.sources.postgres.catalog import Catalog
 from deltaforge.sources.postgres.holder import busy, walsender
 from deltaforge.sources.postgres.names import PRIMARY_KEY
 from deltaforge.sources.postgres.pgoutput import (
@@ -235,45 +236,6 @@ class Confirmations:
                     self.lsn = lsn  # one int, written by this thread only
         except (EOFError, OSError, ValueError):
             self.closed = True
-
-
-class Catalog:
-    """The child's catalog connection (primary keys, column types; ``deltaforge decoder`` in
-    ``pg_stat_activity``). It idles between tables' first changes, and a server closes idle
-    sessions (``idle_session_timeout``, a DBA's clean-up): a query on a connection found closed
-    is asked again once on a new one, where it failed the stream as a source error. A NAT or
-    firewall forgets an idle connection without a word, and a question asked on it waited for
-    ever, the stream unread: one idle longer than ``idle_s`` (the stream's own silence bound) is
-    opened anew before it is asked."""
-
-    def __init__(self, dsn: str, idle_s: float = 60.0) -> None:
-        self.dsn = dsn
-        self.idle_s = idle_s
-        self.conn = self._connect()
-        self.used_at = time.monotonic()
-
-    def _connect(self) -> Any:
-        import psycopg
-
-        try:
-            return psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=10, application_name="deltaforge decoder"
-            )
-        except psycopg.OperationalError as exc:
-            raise StreamError(f"cannot connect: {exc}", exc.sqlstate) from None
-
-    def rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        if time.monotonic() - self.used_at > self.idle_s:
-            self.conn.close()
-            self.conn = self._connect()
-        self.used_at = time.monotonic()
-        try:
-            return list(self.conn.execute(query, params).fetchall())
-        except Exception:
-            if not self.conn.closed:  # an answer from the server: its error stands
-                raise
-        self.conn = self._connect()
-        return list(self.conn.execute(query, params).fetchall())
 
 
 def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
