@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ import httpx
 from tests.helpers import wait_until_sync
 
 LOG_TAIL = 60  # lines of serve's log printed when a test fails inside ``with Serve(...)``
+WAITS = '"event":"waiting_on"'
 
 
 # Not the `random` module's state, which a test may have seeded alike in every worker.
@@ -70,7 +72,8 @@ class Serve:
         self.cwd = cwd
         self.port = free_port() if api else None
         addr = f"127.0.0.1:{self.port}" if api else "off"
-        self.log = Path(args[args.index("--log-file") + 1]) if "--log-file" in args else cwd / "serve.err"
+        # A relative --log-file is serve's, under its cwd.
+        self.log = cwd / args[args.index("--log-file") + 1] if "--log-file" in args else cwd / "serve.err"
         self.stdout = open(cwd / "serve.out", "ab")  # noqa: SIM115
         self.stderr = open(cwd / "serve.err", "ab")  # noqa: SIM115
         self._spawn = (launcher, args, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
@@ -150,14 +153,42 @@ class Serve:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        waits = None
         if self.proc.poll() is None:
+            if exc_type is not None:
+                waits = self._waits()
             self.kill()
         if exc_type is not None and self.log.exists():
             # A failing test shows what serve was doing (pytest prints a failed test's stdout):
             # in CI the temporary directory holding the log is gone by the time anyone looks.
-            lines = self.log.read_text(errors="replace").splitlines()
+            lines = [x for x in self.log.read_text(errors="replace").splitlines() if WAITS not in x]
             print(f"--- the last {min(len(lines), LOG_TAIL)} lines of {self.log.name} ---")
             print("\n".join(lines[-LOG_TAIL:]))
+            if waits is not None:
+                from deltaforge.logview import render
+
+                print("--- what serve was waiting on when the test failed (SIGUSR1) ---")
+                print(render(json.loads(waits)).plain)
+
+    def _waits(self) -> str | None:
+        """serve's answer to SIGUSR1 (``deltaforge/waiting.py``): where every task and thread of a
+        serve still running when its test failed stood (a test that timed out waiting on it
+        showed nothing of why). Its log line, or None when it did not answer within 10 s."""
+        if not self.log.exists():
+            return None
+        start = self.log.stat().st_size
+        self.proc.send_signal(signal.SIGUSR1)
+
+        def said() -> str | None:
+            with open(self.log, "rb") as f:
+                f.seek(start)
+                return next((x.decode(errors="replace") for x in f if WAITS.encode() in x), None)
+
+        try:
+            wait_until_sync(lambda: said() is not None or self.proc.poll() is not None, 10, "waiting_on")
+        except AssertionError:
+            return None
+        return said()
 
 
 def serve_pipeline(
