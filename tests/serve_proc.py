@@ -156,7 +156,7 @@ class Serve:
         waits = None
         if self.proc.poll() is None:
             if exc_type is not None:
-                waits = self._waits()
+                waits = self.ask_waits()
             self.kill()
         if exc_type is not None and self.log.exists():
             # A failing test shows what serve was doing (pytest prints a failed test's stdout):
@@ -170,7 +170,7 @@ class Serve:
                 print("--- what serve was waiting on when the test failed (SIGUSR1) ---")
                 print(render(json.loads(waits)).plain)
 
-    def _waits(self) -> str | None:
+    def ask_waits(self) -> str | None:
         """serve's answer to SIGUSR1 (``deltaforge/waiting.py``): where every task and thread of a
         serve still running when its test failed stood (a test that timed out waiting on it
         showed nothing of why). Its log line, or None when it did not answer within 10 s."""

@@ -298,9 +298,14 @@ def _final_rows(committed: list[Change]) -> list[Change]:
 
 @contextlib.contextmanager
 def _running(rig: Rig) -> Iterator[None]:
-    """However a scenario ends: its workload stopped, serve killed if still running."""
+    """However a scenario ends: its workload stopped, serve killed if still running (when the
+    scenario failed, asked first what it was waiting on: ``waiting_on`` in its log)."""
     try:
         yield
+    except BaseException:
+        if rig.serve is not None and rig.serve.proc.poll() is None:
+            rig.serve.ask_waits()
+        raise
     finally:
         rig.workload.stop_quietly()
         if rig.serve is not None and rig.serve.proc.poll() is None:
