@@ -1,7 +1,7 @@
 """A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
 settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3;
 ``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame; ``pid``: a
-frame with its process id)."""
+frame with its process id; ``idle``: nothing more, for ever, as on a quiet server)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from deltaforge.sources.childproc import child_setup, write_frame
 
@@ -24,6 +25,8 @@ def main() -> None:
         write_frame(out, ("still here",))
     if cfg["then"] == "pid":
         write_frame(out, ("pid", os.getpid()))
+    if cfg["then"] == "idle":
+        threading.Event().wait()
     if cfg["then"] == "print":
         sys.stderr.write("Fatal Python error: the probe's last words\n")
         sys.stderr.flush()

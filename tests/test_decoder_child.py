@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ def run_probe(then: str, frames: tuple[tuple[Any, ...], ...] = (("said",),)) -> 
     seen: list[tuple[Any, ...]] = []
     structlog.contextvars.bind_contextvars(pipeline="orders")
     try:
-        decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None)
+        decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None, silence_s=60)
         decoder.start({"then": then})
     finally:
         structlog.contextvars.unbind_contextvars("pipeline")
@@ -95,7 +96,7 @@ def prestarted() -> Iterator[None]:
 def probe_pid() -> int:
     """The process id a new probe decoder runs in (the probe says it, then exits)."""
     seen: list[tuple[Any, ...]] = []
-    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None)
+    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None, silence_s=60)
     decoder.start({"then": "pid"})
     try:
         ended = decoder.queue.get(timeout=30)
@@ -141,3 +142,29 @@ def test_a_frame_damaged_in_transit_is_refused_not_unpickled() -> None:
     assert damaged != sent and pickle.loads(damaged[childproc.FRAME.size :])[1][0][3] == {"b": "row-360008"}
     with pytest.raises(childproc.FrameDamaged, match="damaged in transit"):
         childproc.read_frame(io.BytesIO(damaged))
+
+
+def test_a_stopped_decoder_is_named_and_an_idle_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder process stopped (SIGSTOP, a cgroup freezer) or hung says nothing, and its source
+    read nothing for ever with ``/health`` ok: no different, from the parent, from a stream on a
+    quiet server. A decoder says it is alive every second from a thread of its own; one silent
+    past its stream's silence bound (plus a slack, here 3 s) is an error naming it."""
+    monkeypatch.setattr(childproc, "SILENT_SLACK_S", 3.0)
+    seen: list[tuple[Any, ...]] = []
+    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: seen.append(f) or None, silence_s=0)
+    decoder.start({"then": "idle"})
+    try:
+        idle_until = time.monotonic() + 2 * decoder.silent_s
+        while time.monotonic() < idle_until:  # idle past the bound twice over, yet alive
+            assert decoder.next_chunk(10) == []
+        assert decoder._proc is not None
+        pid = decoder._proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while (got := decoder.next_chunk(10)) == []:
+            assert time.monotonic() < deadline, "the stopped decoder was never named"
+    finally:
+        decoder.stop()  # SIGKILL ends a stopped process too
+    assert isinstance(got, SourceError), got
+    assert str(got).startswith(f"probe source 'p': decoder process {pid} said nothing for 3 s"), got
+    assert seen == [("said",)]  # the alive frames are the pump's own

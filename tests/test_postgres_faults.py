@@ -265,6 +265,50 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     assert len(ended) == 1, ended
 
 
+def test_a_stopped_decoder_process_is_replaced_and_nothing_is_lost(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The decoder child stopped (SIGSTOP, a cgroup freezer): it said nothing, the parent took
+    that for a quiet server, and the pipeline read nothing more, for ever, with ``/health`` ok.
+    Past the stream's silence bound plus a slack (``receiver_timeout_ms`` 1 s + 10 s here) the
+    reader fails naming it, its restart starts another child, and the rows written meanwhile
+    arrive."""
+    import psutil
+
+    db = asyncio.run(fresh_db(postgres))
+
+    async def sql(*statements: str) -> None:
+        conn = await asyncpg.connect(postgres.dsn(db))
+        for statement in statements:
+            await conn.execute(statement)
+        await conn.close()
+
+    asyncio.run(sql("CREATE TABLE t (id int PRIMARY KEY)"))
+    out, log = tmp_path / "out.jsonl", tmp_path / "log.jsonl"
+    config = {"id": "pg", "dsn": postgres.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}",
+              "receiver_timeout_ms": 1000}  # fmt: skip
+    spec = {"source": {"type": "postgres", "config": config},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]}  # fmt: skip
+    with serve_pipeline(tmp_path, spec) as serve:
+        asyncio.run(sql("INSERT INTO t SELECT generate_series(1, 10)"))
+        wait_until_sync(lambda: len(jsonl(out)) == 10, timeout=30, what="the first rows")
+        [child] = [
+            p for p in psutil.Process(serve.proc.pid).children()
+            if "deltaforge.sources.postgres.decoder" in p.cmdline()
+        ]  # fmt: skip
+        child.suspend()
+        asyncio.run(sql("INSERT INTO t SELECT generate_series(11, 20)"))
+        wait_until_sync(
+            lambda: len(jsonl(out)) >= 20, timeout=90, what="the rows written while it was stopped"
+        )
+        assert serve.terminate() == 0
+    assert {r["after"]["id"] for r in jsonl(out)} == set(range(1, 21))
+    said = [
+        r["reason"] for r in jsonl(log) if r["event"] == "child_restarted" and r["failed"] == "SourceReader"
+    ]
+    assert any(f"decoder process {child.pid} said nothing for 11 s" in r for r in said), said
+
+
 async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(
     postgres: Postgres,
 ) -> None:

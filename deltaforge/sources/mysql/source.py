@@ -145,7 +145,9 @@ class MySQLSource(Source):
         if resume is not None and resume.gen != self._gen:
             resume = self._on_another_server(resume)
         self.retention.opened(gen)
-        decoder = ChildDecoder(f"mysql source {self.id!r}", decoder_module(self.connector), self._handle)
+        decoder = ChildDecoder(
+            f"mysql source {self.id!r}", decoder_module(self.connector), self._handle, self.settings.stall_s
+        )
         decoder.spawn()  # it starts up while the server is checked
         try:
             info, start = await self._threads.run(self._prepare, resume)

@@ -151,7 +151,12 @@ class PostgresSource(Source):
     async def _open(self, resume: PgPosition | None) -> None:
         self.resets = max(self.resets, resume.resets if resume else 0)  # a store that lost the count
         self.txs.resets = self.resets
-        decoder = ChildDecoder(f"postgres source {self.id!r}", decoder_module(self.connector), self._handle)
+        decoder = ChildDecoder(
+            f"postgres source {self.id!r}",
+            decoder_module(self.connector),
+            self._handle,
+            self._silence or 60.0,
+        )
         decoder.spawn()  # it starts up while the slot is checked
         try:
             await self._prepare(resume)
