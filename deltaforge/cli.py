@@ -247,7 +247,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from deltaforge import logview
 
     color = True if args.color == "always" else False if args.color == "never" else None
-    return logview.run(args.file, args.follow, args.pipeline, args.actor, args.level, color)
+    return logview.run(args.file, args.follow, args.pipeline, args.actor, args.level, color, args.event or ())
 
 
 def parser() -> argparse.ArgumentParser:
@@ -323,6 +323,7 @@ def parser() -> argparse.ArgumentParser:
     lg.add_argument("--pipeline")
     lg.add_argument("--actor")
     lg.add_argument("--level", choices=["debug", "info", "warning", "error"])
+    lg.add_argument("--event", action="append", help="only events of this name (repeat for more)")
     lg.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     lg.set_defaults(fn=cmd_logs)
     return p

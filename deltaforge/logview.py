@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import orjson
@@ -50,7 +50,15 @@ def _rotated(stream: IO[str], path: str) -> IO[str] | None:
         return None
 
 
-def matches(rec: dict[str, Any], pipeline: str | None, actor: str | None, level: str | None) -> bool:
+def matches(
+    rec: dict[str, Any],
+    pipeline: str | None,
+    actor: str | None,
+    level: str | None,
+    events: Sequence[str] = (),
+) -> bool:
+    if events and rec.get("event") not in events:
+        return False
     if pipeline and rec.get("pipeline") != pipeline:
         return False
     if actor and actor not in str(rec.get("actor", "")) and actor != rec.get("supervisor"):
@@ -102,6 +110,7 @@ def run(
     actor: str | None,
     level: str | None,
     color: bool | None = None,
+    events: Sequence[str] = (),
 ) -> int:
     console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
     stream: IO[str] = open(path) if path else sys.stdin  # noqa: SIM115 - closed at exit
@@ -117,7 +126,7 @@ def run(
             if not isinstance(rec, dict):  # not a log record (a library's own line): shown as is
                 console.print(Text(line, style="dim"))
                 continue
-            if matches(rec, pipeline, actor, level):
+            if matches(rec, pipeline, actor, level, events):
                 console.print(render(rec))
     except KeyboardInterrupt:
         return 0

@@ -166,7 +166,7 @@ def test_readme_run_command_is_the_one_tested_here() -> None:
     assert blocks[1] == "bash .ci/run"
 
 
-def test_logs_reads_stdin_and_filters_by_level() -> None:
+def test_logs_reads_stdin_and_filters_by_level_and_event() -> None:
     logs = "\n".join(
         [
             '{"event":"child_restarted","level":"warning","pipeline":"p","actor":"DeliveryWorker[k]","supervisor":"S","reason":"boom"}',
@@ -187,6 +187,13 @@ def test_logs_reads_stdin_and_filters_by_level() -> None:
     assert not any(" other" in x for x in out)  # another pipeline
     assert "not json at all" in r.stdout  # shown as is, not dropped
     assert "[1, 2, 3]" in r.stdout  # JSON, but no log record: shown as is too
+    only = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "logs", "--event", "other", "--event", "source_opening",
+         "--color", "never"],
+        input=logs, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert "source_opening" in only.stdout and " other" in only.stdout
+    assert "child_restarted" not in only.stdout  # another event
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
