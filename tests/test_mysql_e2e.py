@@ -1,4 +1,4 @@
-"""MariaDB → file through ``python -m deltaforge serve``: SIGKILL resume and position lost."""
+"""MariaDB → file through ``python -m deltaforge serve``: SIGKILL resume, position lost, a stopped decoder."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.helpers import first_occurrences, jsonl, stored_checkpoint, wait_unti
 from tests.mysql_kit import fresh_db, purge_all_but_newest
 from tests.serve_proc import Serve
 from tests.servers.mariadb import CDC_PASSWORD, MariaDB
+from tests.stopped_decoder import stopped_decoder_is_replaced
 
 
 def pipeline_yaml(tmp: Path, db: str) -> Path:
@@ -134,3 +135,19 @@ def test_purged_binlog_halts_serve_with_503(mariadb: MariaDB, tmp_path: Path) ->
     assert [d["after"]["id"] for d in sink_lines(tmp_path / "events.jsonl")] == [
         1
     ]  # nothing skipped silently
+
+
+def test_a_stopped_binlog_decoder_is_replaced_and_nothing_is_lost(mariadb: MariaDB, tmp_path: Path) -> None:
+    """The binlog decoder child stopped (SIGSTOP, a cgroup freezer) looked like a quiet server:
+    nothing read, for ever, ``/health`` ok. Past the stream's 10 s bound plus 10 s the reader
+    fails naming it and its restart starts another; the rows written meanwhile arrive."""
+    db = fresh_db(mariadb)
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+
+    def write(first: int, last: int) -> None:
+        with mariadb.root(db) as c, c.cursor() as cur:
+            cur.executemany("INSERT INTO t VALUES (%s)", [(i,) for i in range(first, last + 1)])
+
+    source = {"type": "mysql", "config": {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"]}}
+    stopped_decoder_is_replaced(tmp_path, source, write, bound_s=20)

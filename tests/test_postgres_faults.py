@@ -22,6 +22,7 @@ from tests.postgres_kit import fresh_db, read_n, source
 from tests.serve_proc import serve_pipeline
 from tests.servers.postgres import Postgres
 from tests.servers.proxy import TcpProxy
+from tests.stopped_decoder import stopped_decoder_is_replaced
 
 
 async def test_a_half_open_network_is_unavailable_not_a_silent_stall(
@@ -273,40 +274,22 @@ def test_a_stopped_decoder_process_is_replaced_and_nothing_is_lost(
     Past the stream's silence bound plus a slack (``receiver_timeout_ms`` 1 s + 10 s here) the
     reader fails naming it, its restart starts another child, and the rows written meanwhile
     arrive."""
-    import psutil
-
     db = asyncio.run(fresh_db(postgres))
 
-    async def sql(*statements: str) -> None:
+    async def sql(statement: str) -> None:
         conn = await asyncpg.connect(postgres.dsn(db))
-        for statement in statements:
-            await conn.execute(statement)
+        await conn.execute(statement)
         await conn.close()
 
     asyncio.run(sql("CREATE TABLE t (id int PRIMARY KEY)"))
-    out, log = tmp_path / "out.jsonl", tmp_path / "log.jsonl"
     config = {"id": "pg", "dsn": postgres.dsn(db), "slot": f"s_{db}", "publication": f"p_{db}",
               "receiver_timeout_ms": 1000}  # fmt: skip
-    spec = {"source": {"type": "postgres", "config": config},
-            "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]}  # fmt: skip
-    with serve_pipeline(tmp_path, spec) as serve:
-        asyncio.run(sql("INSERT INTO t SELECT generate_series(1, 10)"))
-        wait_until_sync(lambda: len(jsonl(out)) == 10, timeout=30, what="the first rows")
-        [child] = [
-            p for p in psutil.Process(serve.proc.pid).children()
-            if "deltaforge.sources.postgres.decoder" in p.cmdline()
-        ]  # fmt: skip
-        child.suspend()
-        asyncio.run(sql("INSERT INTO t SELECT generate_series(11, 20)"))
-        wait_until_sync(
-            lambda: len(jsonl(out)) >= 20, timeout=90, what="the rows written while it was stopped"
-        )
-        assert serve.terminate() == 0
-    assert {r["after"]["id"] for r in jsonl(out)} == set(range(1, 21))
-    said = [
-        r["reason"] for r in jsonl(log) if r["event"] == "child_restarted" and r["failed"] == "SourceReader"
-    ]
-    assert any(f"decoder process {child.pid} said nothing for 11 s" in r for r in said), said
+    stopped_decoder_is_replaced(
+        tmp_path,
+        {"type": "postgres", "config": config},
+        lambda first, last: asyncio.run(sql(f"INSERT INTO t SELECT generate_series({first}, {last})")),
+        bound_s=11,
+    )
 
 
 async def test_a_connection_lost_before_the_first_checkpoint_reads_everything_again(
