@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 
-from deltaforge.sources.childproc import child_setup, write_frame
+from deltaforge.sources.childframes import write_frame
+from deltaforge.sources.childproc import child_setup
 
 
 def main() -> None:

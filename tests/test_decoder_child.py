@@ -15,7 +15,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from deltaforge.sources import childproc
+from deltaforge.sources import childframes, childproc
 from deltaforge.sources.base import SourceError
 from deltaforge.sources.childproc import ChildDecoder
 
@@ -135,13 +135,16 @@ def test_a_frame_damaged_in_transit_is_refused_not_unpickled() -> None:
     import io
 
     out = io.BytesIO()
-    childproc.write_frame(out, ("txs", [("c", "bench", "narrow", {"b": "row-360007"})]))
+    childframes.write_frame(out, ("txs", [("c", "bench", "narrow", {"b": "row-360007"})]))
     sent = out.getvalue()
-    assert childproc.read_frame(io.BytesIO(sent)) == ("txs", [("c", "bench", "narrow", {"b": "row-360007"})])
+    assert childframes.read_frame(io.BytesIO(sent)) == (
+        "txs",
+        [("c", "bench", "narrow", {"b": "row-360007"})],
+    )
     damaged = sent.replace(b"row-360007", b"row-360008")
-    assert damaged != sent and pickle.loads(damaged[childproc.FRAME.size :])[1][0][3] == {"b": "row-360008"}
-    with pytest.raises(childproc.FrameDamaged, match="damaged in transit"):
-        childproc.read_frame(io.BytesIO(damaged))
+    assert damaged != sent and pickle.loads(damaged[childframes.FRAME.size :])[1][0][3] == {"b": "row-360008"}
+    with pytest.raises(childframes.FrameDamaged, match="damaged in transit"):
+        childframes.read_frame(io.BytesIO(damaged))
 
 
 def test_a_stopped_decoder_is_named_and_an_idle_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:

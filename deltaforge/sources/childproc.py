@@ -19,70 +19,25 @@ import contextvars
 import importlib
 import json
 import logging
-import pickle
 import queue
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
+
+from deltaforge.sources.childframes import ALIVE, read_frame, write_frame
 
 if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
     from deltaforge.events import Event
 
-FRAME = struct.Struct("<II")
-"""A frame's head: the length of its pickle and the pickle's CRC-32."""
-
-
-ALIVE = ("alive",)
-"""The frame a decoder process writes every :data:`ALIVE_S` from a thread of its own, whatever
-its stream does: a process stopped (SIGSTOP, a cgroup freezer) or hung says nothing, while one
-that waits on a quiet server still says this."""
 ALIVE_S = 1.0
 SILENT_SLACK_S = 10.0
 """How much longer than its stream's own silence bound a decoder process may say nothing before
 it is taken for stopped (its main thread blocks at most that bound; this covers scheduling)."""
-
-
-class FrameDamaged(Exception):
-    """A frame's bytes changed between the two processes: it is refused, never unpickled.
-
-    Seen once, with every process stopped by a profiler (py-spy's blocking mode) hundreds of
-    times a second: a string inside a frame held another frame's head. Unpickled, a change
-    that left valid values would have been delivered as data.
-    """
-
-
-_WRITING = threading.Lock()
-"""One frame written at a time: a child writes from two threads (its stream's and
-:func:`_say_alive`), and a buffered writer does not keep a large write whole against another
-thread's (seen: frames of 175 kB refused as damaged while the alive frames were written beside them,
-two runs in three; none in three runs since this lock)."""
-
-
-def write_frame(out: IO[bytes], obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    with _WRITING:
-        out.write(FRAME.pack(len(data), zlib.crc32(data)) + data)
-        out.flush()
-
-
-def read_frame(inp: IO[bytes]) -> Any:
-    head = inp.read(FRAME.size)
-    if len(head) < FRAME.size:
-        raise EOFError("decoder closed its output")
-    n, crc = FRAME.unpack(head)
-    data = inp.read(n)
-    if len(data) < n:
-        raise EOFError("decoder output truncated")
-    if zlib.crc32(data) != crc:
-        raise FrameDamaged(f"a frame of {n} bytes between the decoder and deltaforge was damaged in transit")
-    return pickle.loads(data)
 
 
 class _JsonLines(logging.Handler):

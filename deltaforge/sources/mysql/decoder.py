@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from deltaforge.sources.childproc import child_setup, log_crash, write_frame
+from deltaforge.sources.childframes import write_frame
+from deltaforge.sources.childproc import child_setup, log_crash
 from deltaforge.sources.mysql.binlog import (
     Captured,
     ChecksumsPerFile,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from deltaforge.events import Event, Made, SourceInfo, new_event, new_source_info
-from deltaforge.sources.childproc import write_frame
+from deltaforge.sources.childframes import write_frame
 from deltaforge.sources.mysql.position import BinlogPosition, binlog_index
 
 new_position = tuple.__new__  # a NamedTuple without its Python-level __new__: one per event

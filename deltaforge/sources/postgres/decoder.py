@@ -31,7 +31,8 @@ from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
-from deltaforge.sources.childproc import child_setup, log_crash, read_frame, write_frame
+from deltaforge.sources.childframes import read_frame, write_frame
+from deltaforge.sources.childproc import child_setup, log_crash
 from deltaforge.sources.postgres.catalog import Catalog
 from deltaforge.sources.postgres.holder import busy, walsender
 from deltaforge.sources.postgres.names import PRIMARY_KEY
