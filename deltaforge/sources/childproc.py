@@ -93,8 +93,8 @@ def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
 
 
 def _say_alive(out: IO[bytes]) -> None:
-    """In the child: :data:`ALIVE` every :data:`ALIVE_S` (frames do not interleave: the buffered
-    writer takes one lock for each write and flush) until the parent has gone."""
+    """In the child: ``ALIVE`` every :data:`ALIVE_S` until the parent has gone (beside the
+    stream's own frames: ``write_frame``'s lock keeps each whole)."""
     while True:
         time.sleep(ALIVE_S)
         try:

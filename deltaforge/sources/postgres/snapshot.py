@@ -163,7 +163,7 @@ class PostgresChunks(ChunkReader):
                     raise unanswered(who, timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{who}: {describe(exc)}") from None
             raise
 
     async def open(self, parallel: int) -> None:
