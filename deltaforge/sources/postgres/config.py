@@ -14,6 +14,11 @@ from deltaforge.configmodel import (
     TableNames,
 )
 
+SILENCE_IF_NEVER_S = 60.0
+"""Where a bound is needed on silence and ``receiver_timeout_ms`` is 0 (never): how long the
+decoder's catalog connection may idle or leave a question unanswered, and (with the slack of
+``childproc``) how long the decoder process may say nothing before it is taken for stopped."""
+
 
 class PostgresSourceConfig(ServerSourceSettings):
     """A logical replication slot (pgoutput) on a server with ``wal_level=logical``."""
@@ -41,3 +46,8 @@ class PostgresSourceConfig(ServerSourceSettings):
         description="Warn when the slot keeps more WAL than this on the server (a sink behind holds it "
         "there), and again at each doubling.",
     )
+
+    @property
+    def silence_bound_s(self) -> float:
+        """``receiver_timeout_ms`` in seconds, or :data:`SILENCE_IF_NEVER_S` where it is 0."""
+        return self.receiver_timeout_ms / 1000 or SILENCE_IF_NEVER_S

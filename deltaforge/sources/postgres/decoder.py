@@ -213,6 +213,8 @@ class DecoderSettings(TypedDict):
     heartbeat_s: float
     idle_s: float
     silence_s: float
+    catalog_idle_s: float
+    """How long the catalog connection may idle, or leave a question unanswered (``Catalog``)."""
     last_commit: int
     seen: tuple[int, int, int] | None
     """``(lsn, commit LSN, commit time)``: the last transaction the stream sends before ``lsn``, as
@@ -241,7 +243,7 @@ class Confirmations:
 
 def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -> None:
     slot, chunk = cfg["slot"], int(cfg["chunk"])
-    catalog = Catalog(cfg["dsn"], float(cfg["silence_s"]) or 60.0)
+    catalog = Catalog(cfg["dsn"], float(cfg["catalog_idle_s"]))
     found = next(
         iter(
             catalog.rows(

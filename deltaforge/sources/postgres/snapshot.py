@@ -148,7 +148,7 @@ class PostgresChunks(ChunkReader):
         """``work`` on a pooled connection; a server that went away is unavailable, not an error."""
         if self.pool is None:
             raise RuntimeError("snapshot reader is not open")
-        who, timeout = f"postgres source {self.source.id!r}", self.source.query_timeout
+        who, timeout = self.source.who, self.source.query_timeout
         try:
             conn = await self.pool.acquire()
             try:
@@ -173,7 +173,7 @@ class PostgresChunks(ChunkReader):
             )
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"postgres source {self.source.id!r}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{self.source.who}: {describe(exc)}") from None
             raise
 
     async def close(self) -> None:

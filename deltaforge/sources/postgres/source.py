@@ -66,6 +66,8 @@ class PostgresSource(Source):
 
     def __init__(self, config: PostgresSourceConfig, tenant: str = "default") -> None:
         self.id = config.id
+        self.who = f"postgres source {config.id!r}"
+        """How errors and logs name it."""
         self.dsn = config.dsn
         self.slot = config.slot
         self.publication = config.publication
@@ -79,6 +81,7 @@ class PostgresSource(Source):
         self.heartbeat_s = config.heartbeat_ms / 1000
         self._idle = config.poll_interval_ms / 1000
         self._silence = config.receiver_timeout_ms / 1000
+        self._silence_bound = config.silence_bound_s
         self.query_timeout = config.query_timeout_s
         self._walsender: Walsender | None = None  # of the last stream started: see holder.py
         self.tenant = tenant
@@ -118,10 +121,10 @@ class PostgresSource(Source):
         try:
             await self._open(own_position(resume_after, PgPosition))
         except TimeoutError:  # a question on the control connection unanswered: see connections.py
-            raise unanswered(f"postgres source {self.id!r}", self.query_timeout) from None
+            raise unanswered(self.who, self.query_timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"postgres source {self.id!r}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{self.who}: {describe(exc)}") from None
             raise
         finally:
             self._failover = False
@@ -142,7 +145,7 @@ class PostgresSource(Source):
             await failover.check_reachable(conn, self.slot, self.publication, cp.lsn, previous)
 
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
-        return connections.short(self.dsn, self.query_timeout, f"postgres source {self.id!r}")
+        return connections.short(self.dsn, self.query_timeout, self.who)
 
     async def forget(self) -> None:
         """Drop the slot (``slot.forget``): it keeps WAL for ever, and nothing reads it again."""
@@ -152,10 +155,10 @@ class PostgresSource(Source):
         self.resets = max(self.resets, resume.resets if resume else 0)  # a store that lost the count
         self.txs.resets = self.resets
         decoder = ChildDecoder(
-            f"postgres source {self.id!r}",
+            self.who,
             decoder_module(self.connector),
             self._handle,
-            self._silence or 60.0,
+            self._silence_bound,
         )
         decoder.spawn()  # it starts up while the slot is checked
         try:
@@ -171,6 +174,7 @@ class PostgresSource(Source):
             "heartbeat_s": self.heartbeat_s,
             "idle_s": self._idle,
             "silence_s": self._silence,
+            "catalog_idle_s": self._silence_bound,
             "last_commit": self.txs.last_commit,
             "seen": self._seen,
         }
@@ -180,19 +184,17 @@ class PostgresSource(Source):
     async def _prepare(self, resume: PgPosition | None) -> None:
         """Check the server and the slot (create it if asked), and move it to ``resume``."""
         try:
-            conn = await connections.connect(self.dsn, self.query_timeout, f"postgres source {self.id!r}")
+            conn = await connections.connect(self.dsn, self.query_timeout, self.who)
         except asyncpg.PostgresError as exc:
             if is_unavailable(exc):
                 raise
-            raise SourceError(f"postgres source {self.id!r}: cannot connect: {exc}") from None
+            raise SourceError(f"{self.who}: cannot connect: {exc}") from None
         self._conn = conn
-        await slot_ops.end_stale(conn, self.slot, self._walsender, f"postgres source {self.id!r}")
+        await slot_ops.end_stale(conn, self.slot, self._walsender, self.who)
         self.txs.db = str(await conn.fetchval("SELECT current_database()"))
         level = await conn.fetchval("SHOW wal_level")
         if level != "logical":
-            raise SourceMisconfigured(
-                f"postgres source {self.id!r}: wal_level is {level}; set wal_level=logical"
-            )
+            raise SourceMisconfigured(f"{self.who}: wal_level is {level}; set wal_level=logical")
         await slot_ops.name_durability_risks(conn, self.id)
         slot = await conn.fetchrow(
             "SELECT confirmed_flush_lsn, plugin, database FROM pg_replication_slots WHERE slot_name = $1",
@@ -219,7 +221,7 @@ class PostgresSource(Source):
             raise SourceMisconfigured(f"replication slot {self.slot!r} uses {slot['plugin']}, not pgoutput")
         # Not after a failover: another server's catalog rows may differ from the ones noted.
         resuming = resume is not None and not self._failover
-        await self.watch.opened(conn, self.remembered, resuming, self.create, f"postgres source {self.id!r}")
+        await self.watch.opened(conn, self.remembered, resuming, self.create, self.who)
         self._confirmed = int(slot["confirmed_flush_lsn"] or 0)
         # No checkpoint: the slot's position is where this opening starts, whatever an earlier
         # opening handed out (a restart dropped it undelivered along with the pipeline's actors).
@@ -241,7 +243,7 @@ class PostgresSource(Source):
             else:
                 await slot_ops.check_within_wal(conn, safe)
                 await slot_ops.check_same_commit(conn, self.slot, self.publication, resume, self._confirmed,
-                                                 f"postgres source {self.id!r}")  # fmt: skip
+                                                 self.who)  # fmt: skip
                 await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
@@ -292,9 +294,7 @@ class PostgresSource(Source):
 
     async def _create(self) -> None:
         assert self._conn is not None
-        await slot_ops.create(
-            self._conn, self.slot, self.publication, self._listed(), f"postgres source {self.id!r}"
-        )
+        await slot_ops.create(self._conn, self.slot, self.publication, self._listed(), self.who)
 
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
@@ -330,7 +330,7 @@ class PostgresSource(Source):
         """Move the slot while no stream holds it (before the decoder starts)."""
         if lsn <= self._confirmed or self._conn is None:
             return
-        await slot_ops.advance(self._conn, self.slot, lsn, f"postgres source {self.id!r}")
+        await slot_ops.advance(self._conn, self.slot, lsn, self.who)
         self._confirmed = lsn
 
     def take_rewritten(self) -> list[ColumnsRewritten]:
@@ -343,19 +343,15 @@ class PostgresSource(Source):
 
     async def read(self) -> list[Event]:
         if self._decoder is None:
-            raise SourceError(f"postgres source {self.id!r} is not open")
+            raise SourceError(f"{self.who} is not open")
         if self._conn is not None and self._conn.is_closed():
             # The checks run on it (the publication, partitions, the slot's WAL): without it none
             # would run again. Opened again, the opening compares the publication with its memo.
-            raise SourceUnavailable(
-                f"postgres source {self.id!r}: its control connection was closed by the server"
-            )
+            raise SourceUnavailable(f"{self.who}: its control connection was closed by the server")
         try:
             self.watch.poll(self._conn)
         except TimeoutError:  # a check on the control connection unanswered: reopened, checked anew
-            raise unanswered(
-                f"postgres source {self.id!r}: its control connection", self.query_timeout
-            ) from None
+            raise unanswered(f"{self.who}: its control connection", self.query_timeout) from None
         item = await self._threads.run(self._decoder.next_chunk, self.chunk)
         if isinstance(item, BaseException):
             raise item
@@ -392,7 +388,7 @@ class PostgresSource(Source):
         if frame[1] == "position_lost":
             raise PositionLost(str(frame[2]))
         if frame[1] == "decode":
-            raise DecodeFailed(f"postgres source {self.id!r}: {frame[2]}")
+            raise DecodeFailed(f"{self.who}: {frame[2]}")
         if frame[1] == "unavailable":
-            raise SourceUnavailable(f"postgres source {self.id!r}: {frame[2]}")
-        raise SourceError(f"postgres source {self.id!r}: {frame[2]}")
+            raise SourceUnavailable(f"{self.who}: {frame[2]}")
+        raise SourceError(f"{self.who}: {frame[2]}")
