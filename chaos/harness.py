@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import orjson
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
+from deltaforge.logrepeats import WINDOW_S
 from tests.serve_proc import free_port
 
 Change = tuple[str, int, int]
@@ -333,3 +336,22 @@ def checks(committed: list[Change], delivered: list[Change]) -> dict[str, int]:
         "order_violations": order_violations(delivered),
         "duplicates": sum(n - 1 for n in got.values() if n > 1),
     }
+
+
+def library_lines(log: Path) -> tuple[int, int]:
+    """What one serve process's libraries said in its log (``library_error``/``library_warning``),
+    and how many of those lines came within a minute of the last one of their kind logged
+    before them: lines a library says again and again are logged once a minute (``logrepeats``)."""
+    lines, repeats = 0, 0
+    last: dict[tuple[str, str, str], datetime] = {}
+    for raw in log.read_bytes().splitlines():
+        doc = orjson.loads(raw)
+        if doc.get("event") not in ("library_error", "library_warning"):
+            continue
+        lines += 1
+        kind = (str(doc.get("actor")), str(doc["level"]), re.sub(r"\d+", "N", str(doc.get("message"))))
+        at = datetime.fromisoformat(doc["ts"])
+        if kind in last and (at - last[kind]).total_seconds() < WINDOW_S:
+            repeats += 1
+        last[kind] = at
+    return lines, repeats

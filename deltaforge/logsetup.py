@@ -17,6 +17,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
+from deltaforge.logrepeats import LIBRARIES
 from deltaforge.redact import redact
 
 
@@ -131,18 +132,25 @@ class _Libraries(logging.Handler):
     """What libraries log with the standard ``logging`` module (aiokafka, asyncpg, uvicorn,
     librdkafka through confluent-kafka's ``logger`` setting), as deltaforge's JSON lines with the
     library's logger as ``actor``: otherwise Python prints them as bare text on stderr, among the
-    JSON lines, where ``deltaforge logs`` cannot filter them."""
+    JSON lines, where ``deltaforge logs`` cannot filter them. A line said again and again is
+    logged once a minute, with ``repeated``: how many were held back (``logrepeats``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
         except (TypeError, ValueError):  # a library's bad format string must not lose the line
             message = str(record.msg)
+        error = record.levelno >= logging.ERROR  # else a warning: the handler takes those and up
+        held = LIBRARIES.admit(record.name, "error" if error else "warning", message)
+        if held is None:
+            return
         log = structlog.get_logger().bind(actor=record.name)
         extra: dict[str, Any] = {"exc_info": record.exc_info} if record.exc_info else {}
-        if record.levelno >= logging.ERROR:
+        if held:
+            extra["repeated"] = held
+        if error:
             log.error("library_error", message=message, **extra)
-        else:  # the handler takes warnings and up
+        else:
             log.warning("library_warning", message=message, **extra)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from chaos.harness import ProxyServer
 from deltaforge import logsetup
+from deltaforge.logrepeats import LIBRARIES
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats, NatsCluster
 from tests.servers.postgres import Postgres
@@ -22,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     renderer draws every traceback with rich, locals included: under a loaded CI machine one
     restart's line took seconds, and a test of restart intensity ran out of time (seen once)."""
     logsetup.configure("info")
+
+
+@pytest.fixture(autouse=True)
+def library_lines_unseen() -> None:
+    """Each test starts with no library line seen: a line an earlier test of the same worker
+    logged would otherwise be held back for a minute (``logrepeats``)."""
+    LIBRARIES.forget()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
 settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3;
 ``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame; ``pid``: a
-frame with its process id; ``idle``: nothing more, for ever, as on a quiet server)."""
+frame with its process id; ``idle``: nothing more, for ever, as on a quiet server; ``repeat``:
+one library error five times over, its numbers changing, then exit code 0)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def main() -> None:
         write_frame(out, ("still here",))
     if cfg["then"] == "pid":
         write_frame(out, ("pid", os.getpid()))
+    if cfg["then"] == "repeat":
+        for port in range(9092, 9097):
+            logging.getLogger("some.library").error("connect to port %d failed", port)
     if cfg["then"] == "idle":
         threading.Event().wait()
     if cfg["then"] == "print":

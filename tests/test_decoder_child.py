@@ -80,6 +80,15 @@ def test_bare_text_from_the_child_is_logged_line_by_line_and_named_at_exit(
     assert str(ended).endswith("decoder process exited (code 3): Fatal Python error: the probe's last words")
 
 
+def test_a_library_line_the_child_says_again_and_again_is_logged_once(logs: list[dict[str, Any]]) -> None:
+    """The child's library lines are held back as serve's own are (``logrepeats``): the first of
+    a kind is logged, its repeats within a minute counted for the next one logged after it."""
+    run_probe("repeat")
+    said = [e for e in logs if e["event"] == "library_error"]
+    assert [e["message"] for e in said] == ["connect to port 9092 failed"]
+    assert said[0]["actor"] == "some.library" and "repeated" not in said[0]
+
+
 def test_a_ctrl_c_reaches_the_parent_not_the_decoder() -> None:
     """Ctrl-C signals the whole process group; the decoder goes on until its parent, draining,
     stops it: a KeyboardInterrupt would end it mid-stream with an error."""

@@ -17,6 +17,7 @@ MODULES = [
     "supervision.supervisor",
     "deltaforge.configmodel",
     "deltaforge.position",
+    "deltaforge.logrepeats",
     "deltaforge.sources.kafka.position",
     "deltaforge.sources.mysql.connection",
     "deltaforge.sources.mysql.statements",

@@ -1,15 +1,25 @@
-"""Logging never takes the pipeline down: a log file on a full disk loses lines, and says so."""
+"""Logging never takes the pipeline down: a log file on a full disk loses lines, and says so; a
+library saying one thing again and again does not flood the log."""
 
 from __future__ import annotations
 
+import logging
+import re
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import structlog
+from confluent_kafka import Producer
 
-from deltaforge import logsetup
+from deltaforge import logrepeats, logsetup
+from deltaforge.logrepeats import LIBRARIES
+from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
 from tests.helpers import file_size_limit
+from tests.serve_proc import free_port
 
 
 def test_a_log_file_that_cannot_be_written_loses_lines_not_the_caller(tmp_path: Path) -> None:
@@ -86,3 +96,85 @@ def test_logs_following_a_file_goes_on_in_the_new_one_after_a_rotation(tmp_path:
     path.write_text("three\n")
     assert [next(lines), next(lines)] == ["two\n", "three\n"]
     lines.close()
+
+
+def test_a_library_line_said_again_and_again_is_logged_once_a_minute_with_a_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """librdkafka logs a FAIL line at every reconnect to a broker that is down, 3 to 5 a second for
+    as long as it is down: on 5 Dec 188 lines of a 20-second outage's log of 202. The first of
+    a kind is logged; its repeats within a minute are held back and counted, and the next one
+    after the minute says how many (``repeated``). Real librdkafka, a port nobody listens on."""
+    now = [0.0]
+    monkeypatch.setattr(LIBRARIES, "clock", lambda: now[0])
+    path = tmp_path / "log.jsonl"
+    logsetup.configure("info", path, stderr=False)
+    said: list[str] = []  # every line librdkafka says, before deltaforge's handler sees it
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    heard = Said()
+    LIBRDKAFKA_LOG.addHandler(heard)
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{free_port()}", "logger": LIBRDKAFKA_LOG,
+                         "log_level": 3, "reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 10})  # fmt: skip
+
+    def refusals() -> list[str]:
+        first = next((m for m in said if "Connection refused" in m), None)
+        return [] if first is None else [m for m in said if _kind(m) == _kind(first)]
+
+    def hear(until: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        while not until():
+            assert time.monotonic() < deadline, said[-5:]
+            producer.poll(0.05)  # librdkafka's log lines are handed over here, in this thread
+
+    try:
+        producer.produce("t", b"x")
+        hear(lambda: len(refusals()) >= 10)
+        logged = [
+            r for r in _lines(path) if r.get("actor") == "librdkafka" and "Connection refused" in r["message"]
+        ]
+        assert len(logged) == 1 and "repeated" not in logged[0], logged
+        assert logged[0]["event"] == "library_error" and logged[0]["message"] == refusals()[0]
+        held = len(refusals()) - 1
+        now[0] += 61  # a minute on: the next refusal is logged, with the count of those held back
+        hear(lambda: len(refusals()) > held + 1)
+        logged = [
+            r for r in _lines(path) if r.get("actor") == "librdkafka" and "Connection refused" in r["message"]
+        ]
+        assert [r.get("repeated") for r in logged] == [None, held]
+        assert logged[1]["message"] == refusals()[held + 1]
+    finally:
+        LIBRDKAFKA_LOG.removeHandler(heard)
+        producer.purge()
+        producer.flush(0)
+        logsetup.configure("info")
+
+
+def _kind(message: str) -> str:
+    return re.sub(r"\d+", "N", message)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_repeats_are_counted_per_kind_and_the_oldest_kinds_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind is the logger, the level and the message without its numbers; kinds past the most
+    remembered are forgotten oldest first (logged again at their next saying)."""
+    monkeypatch.setattr(logrepeats, "MOST_KINDS", 2)
+    now = [0.0]
+    r = logrepeats.Repeats(60.0, lambda: now[0])
+    assert r.admit("kafka", "error", "port 1 refused") == 0
+    assert r.admit("kafka", "error", "port 2 refused") is None  # the same kind
+    assert r.admit("kafka", "warning", "port 2 refused") == 0  # another level
+    assert r.admit("nats", "error", "port 2 refused") == 0  # another logger: kafka/error forgotten
+    assert r.admit("kafka", "error", "port 3 refused") == 0  # as if never seen
+    now[0] = 59.9
+    assert r.admit("kafka", "error", "port 4 refused") is None
+    now[0] = 60.0
+    assert r.admit("kafka", "error", "port 5 refused") == 1
+    r.forget()
+    assert r.admit("kafka", "error", "port 6 refused") == 0

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
+from deltaforge.logrepeats import LIBRARIES
 from deltaforge.sources.childframes import ALIVE, read_frame, write_frame
 
 if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
@@ -360,9 +361,18 @@ class ChildDecoder:
                     self._last_words = line
                     continue
                 fields = {k: v for k, v in doc.items() if k in ("message", "exception")}
-                if doc.get("level") in ("error", "critical"):
-                    log.error("library_error", actor=doc["logger"], **fields)
+                error = doc.get("level") in ("error", "critical")
+                if error:
                     self._last_words = str(doc.get("message"))
+                held = LIBRARIES.admit(
+                    str(doc["logger"]), "error" if error else "warning", str(doc.get("message"))
+                )
+                if held is None:
+                    continue  # said once a minute: see logrepeats
+                if held:
+                    fields["repeated"] = held
+                if error:
+                    log.error("library_error", actor=doc["logger"], **fields)
                 else:
                     log.warning("library_warning", actor=doc["logger"], **fields)
         except (OSError, ValueError):

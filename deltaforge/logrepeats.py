@@ -1,0 +1,67 @@
+"""A library saying the same thing again and again is said once a minute, with a count.
+
+librdkafka logs a ``FAIL`` line at every reconnect to a broker that is down or whose name does not
+resolve: three to five a second for as long as the outage lasts, bursts of a hundred when a
+producer is made anew. On 5 Dec a 20-second Kafka outage of the chaos suite left 188 such lines
+in a log of 202, and an hour's outage would leave some fifteen thousand, burying what deltaforge
+itself says (``unavailable``, ``available_again``) under a library's retries.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+
+WINDOW_S = 60.0
+"""How long the repeats of a line are counted instead of logged."""
+
+MOST_KINDS = 1_000
+"""Kinds of line remembered at once; past it the longest unseen are forgotten (said again)."""
+
+_NUMBERS = re.compile(r"\d+")
+
+
+class Repeats:
+    """Which library lines to log: the first of a kind, then none of its repeats for ``window_s``,
+    then the next one with how many were held back. A kind is the library's logger, the level
+    and the message with its numbers taken out: repeats differ in a port, a producer's number,
+    ``after 3ms``. Lines come from several threads (a sink's, the event loop, a decoder's relay).
+
+    >>> clock = iter([0.0, 1.0, 2.0, 61.0]).__next__
+    >>> r = Repeats(60.0, clock)
+    >>> [r.admit("librdkafka", "error", f"Connect to :{p} failed") for p in (9092, 9093, 9094, 9095)]
+    [0, None, None, 2]
+    """
+
+    def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._kinds: dict[tuple[str, str, str], tuple[float, int]] = {}
+        """Each kind's last logged time and the repeats held back since, oldest seen first."""
+        self._lock = threading.Lock()
+
+    def admit(self, logger: str, level: str, message: str) -> int | None:
+        """``None``: hold this line back. Otherwise log it, saying the count returned: how many
+        lines of its kind were held back since the last one logged (0: none)."""
+        kind = (logger, level, _NUMBERS.sub("N", message))
+        now = self.clock()
+        with self._lock:
+            seen = self._kinds.pop(kind, None)
+            if seen is not None and now - seen[0] < self.window_s:
+                self._kinds[kind] = (seen[0], seen[1] + 1)
+                return None
+            self._kinds[kind] = (now, 0)
+            if len(self._kinds) > MOST_KINDS:
+                del self._kinds[next(iter(self._kinds))]
+            return 0 if seen is None else seen[1]
+
+    def forget(self) -> None:
+        """Remember no line: each is logged at its next saying."""
+        with self._lock:
+            self._kinds.clear()
+
+
+LIBRARIES = Repeats()
+"""The process's one: library lines logged by ``logsetup`` and relayed from decoder children."""
