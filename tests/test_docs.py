@@ -18,6 +18,7 @@ MODULES = [
     "deltaforge.configmodel",
     "deltaforge.position",
     "deltaforge.logrepeats",
+    "deltaforge.connectfail",
     "deltaforge.sources.kafka.position",
     "deltaforge.sources.mysql.connection",
     "deltaforge.sources.mysql.statements",

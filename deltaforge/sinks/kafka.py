@@ -42,7 +42,7 @@ from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
-from deltaforge.sinks.kafka_errors import POISON, classify
+from deltaforge.sinks.kafka_errors import POISON, Reports, classify
 from deltaforge.sinks.kafka_metadata import ask, learn
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
@@ -88,6 +88,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.commits = 0
         self.aborts = 0
         self._reopened = False
+        self.heard = Reports()
         self.ends = PartitionEnds(self.id, self.timeout)
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0), self.ends.admin)  # one admin client
         self.acked_ends = None if self.exactly_once else self.ends.acked
@@ -160,9 +161,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             **self.extra,
         }
         self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
-        if not self.exactly_once:
-            conf["error_cb"] = self.ends.disturb  # a lost connection: were the partitions' ends kept?
-        else:
+        conf["error_cb"] = self._hear
+        if self.exactly_once:
             conf["transactional.id"] = self.transactional_id
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
             # which fences the producer: give outages room (15 min, brokers' default maximum).
@@ -181,6 +181,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 ask(producer, None, self.timeout)
                 producer.init_transactions(self.timeout)
             except KafkaException as exc:
+                producer.poll(0)  # serves the reports of why (error_cb) queued meanwhile
                 raise self._classify(exc.args[0]) from None
         return producer
 
@@ -195,7 +196,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         try:
             self._producer.list_topics(timeout=min(self.timeout, 10.0))
         except KafkaException as exc:
-            raise RetryableSinkError(f"kafka sink {self.id!r}: {exc.args[0]}") from None
+            self._producer.poll(0)  # as in _made
+            raise RetryableSinkError(f"kafka sink {self.id!r}: {exc.args[0]}{self.heard.said()}") from None
 
     async def close(self) -> None:
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
@@ -285,7 +287,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                                 self._classify(errors[0])
                                 if errors
                                 else RetryableSinkError(
-                                    f"kafka sink {self.id!r}: records not acknowledged in time"
+                                    f"kafka sink {self.id!r}: records not acknowledged in time{self.heard.said()}"
                                 )
                             )
                         held = encode(
@@ -306,12 +308,13 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                         drop_unsent(producer)
                         self._producer = None
                         raise RetryableSinkError(
-                            f"kafka sink {self.id!r}: {left} messages not acknowledged in time"
+                            f"kafka sink {self.id!r}: {left} messages not acknowledged in time{self.heard.said()}"
                         )
                 if errors:
                     raise self._classify(errors[0])
                 self._topics.after_batch(producer, topics)
                 self.ends.produced_to(topics)
+                self.heard.clear()
             except SystemError as exc:
                 # confluent-kafka runs a delivery report while a failing producer call has its
                 # exception set, and the report's append fails on it: that call's failure (the
@@ -385,9 +388,17 @@ class KafkaSink(Sink[KafkaSinkConfig]):
     def _classify(self, err: KafkaError) -> Exception:
         """The batch's error for ``err`` (:func:`classify`); a producer that is finished is let go,
         so the retry starts another."""
-        verdict = classify(err, self.id, self.exactly_once, self._reopened, self.transactional_id)
+        verdict = classify(
+            err, self.id, self.exactly_once, self._reopened, self.transactional_id, self.heard.said()
+        )
         if verdict.forgave_fence:
             self._reopened = False
         if verdict.new_producer:
             self._producer = None
         return verdict.error
+
+    def _hear(self, err: KafkaError) -> None:
+        """The producer's ``error_cb``."""
+        self.heard.hear(err)
+        if not self.exactly_once:
+            self.ends.disturb(err)  # a lost connection: were the partitions' ends kept?

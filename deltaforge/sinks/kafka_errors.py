@@ -25,6 +25,30 @@ NON_RETRYABLE = {
 }
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
+_UNREACHED = {_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+"""Errors that say only that no broker answered in time: told with what librdkafka last reported."""
+
+
+class Reports:
+    """A producer's error reports (``error_cb``) since its last batch went through: what a batch
+    that timed out was waiting on (a name that does not resolve, a refused connection), told with
+    its error, which says only that time ran out."""
+
+    def __init__(self) -> None:
+        self.last: KafkaError | None = None
+
+    def hear(self, err: KafkaError) -> None:
+        """ "All brokers are down" says less than the report before it (the lookup or the
+        connection that failed), so it is kept only when it is all there is."""
+        if err.code() != KafkaError._ALL_BROKERS_DOWN or self.last is None:
+            self.last = err
+
+    def said(self) -> str:
+        last = self.last
+        return "" if last is None else f"; librdkafka last said: {last.name()}: {last.str()}"
+
+    def clear(self) -> None:
+        self.last = None
 
 
 @dataclass(frozen=True)
@@ -39,11 +63,12 @@ class Verdict:
 
 
 def classify(
-    err: KafkaError, sink: str, exactly_once: bool, reopened: bool, transactional_id: str
+    err: KafkaError, sink: str, exactly_once: bool, reopened: bool, transactional_id: str, said: str = ""
 ) -> Verdict:
-    """``reopened``: the producer was made after a close (an outage, a restart of the worker)."""
-    text = f"kafka sink {sink!r}: {err.name()}: {err.str()}"
+    """``reopened``: the producer was made after a close (an outage, a restart of the worker);
+    ``said``: what librdkafka reported before, told with records that timed out."""
     code = err.code()
+    text = f"kafka sink {sink!r}: {err.name()}: {err.str()}{said if code in _UNREACHED else ''}"
     if exactly_once and reopened and code in FENCED:
         # Our own transaction from before the outage, timed out by the broker, bumped the
         # epoch after this producer's init: start once more (a real rival fences us again).

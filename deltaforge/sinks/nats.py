@@ -18,6 +18,7 @@ from nats.js import errors as jserr
 from pydantic import AfterValidator, Field
 
 from deltaforge.configmodel import Bool, PositiveInt, PositiveNumber, SinkConfig, SinkSettings, Text, matching
+from deltaforge.connectfail import why
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position
@@ -123,6 +124,7 @@ class NatsSink(Sink[NatsSinkConfig]):
         self._looked_up = False
 
     async def open(self) -> None:
+        self.last_error = None  # what _quiet hears of this connect: NoServersError says no more
         try:
             self._nc = await nats.connect(
                 self.servers,
@@ -135,7 +137,8 @@ class NatsSink(Sink[NatsSinkConfig]):
                 error_cb=self._quiet,  # the default prints tracebacks; failures surface as SinkErrors
             )
         except (nerr.NoServersError, OSError, TimeoutError) as exc:
-            raise RetryableSinkError(f"nats sink {self.id!r}: cannot connect: {type(exc).__name__}") from None
+            said = f" ({self.last_error})" if self.last_error else ""
+            raise RetryableSinkError(f"nats sink {self.id!r}: cannot connect: {why(exc)}{said}") from None
         except nerr.Error as exc:
             if "authorization" in str(exc).lower():
                 raise NonRetryableSinkError(f"nats sink {self.id!r}: {exc}") from None
@@ -194,7 +197,7 @@ class NatsSink(Sink[NatsSinkConfig]):
                 await self._read_stream(name)
 
     async def _quiet(self, exc: Exception) -> None:
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error = why(exc)
 
     async def close(self) -> None:
         nc, self._nc = self._nc, None

@@ -23,6 +23,7 @@ import asyncpg
 from pydantic import BeforeValidator, Field
 
 from deltaforge.configmodel import Hint, PositiveNumber, PostgresDsn, SinkConfig, SinkSettings, Text, fail
+from deltaforge.connectfail import host_of, why
 from deltaforge.events import Event, not_carried
 from deltaforge.position import Position
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
@@ -132,7 +133,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}") from None
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise RetryableSinkError(
-                f"postgres sink {self.id!r}: cannot connect: {type(exc).__name__}"
+                f"postgres sink {self.id!r}: cannot connect: {why(exc, host_of(self.dsn))}"
             ) from None
         try:
             # A batch is checkpointed once its COMMIT returns. With synchronous_commit=off (the
@@ -155,9 +156,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             raise self._unanswered() from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await self.close()
-            raise RetryableSinkError(
-                f"postgres sink {self.id!r}: cannot connect: {type(exc).__name__}"
-            ) from None
+            raise RetryableSinkError(f"postgres sink {self.id!r}: cannot connect: {why(exc)}") from None
 
     def _unanswered(self) -> RetryableSinkError:
         """The connection given up without a word to the server: a goodbye on a connection that

@@ -42,5 +42,5 @@ async def short(dsn: str, query_timeout: float, who: str) -> AsyncIterator[async
             conn.terminate()  # only questions were asked on it: nothing to flush, and it may be broken
     except Exception as exc:
         if is_unavailable(exc):
-            raise SourceUnavailable(f"{who}: {describe(exc)}") from None
+            raise SourceUnavailable(f"{who}: {describe(exc, dsn)}") from None
         raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from deltaforge.connectfail import host_of, why
 from deltaforge.sources.base import SourceError
 
 
@@ -24,8 +25,9 @@ def is_unavailable(exc: BaseException) -> bool:
     )
 
 
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def describe(exc: BaseException, dsn: str | None = None) -> str:
+    """``exc`` in its own words; a name that does not resolve with the DSN's host."""
+    return why(exc, host_of(dsn) if dsn else None)
 
 
 class DecodeFailed(SourceError):

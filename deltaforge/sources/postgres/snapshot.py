@@ -163,7 +163,7 @@ class PostgresChunks(ChunkReader):
                     raise unanswered(who, timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"{who}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{who}: {describe(exc, self.source.dsn)}") from None
             raise
 
     async def open(self, parallel: int) -> None:
@@ -173,7 +173,7 @@ class PostgresChunks(ChunkReader):
             )
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"{self.source.who}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{self.source.who}: {describe(exc, self.source.dsn)}") from None
             raise
 
     async def close(self) -> None:

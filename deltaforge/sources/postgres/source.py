@@ -124,7 +124,7 @@ class PostgresSource(Source):
             raise unanswered(self.who, self.query_timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
-                raise SourceUnavailable(f"{self.who}: {describe(exc)}") from None
+                raise SourceUnavailable(f"{self.who}: {describe(exc, self.dsn)}") from None
             raise
         finally:
             self._failover = False

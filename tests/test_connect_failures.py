@@ -1,0 +1,91 @@
+"""A connection that cannot be made says why, in its error's own words and, for a name that does
+not resolve, with the host looked up: the PostgreSQL sink said ``cannot connect: gaierror``, the
+NATS sink ``cannot connect: NoServersError``, the PostgreSQL source ``gaierror: [Errno -2] Name or
+service not known``, and a misspelt host in a DSN could only be guessed at. Real drivers: a name
+under ``.invalid`` (RFC 6761: never resolves) and a port nobody listens on."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltaforge.config import parse_pipeline
+from deltaforge.sinks.base import RetryableSinkError, SinkError
+from deltaforge.sinks.kafka import KafkaSink
+from deltaforge.sinks.nats import NatsSink
+from deltaforge.sinks.postgres import PostgresSink
+from deltaforge.sources.base import SourceUnavailable
+from deltaforge.sources.postgres.config import PostgresSourceConfig
+from deltaforge.sources.postgres.source import PostgresSource
+from tests.kit import make_event, sink_pipeline
+from tests.serve_proc import free_port
+
+NOWHERE = "db-nowhere.invalid"
+
+
+def postgres_sink(host: str, port: int) -> PostgresSink:
+    config = {"id": "p", "dsn": f"postgresql://cdc:s3cret@{host}:{port}/shop", "table": "t"}
+    return PostgresSink(parse_pipeline(sink_pipeline("pg", "postgres", config), env={}).sinks[0])
+
+
+async def test_the_postgres_sink_names_the_host_it_could_not_look_up() -> None:
+    with pytest.raises(RetryableSinkError) as raised:
+        await postgres_sink(NOWHERE, 5432).open()
+    said = str(raised.value)
+    assert said.startswith("postgres sink 'p': cannot connect: gaierror: [Errno ")
+    assert said.endswith(f"(looking up {NOWHERE!r})") and "s3cret" not in said
+
+
+async def test_the_postgres_sink_says_a_connection_was_refused_in_the_drivers_words() -> None:
+    port = free_port()
+    with pytest.raises(RetryableSinkError) as raised:
+        await postgres_sink("127.0.0.1", port).open()
+    said = str(raised.value)
+    assert said.startswith("postgres sink 'p': cannot connect: ") and str(port) in said, said
+
+
+async def test_the_nats_sink_says_why_it_found_no_server() -> None:
+    config = {"id": "n", "url": f"nats://{NOWHERE}:4222", "subject": "cdc", "stream": "CDC"}
+    sink = NatsSink(parse_pipeline(sink_pipeline("n", "nats", config), env={}).sinks[0])
+    with pytest.raises(RetryableSinkError) as raised:
+        await sink.open()
+    said = str(raised.value)
+    assert said.startswith("nats sink 'n': cannot connect: NoServersError: ")
+    assert "(gaierror: [Errno " in said, said
+
+
+async def test_the_postgres_source_names_the_host_it_could_not_look_up() -> None:
+    cfg = PostgresSourceConfig.model_validate({"id": "pg", "dsn": f"postgresql://cdc:s3cret@{NOWHERE}/shop"})
+    source = PostgresSource(cfg)
+    try:
+        with pytest.raises(SourceUnavailable) as raised:
+            await source.open(None)
+    finally:
+        await source.close()
+    said = str(raised.value)
+    assert said.startswith("postgres source 'pg': gaierror: [Errno ")
+    assert said.endswith(f"(looking up {NOWHERE!r})") and "s3cret" not in said
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["default", "exactly_once"])
+@pytest.mark.parametrize(
+    ("broker", "heard"),
+    [(f"{NOWHERE}:9092", f"Failed to resolve '{NOWHERE}:9092'"), ("127.0.0.1:{port}", "Connection refused")],
+    ids=["no such host", "refused"],
+)
+async def test_a_kafka_batch_that_timed_out_says_what_librdkafka_last_reported(
+    broker: str, heard: str, exactly_once: bool
+) -> None:
+    """A batch to a broker that cannot be reached fails when its time runs out, and that error
+    (``_MSG_TIMED_OUT``, ``not acknowledged in time``) said only that; librdkafka's reports of
+    why (``error_cb``) went to the log alone."""
+    config = {"id": "k", "brokers": broker.format(port=free_port()), "topic": "t", "timeout_s": 2,
+              "exactly_once": exactly_once}  # fmt: skip
+    sink = KafkaSink(parse_pipeline(sink_pipeline("kp", "kafka", config), env={}).sinks[0])
+    try:
+        with pytest.raises(SinkError) as raised:
+            await sink.open()
+            await sink.deliver([make_event(1)])
+    finally:
+        await sink.close()
+    said = str(raised.value)
+    assert "; librdkafka last said: _" in said and heard in said, said
