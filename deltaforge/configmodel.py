@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic import WithJsonSchema as WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from deltaforge.configaddrs import url_problem
 from deltaforge.redact import names_secret
 
 M = TypeVar("M", bound=BaseModel)
@@ -95,6 +96,19 @@ def matching(pattern: str, expected: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+def server_addresses(expected: str, several: bool = False) -> AfterValidator:
+    """A URL (``several``: comma-separated URLs, or a broker list) whose hosts and ports can be read
+    (``configaddrs``); the error is ``expected`` and what is wrong, never the value."""
+
+    def check(value: str) -> str:
+        for url in value.split(",") if several else [value]:
+            if (problem := url_problem(url.strip())) is not None:
+                fail(f"{expected}: {problem}")
+        return value
+
+    return AfterValidator(check)
+
+
 NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_int(0)), Hint("an integer")]
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_int(1)), Hint("an integer")]
 PositiveNumber = Annotated[float, Field(gt=0), BeforeValidator(_positive), Hint("a number")]
@@ -112,10 +126,13 @@ Identifier = Annotated[
     ),
     Hint("a lower-case identifier"),
 ]
+Brokers = Annotated[Text, server_addresses("expected host:port[,host:port...]", several=True)]
+"""Kafka's bootstrap servers."""
 PostgresDsn = Annotated[
     str,
     BeforeValidator(_text),
     matching(r"^postgres(ql)?://", "expected postgresql://user:password@host:port/db"),
+    server_addresses("expected postgresql://user:password@host:port/db"),
     Hint("a string"),
 ]
 

@@ -49,7 +49,10 @@ def _database(dsn: str) -> str:
     """``host:port/dbname`` of a PostgreSQL DSN, a URL or ``key=value`` words (no credentials)."""
     if "://" in dsn:
         parts = urlsplit(dsn)
-        return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+        hosts = parts.netloc.rpartition("@")[2].lower()
+        if "," not in hosts:  # one host: its default port said, so db and db:5432 are one database
+            hosts = f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+        return f"{hosts}{parts.path}"
     words = dict(w.split("=", 1) for w in dsn.split() if "=" in w)
     return f"{words.get('host', 'localhost')}:{words.get('port', '5432')}/{words.get('dbname', '')}"
 

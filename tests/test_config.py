@@ -326,3 +326,61 @@ def test_a_source_template_names_each_table_apart_and_a_row_template_each_row() 
                                                       "cdc.elsewhere.t"]  # fmt: skip
     assert [by_one(e) for e in (a, b, a, b, c)] == ["cdc.t", "cdc.other", "cdc.t", "cdc.other", "cdc.t"]
     assert [by_row(e) for e in (make_event(1), make_event(2), b)] == ["t.t.1", "t.t.2", "t.other.1"]
+
+
+def test_an_address_whose_port_or_host_cannot_be_read_is_refused_naming_the_field() -> None:
+    """Only the scheme was checked: ``validate`` then failed with a traceback (``ValueError: Port
+    could not be cast to integer value``, a PostgreSQL source's slot being keyed by its DSN's host
+    and port), or ``serve`` did at the first connection. The value is never echoed."""
+    d = doc(sinks=[
+        {"type": "redis", "config": {"id": "r", "uri": "redis://:hunter2@cache:637900", "stream": "s"}},
+        {"type": "nats", "config": {"id": "n", "url": "nats://a:4222,nats://b:42x22", "subject": "s"}},
+        {"type": "kafka", "config": {"id": "k", "brokers": "k1:9092,k2:0", "topic": "t"}},
+        {"type": "postgres", "config": {"id": "p", "dsn": "postgresql://u:hunter2@[::1/db", "table": "t"}},
+    ])  # fmt: skip
+    d["spec"]["source"] = {
+        "type": "postgres",
+        "config": {"id": "pg", "dsn": "postgresql://u:hunter2@db:notaport/app"},
+    }
+    errs = errors_of(d)
+    assert errs == [
+        "spec.source.config.dsn: expected postgresql://user:password@host:port/db: port 'notaport' is not a "
+        "number from 1 to 65535",
+        "spec.sinks[0].config.uri: expected redis://[user:password@]host:port[/db]: port '637900' is not a number "
+        "from 1 to 65535",
+        "spec.sinks[1].config.url: expected nats://host:port: port '42x22' is not a number from 1 to 65535",
+        "spec.sinks[2].config.brokers: expected host:port[,host:port...]: port 0 is not a number from 1 to 65535",
+        "spec.sinks[3].config.dsn: expected postgresql://user:password@host:port/db: an IPv6 host whose bracket "
+        "does not close",
+    ]
+    assert not any("hunter2" in e for e in errs)
+    d = doc()
+    d["spec"]["source"] = {"type": "mysql", "config": {"id": "m", "dsn": "mysql://u:hunter2@db:3306x/shop"}}
+    assert errors_of(d) == [
+        "spec.source.config.dsn: expected mysql://user:password@host:port/db: port '3306x' is not a number from "
+        "1 to 65535"
+    ]
+
+
+def test_addresses_drivers_take_are_accepted(tmp_path: Path) -> None:
+    """Several hosts in one PostgreSQL DSN (libpq's and asyncpg's failover list), a socket folder
+    as ``?host=``, an IPv6 host, a broker list with a protocol, several NATS servers; two
+    pipelines on one multi-host database and slot are still refused as one (not a traceback)."""
+    dsns = ["postgresql://u:p@db1:5432,db2:5433/app", "postgresql:///app?host=/var/run/postgresql",
+            "postgresql://u:p@[::1]:5432/app"]  # fmt: skip
+    for dsn in dsns:
+        d = doc(name="orders")
+        d["spec"]["source"] = {"type": "postgres", "config": {"id": "pg", "dsn": dsn}}
+        d["spec"]["sinks"] = [
+            {"type": "kafka", "config": {"id": "k", "brokers": "PLAINTEXT://k1:9092,k2", "topic": "t"}},
+            {"type": "nats", "config": {"id": "n", "url": "nats://a,tls://[::1]:4223", "subject": "s"}},
+        ]
+        assert parse_pipeline(d, env={}).source.config.dsn == dsn  # type: ignore[attr-defined]
+    docs = [doc(name=name) for name in ("orders", "billing")]
+    for d in docs:
+        d["spec"]["source"] = {"type": "postgres", "config": {"id": d["metadata"]["name"], "dsn": dsns[0]}}
+    (tmp_path / "p.yaml").write_text("---\n".join(yaml.safe_dump(d) for d in docs))
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path, env={})
+    assert [e.split(":")[0] for e in refused.value.errors] == ["spec.source.config.slot"]
+    assert "(db1:5432,db2:5433/app)" in refused.value.errors[0]

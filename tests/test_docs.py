@@ -19,6 +19,7 @@ MODULES = [
     "deltaforge.position",
     "deltaforge.logrepeats",
     "deltaforge.connectfail",
+    "deltaforge.configaddrs",
     "deltaforge.sources.kafka.position",
     "deltaforge.sources.mysql.connection",
     "deltaforge.sources.mysql.statements",

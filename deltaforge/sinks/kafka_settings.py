@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from deltaforge.configmodel import Bool, PositiveNumber, SinkSettings, Text, fail
+from deltaforge.configmodel import Bool, Brokers, PositiveNumber, SinkSettings, Text, fail
 from deltaforge.sinks.kafka_names import TopicTemplate
 from deltaforge.sinks.templates import Template
 
@@ -83,7 +83,7 @@ def connection_settings(settings: dict[str, ProducerValue]) -> dict[str, Produce
 class KafkaSinkConfig(SinkSettings):
     """Kafka (or a Kafka-protocol broker): one record per event, idempotent producer."""
 
-    brokers: Text = Field(description="bootstrap.servers: host:port[,host:port...]")
+    brokers: Brokers = Field(description="bootstrap.servers: host:port[,host:port...]")
     topic: TopicTemplate = Field(description="Topic per event, e.g. cdc.${source.table}.")
     key: Template | None = Field(
         None, description='Record key per event (default: the primary key as JSON, {"id": 1}).'

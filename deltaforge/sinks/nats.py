@@ -17,7 +17,16 @@ from nats import errors as nerr
 from nats.js import errors as jserr
 from pydantic import AfterValidator, Field
 
-from deltaforge.configmodel import Bool, PositiveInt, PositiveNumber, SinkConfig, SinkSettings, Text, matching
+from deltaforge.configmodel import (
+    Bool,
+    PositiveInt,
+    PositiveNumber,
+    SinkConfig,
+    SinkSettings,
+    Text,
+    matching,
+    server_addresses,
+)
 from deltaforge.connectfail import why
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
@@ -42,6 +51,7 @@ NatsUrl = Annotated[
         r"^(nats|tls)://[^,\s]+(,(nats|tls)://[^,\s]+)*$",
         "expected nats://host:port, or several comma-separated (the servers of a cluster)",
     ),
+    server_addresses("expected nats://host:port", several=True),
 ]
 
 

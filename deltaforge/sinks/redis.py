@@ -31,7 +31,15 @@ import structlog
 from pydantic import Field
 from redis import exceptions as rex
 
-from deltaforge.configmodel import Bool, NonNegativeInt, SinkConfig, SinkSettings, Text, matching
+from deltaforge.configmodel import (
+    Bool,
+    NonNegativeInt,
+    SinkConfig,
+    SinkSettings,
+    Text,
+    matching,
+    server_addresses,
+)
 from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position, lane_of
@@ -113,7 +121,11 @@ def position_text(order: tuple[int, ...]) -> str:
     return ".".join(f"{p:016x}" for p in order)
 
 
-RedisUri = Annotated[Text, matching(r"^rediss?://", "expected redis://[user:password@]host:port[/db]")]
+RedisUri = Annotated[
+    Text,
+    matching(r"^rediss?://", "expected redis://[user:password@]host:port[/db]"),
+    server_addresses("expected redis://[user:password@]host:port[/db]"),
+]
 
 
 class RedisSinkConfig(SinkSettings):

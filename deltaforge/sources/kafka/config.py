@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from deltaforge.configmodel import Hint, PositiveInt, SourceSettings, Text, fail
+from deltaforge.configmodel import Brokers, Hint, PositiveInt, SourceSettings, Text, fail
 
 FORMATS = ("debezium", "native", "cloudevents", "raw")
 
@@ -32,7 +32,7 @@ Topics = Annotated[list[str] | str, BeforeValidator(_topics), Hint("a list of to
 class KafkaSourceConfig(SourceSettings):
     """Topics of a Kafka broker, read by a consumer group whose offsets move only after delivery."""
 
-    brokers: Text = Field(description="bootstrap servers: host:port[,host:port...]")
+    brokers: Brokers = Field(description="bootstrap servers: host:port[,host:port...]")
     topics: Topics = Field(description='Topic names, or one "/regex/" matching topic names.')
     group_id: Text = Field(
         description="The consumer group: its committed offsets follow what every sink holds."

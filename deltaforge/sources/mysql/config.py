@@ -6,7 +6,15 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from deltaforge.configmodel import Hint, PositiveInt, ServerSourceSettings, Text, fail, matching
+from deltaforge.configmodel import (
+    Hint,
+    PositiveInt,
+    ServerSourceSettings,
+    Text,
+    fail,
+    matching,
+    server_addresses,
+)
 
 
 def _db_tables(value: object) -> list[str]:
@@ -16,7 +24,9 @@ def _db_tables(value: object) -> list[str]:
 
 
 MySQLDsn = Annotated[
-    Text, matching(r"^(mysql|mariadb)://[^/]+", "expected mysql://user:password@host:port/db")
+    Text,
+    matching(r"^(mysql|mariadb)://[^/]+", "expected mysql://user:password@host:port/db"),
+    server_addresses("expected mysql://user:password@host:port/db"),
 ]
 DbTables = Annotated[list[str], BeforeValidator(_db_tables), Hint("a list of db.table names")]
 
