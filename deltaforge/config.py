@@ -169,7 +169,15 @@ def _source(raw: Any, errors: list[str]) -> SourceConfig[Any] | None:
 
 def _sinks(raw: Any, errors: list[str]) -> list[SinkConfig[Any]]:
     if not isinstance(raw, list) or not raw:
-        errors.append("spec.sinks: required (a non-empty list of sinks)")
+        given = "an empty list" if isinstance(raw, list) else type(raw).__name__
+        errors.append(
+            "spec.sinks: "
+            + (
+                "required (a non-empty list of sinks)"
+                if raw is None
+                else f"expected a non-empty list of sinks, got {given}"
+            )
+        )
         return []
     out: list[SinkConfig[Any]] = []
     for i, item in enumerate(raw):
@@ -311,6 +319,8 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> list[Pipelin
         except (OSError, yaml.YAMLError) as exc:
             errors.append(f"{f}: cannot read YAML: {exc}")
             continue
+        if not docs:  # a file emptied by a deploy ran nothing, and said nothing of it
+            errors.append(f"{f}: no pipeline in it (the file is empty, or holds only comments)")
         for i, doc in enumerate(docs):
             label = f"{f}" if len(docs) == 1 else f"{f}#{i}"
             try:

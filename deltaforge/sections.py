@@ -3,18 +3,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from deltaforge.configmodel import Bool, NonNegativeInt, PluginConfig, PositiveInt, PositiveNumber, Text
+from deltaforge.configmodel import Bool, NonNegativeInt, PluginConfig, PositiveInt, PositiveNumber, Text, fail
+
+
+def _path_segment(name: str) -> str:
+    """A name the REST API can be asked about (``/pipelines/{name}``): a ``/``, even encoded, is
+    read as the path's own, and a control character cannot be sent in a request line."""
+    if "/" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        fail(
+            f"expected a name without '/' or control characters (it is a path segment of the REST API), got {name!r}"
+        )
+    return name
+
+
+PipelineName = Annotated[Text, AfterValidator(_path_segment)]
 
 
 class Metadata(PluginConfig):
     """``metadata``: who this pipeline is."""
 
-    name: Text = Field(
-        description="The pipeline's name: unique per service, used in logs, metrics and the API."
+    name: PipelineName = Field(
+        description="The pipeline's name: unique per service, used in logs, metrics and the API "
+        "(a path segment there: no '/')."
     )
     tenant: Text | None = Field(
         None,

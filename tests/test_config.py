@@ -384,3 +384,45 @@ def test_addresses_drivers_take_are_accepted(tmp_path: Path) -> None:
         load(tmp_path, env={})
     assert [e.split(":")[0] for e in refused.value.errors] == ["spec.source.config.slot"]
     assert "(db1:5432,db2:5433/app)" in refused.value.errors[0]
+
+
+def test_a_pipeline_name_the_rest_api_cannot_be_asked_about_is_refused() -> None:
+    """``/pipelines/{name}``: a '/' in a name, even encoded, is read as the path's own, so such a
+    pipeline could be neither read, paused nor deleted over REST or the CLI."""
+    assert errors_of(doc(name="orders/eu")) == [
+        "metadata.name: expected a name without '/' or control characters (it is a path segment of the REST "
+        "API), got 'orders/eu'"
+    ]
+    assert parse_pipeline(doc(name="orders #2? eu"), env={}).name == "orders #2? eu"
+
+
+def test_a_config_file_with_no_pipeline_in_it_is_refused(tmp_path: Path) -> None:
+    """An empty file (a deploy that truncated it) or one of comments only: ``validate`` said
+    nothing and exited 0, and ``serve`` ran no pipeline at all, with nothing said of it."""
+    empty, comments = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    empty.write_text("")
+    comments.write_text("# orders, to be written\n---\n")
+    with pytest.raises(ConfigError) as refused:
+        load(empty, env={})
+    assert refused.value.errors == [f"{empty}: no pipeline in it (the file is empty, or holds only comments)"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc(name="orders")))
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path, env={})
+    assert refused.value.errors == [
+        f"{empty}: no pipeline in it (the file is empty, or holds only comments)",
+        f"{comments}: no pipeline in it (the file is empty, or holds only comments)",
+    ]
+    validated = subprocess.run([sys.executable, "-m", "deltaforge", "validate", str(empty)],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert validated.returncode == 1 and "no pipeline in it" in validated.stderr
+
+
+def test_sinks_given_as_something_else_than_a_list_say_what_was_given() -> None:
+    """A mapping where the list goes (one sink written without its dash) was told ``required``."""
+    d = doc()
+    d["spec"]["sinks"] = {"type": "stdout", "config": {"id": "o"}}
+    assert errors_of(d) == ["spec.sinks: expected a non-empty list of sinks, got dict"]
+    d["spec"]["sinks"] = []
+    assert errors_of(d) == ["spec.sinks: expected a non-empty list of sinks, got an empty list"]
+    del d["spec"]["sinks"]
+    assert errors_of(d) == ["spec.sinks: required (a non-empty list of sinks)"]

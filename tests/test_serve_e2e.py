@@ -413,3 +413,23 @@ def test_sigusr1_logs_what_every_task_and_thread_waits_on_and_serve_goes_on(tmp_
     at = shown.index("  task PipelineSupervisor[demo]/SourceReader")  # one await a line under its task
     assert shown[at + 1 : at + 1 + len(reader)] == [f"    {a}" for a in reader]
     assert "  thread MainThread" in shown
+
+
+def test_the_cli_asks_about_a_pipeline_whose_name_a_url_would_cut(tmp_path: Path) -> None:
+    """``deltaforge pipelines get 'orders #2'`` put the name into the URL as it was: ``#2`` was
+    taken for a fragment and the API was asked about ``orders``. A '/' cannot be a name's at all
+    (``test_config``)."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: 'orders #2?'}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}}}}}\n"
+        f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'events.jsonl'}}}}}]\n"
+        f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
+    )
+    with Serve(tmp_path, "--config", str(cfg)) as serve:
+        serve.wait_api()
+        got = subprocess.run([sys.executable, "-m", "deltaforge", "pipelines", "get", "orders #2?", "--api",
+                              serve.url("")], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert '"name": "orders #2?"' in got.stdout
+        assert serve.terminate() == 0

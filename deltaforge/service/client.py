@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 VERBS = ("list", "get", "create", "patch", "pause", "resume", "stop", "delete")
 
@@ -22,6 +23,7 @@ def request(api: str, token: str | None, verb: str, name: str | None, file: str 
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         body = text.encode()
         headers["Content-Type"] = "application/yaml"  # YAML is a superset of JSON
+    name = quote(name, safe="") if name is not None else None  # a '#', '?' or space is the name's
     method, path = {
         "list": ("GET", "/pipelines"),
         "get": ("GET", f"/pipelines/{name}"),
@@ -66,7 +68,7 @@ def snapshot(api: str, token: str | None, pipeline: str, tables: list[str]) -> i
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        resp = httpx.post(f"{api.rstrip('/')}/pipelines/{pipeline}/snapshots", json={"tables": tables},
+        resp = httpx.post(f"{api.rstrip('/')}/pipelines/{quote(pipeline, safe='')}/snapshots", json={"tables": tables},
                           headers=headers, timeout=120)  # fmt: skip
     except httpx.HTTPError as exc:
         print(f"cannot reach the deltaforge API at {api}: {exc}", file=sys.stderr)
