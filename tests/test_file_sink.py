@@ -100,3 +100,20 @@ async def test_a_file_rotated_or_removed_under_the_sink_gets_the_next_batch_at_i
     assert rotated == [1, 2]
     assert ids(out) == [4]
     assert ids(tmp_path / "events.jsonl.1") == [1, 2]
+
+
+async def test_a_folder_that_cannot_be_made_is_waited_for_not_a_crash(tmp_path: Path) -> None:
+    """A file where the sink's folder should be (as a mount not there yet, or permissions, stop
+    it): opening raised the filesystem's own error, which crashed the delivery worker and, after its
+    restarts, failed the pipeline with ``/health`` ok meanwhile. It is retryable now, naming the
+    path, and the next open after the fix writes."""
+    (tmp_path / "out").write_text("in the way")
+    sink = file_sink(tmp_path / "out" / "events.jsonl")
+    with pytest.raises(RetryableSinkError) as raised:
+        await sink.open()
+    assert str(raised.value).startswith(f"file sink 'f': cannot open {tmp_path / 'out' / 'events.jsonl'}: ")
+    (tmp_path / "out").unlink()
+    await sink.open()
+    await sink.deliver([make_event(1)])
+    await sink.close()
+    assert (tmp_path / "out" / "events.jsonl").read_bytes().count(b"\n") == 1

@@ -33,7 +33,13 @@ class FileSink(Sink[FileSinkConfig]):
         self._file: FileIO | None = None
 
     async def open(self) -> None:
-        await anyio.to_thread.run_sync(self._open)
+        """A folder that cannot be made or a file that cannot be opened (a mount not there yet,
+        permissions) is waited for as a write that fails is: the operator's fix needs no restart.
+        It crashed the worker, and the pipeline failed after its restarts, ``/health`` ok meanwhile."""
+        try:
+            await anyio.to_thread.run_sync(self._open)
+        except OSError as exc:
+            raise RetryableSinkError(f"file sink {self.id!r}: cannot open {self.path}: {exc}") from exc
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
