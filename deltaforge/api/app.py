@@ -1,4 +1,8 @@
-"""REST endpoints: health, pipelines, their actor trees, checkpoints, failover identity, schemas."""
+"""REST endpoints: health, pipelines, their actor trees, checkpoints, failover identity, schemas.
+
+Errors are ``{"code", "message"}``, as everywhere in the API: ``not_found`` (no such pipeline),
+``stopped`` (its state store is closed).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ def build_app(
         name = request.path_params["name"]
         runner = pipelines.get(name)
         if runner is None:
-            return SafeJSONResponse({"error": f"no pipeline named {name!r}"}, status_code=404)
+            return SafeJSONResponse(
+                {"code": "not_found", "message": f"no pipeline named {name!r}"}, status_code=404
+            )
         return runner
 
     def states(request: Request) -> dict[str, str]:
@@ -77,7 +83,7 @@ def build_app(
             try:
                 return SafeJSONResponse(await read(r, *args))
             except RuntimeError as exc:  # store closed: the pipeline has stopped
-                return SafeJSONResponse({"error": str(exc)}, status_code=409)
+                return SafeJSONResponse({"code": "stopped", "message": str(exc)}, status_code=409)
 
         return endpoint
 

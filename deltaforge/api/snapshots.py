@@ -32,7 +32,7 @@ def routes(pipelines: Mapping[str, PipelineRunner]) -> list[Route]:
         name = request.path_params["name"]
         runner = pipelines.get(name)
         if runner is None:
-            return error("not_found", f"no pipeline {name!r}", 404)
+            return error("not_found", f"no pipeline named {name!r}", 404)
         if request.method == "GET":
             return SafeJSONResponse(runner.ctx.snapshot.to_dict())
         try:
