@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 from deltaforge.pipeline.owner import owner_key
 from deltaforge.pipeline.runlock import RunLock
@@ -98,4 +99,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.rollback and args.to is None:
         print("--rollback KEY needs --to VERSION", file=sys.stderr)
         return 2
+    if args.storage_type != "memory" and not Path(args.storage_path).exists():
+        # Opened, a store that is not there is made (its folders too): a mistyped path was told
+        # "no checkpoints", and a --forget or --rollback there "no checkpoint", of an empty store.
+        print(
+            f"no checkpoint store at {args.storage_path}: give the pipeline's spec.storage.path with "
+            "--storage-path",
+            file=sys.stderr,
+        )
+        return 1
     return asyncio.run(_checkpoints(args))

@@ -169,3 +169,19 @@ async def test_a_rewind_that_fails_is_tried_again_before_anything_is_delivered()
         await asyncio.gather(task, return_exceptions=True)
     assert sink.log[:3] == ["rewind", "rewind", "deliver"], sink.log
     assert await store.get(set_back_key("src", "a")) is None  # the note goes once the rewind is done
+
+
+@pytest.mark.parametrize(
+    "args", [(), ("--forget", "src::sink::a"), ("--rollback", "src::sink::a", "--to", "1")]
+)
+def test_a_store_that_is_not_there_is_said_not_made(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A mistyped ``--storage-path`` made an empty store there (its folders too) and was told "no
+    checkpoints", or "no checkpoint" to a --forget: as if the pipeline had none."""
+    typo = tmp_path / "dta" / "deltaforge.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "deltaforge", "checkpoints", "--storage-path", str(typo), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.startswith(f"no checkpoint store at {typo}: ")
+    assert not (tmp_path / "dta").exists()
