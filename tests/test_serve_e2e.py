@@ -126,7 +126,8 @@ def test_bad_config_is_refused_before_start(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert r.returncode == 2
-    assert "spec.source: required" in r.stderr and "spec.sinks: required" in r.stderr
+    assert "spec.source: required" in r.stderr
+    assert "spec.sinks: expected a non-empty list of sinks, got an empty list" in r.stderr
 
 
 def test_lost_position_halts_with_message_and_health_503(tmp_path: Path) -> None:
@@ -197,13 +198,13 @@ def test_logs_reads_stdin_and_filters_by_level_and_event() -> None:
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
-    """A sink that cannot open (its path is a folder) crashes its worker at the first batch:
-    every restart and the escalation carry the exception's traceback in the JSON log."""
-    (tmp_path / "out.jsonl").mkdir()
+    """A source that cannot open (its path is a folder) crashes its reader: every restart and the
+    escalation carry the exception's traceback, its cause chained, in the JSON log."""
+    (tmp_path / "src.db").mkdir()
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
         "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: crashy}\nspec:\n"
-        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}, workload: {{rows_per_second: 50}}}}}}\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}}}}}\n"
         f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'out.jsonl'}}}}}]\n"
         "  supervision: {max_restarts: 2, within_seconds: 60, backoff: {base_ms: 1, max_ms: 5}}\n"
         f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
@@ -214,15 +215,38 @@ def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
         wait_until_sync(lambda: serve.get("/health").status_code == 503, what="the pipeline to fail")
         assert serve.terminate() == 0
     records = lines(log)
-    restarts = [r for r in records if r["event"] == "child_restarted" and r["actor"] == "DeliveryWorker[f]"]
+    restarts = [r for r in records if r["event"] == "child_restarted" and r["actor"] == "SourceReader"]
     assert restarts, records
     for r in restarts:
         assert r["exception"].startswith("Traceback (most recent call last):")
-        assert "IsADirectoryError" in r["exception"] and "_open" in r["exception"]
+        assert "IsADirectory" in r["exception"] and "_connect" in r["exception"]
     escalations = [r for r in records if r["event"] == "supervisor_escalated"]
-    assert escalations and escalations[0]["supervisor"] == "DeliverySupervisor"
-    for r in escalations:  # the pipeline supervisor's carries the chained cause too
-        assert "IsADirectoryError" in r["exception"], r
+    assert escalations and escalations[0]["supervisor"] == "PipelineSupervisor[crashy]"
+    assert "The above exception was the direct cause" in escalations[0]["exception"]
+    assert "IsADirectory" in escalations[0]["exception"]
+
+
+def test_a_file_sink_given_a_folder_stops_the_pipeline_saying_so(tmp_path: Path) -> None:
+    """Its path names a folder: no wait makes it a file, so it is not waited for as a write that
+    fails is (``test_file_sink``): the batch is abandoned, as for bad credentials, and the
+    pipeline fails saying what to change, not ``IsADirectoryError``."""
+    (tmp_path / "out.jsonl").mkdir()
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: folder}\nspec:\n"
+        f"  source: {{type: turso, config: {{id: s, path: {tmp_path / 'src.db'}, workload: {{rows_per_second: 50}}}}}}\n"
+        f"  sinks: [{{type: file, config: {{id: f, path: {tmp_path / 'out.jsonl'}}}}}]\n"
+        f"  storage: {{type: sqlite, path: {tmp_path / 'cp.db'}}}\n"
+    )
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--config", str(cfg), "--log-file", str(log), "--quiet") as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/health").status_code == 503, what="the pipeline to fail")
+        [reason] = serve.get("/health").json()["reasons"]
+        assert f"file sink 'f': {tmp_path / 'out.jsonl'} is a folder; path names the file to write" in reason
+        assert serve.terminate() == 0
+    restarts = [r for r in lines(log) if r["event"] == "child_restarted"]
+    assert restarts and all("is a folder; path names the file to write" in r["reason"] for r in restarts)
 
 
 def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:

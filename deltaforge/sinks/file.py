@@ -13,7 +13,7 @@ from deltaforge.configmodel import Bool, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
 from deltaforge.position import Position
-from deltaforge.sinks.base import RetryableSinkError, Sink
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink
 
 
 class FileSinkConfig(SinkSettings):
@@ -34,10 +34,15 @@ class FileSink(Sink[FileSinkConfig]):
 
     async def open(self) -> None:
         """A folder that cannot be made or a file that cannot be opened (a mount not there yet,
-        permissions) is waited for as a write that fails is: the operator's fix needs no restart.
-        It crashed the worker, and the pipeline failed after its restarts, ``/health`` ok meanwhile."""
+        permissions) is waited for as a write that fails is: the operator's fix needs no restart;
+        a path that names a folder stops the pipeline, saying so. Either crashed the worker, and
+        the pipeline failed after its restarts, ``/health`` ok meanwhile."""
         try:
             await anyio.to_thread.run_sync(self._open)
+        except IsADirectoryError:  # the config names a folder: no wait makes it a file
+            raise NonRetryableSinkError(
+                f"file sink {self.id!r}: {self.path} is a folder; path names the file to write"
+            ) from None
         except OSError as exc:
             raise RetryableSinkError(f"file sink {self.id!r}: cannot open {self.path}: {exc}") from exc
 
