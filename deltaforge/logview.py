@@ -103,6 +103,22 @@ def _waits(text: Text, rec: dict[str, Any]) -> Text:
     return text
 
 
+def _opened(path: str, follow_mode: bool) -> IO[str]:
+    """The log file; with ``follow_mode`` one that is not there yet is waited for (``tail -F``:
+    ``logs -f`` started before ``serve`` made it), else it is an error (it was a traceback)."""
+    said = False
+    while True:
+        try:
+            return open(path)  # closed by run()
+        except FileNotFoundError:
+            if not follow_mode:
+                raise
+            if not said:
+                print(f"waiting for {path} to be made", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(0.2)
+
+
 def run(
     path: str | None,
     follow_mode: bool,
@@ -113,7 +129,13 @@ def run(
     events: Sequence[str] = (),
 ) -> int:
     console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
-    stream: IO[str] = open(path) if path else sys.stdin  # noqa: SIM115 - closed at exit
+    try:
+        stream = _opened(path, follow_mode) if path else sys.stdin
+    except OSError as exc:
+        print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
     try:
         for line in follow(stream, follow_mode, path):
             line = line.strip()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -195,6 +197,31 @@ def test_logs_reads_stdin_and_filters_by_level_and_event() -> None:
     )  # fmt: skip
     assert "source_opening" in only.stdout and " other" in only.stdout
     assert "child_restarted" not in only.stdout  # another event
+
+
+def test_logs_of_a_file_not_there_says_so_and_with_follow_waits_for_it(tmp_path: Path) -> None:
+    """Both were a traceback (FileNotFoundError). ``logs -f`` is started before ``serve`` makes
+    its log file as often as after: it waits for the file, as ``tail -F`` does."""
+    path = tmp_path / "later.log"
+    r = subprocess.run([sys.executable, "-m", "deltaforge", "logs", str(path)], capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert r.returncode == 1 and r.stderr == f"cannot read {path}: No such file or directory\n"
+    with subprocess.Popen([sys.executable, "-m", "deltaforge", "logs", "-f", str(path), "--color", "never"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as tail:  # fmt: skip
+        try:
+            assert tail.stderr is not None and tail.stdout is not None
+            assert _line(tail.stderr) == f"waiting for {path} to be made\n"
+            path.write_text('{"event":"pipeline_started","level":"info","pipeline":"p"}\n')
+            assert "p pipeline_started" in _line(tail.stdout)
+        finally:
+            tail.kill()
+
+
+def _line(stream: IO[str], timeout: float = 30) -> str:
+    """The next line of a child's pipe, or a failure after ``timeout`` (not a test that hangs)."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, f"no line in {timeout} s"
+    return stream.readline()
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
