@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from deltaforge import gctune, logsetup, waiting
-from deltaforge.api.listen import TOKEN_ENV, bind, unsafe_bind
+from deltaforge.api.listen import TOKEN_ENV, bind, listen_addr, unsafe_bind
 from deltaforge.checkpointcmd import cmd_checkpoints
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
@@ -250,19 +250,28 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return logview.run(args.file, args.follow, args.pipeline, args.actor, args.level, color, args.event or ())
 
 
+def _addr(value: str) -> str:
+    try:
+        return listen_addr(value)
+    except ValueError as exc:  # argparse shows only an ArgumentTypeError's own words
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deltaforge", description="Change data capture on supervised actors.")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run pipelines (the built-in default when no --config)")
     s.add_argument("--config", help="a pipeline YAML file or a folder of them")
-    s.add_argument("--api-addr", default="127.0.0.1:8080", help="REST API host:port, or 'off'")
+    s.add_argument("--api-addr", default="127.0.0.1:8080", type=_addr, help="REST API host:port, or 'off'")
     s.add_argument(
         "--api-token-file",
         help=f"a file holding the API token (else ${TOKEN_ENV}); changes then need Authorization: Bearer",
     )
     s.add_argument(
-        "--metrics-addr", help="also serve /metrics alone on this host:port (it is on the API too)"
+        "--metrics-addr",
+        type=_addr,
+        help="also serve /metrics alone on this host:port (it is on the API too)",
     )
     s.add_argument("--data-dir", default="./data", help="where the default pipeline keeps its files")
     s.add_argument("--no-workload", action="store_true", help="do not run the built-in demo workload")

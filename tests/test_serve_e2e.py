@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import pytest
 
 from tests.helpers import jsonl, wait_until_sync
 from tests.serve_proc import Serve, free_port
@@ -369,6 +370,19 @@ def test_processors_without_the_spark_extra_stop_at_start_with_what_to_install(t
         "(and a Java 17 runtime)" in r.stderr
     )
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("flag", "addr"), [("--api-addr", "notanaddr"), ("--api-addr", "127.0.0.1:99999"),
+                                            ("--metrics-addr", "127.0.0.1:8o80")])  # fmt: skip
+def test_a_listen_address_that_is_not_one_stops_serve_with_exit_2_saying_why(flag: str, addr: str) -> None:
+    """``notanaddr`` was a ValueError traceback; port 99999 listened on 34463 (the resolver takes
+    it modulo 65536) while the log said 99999."""
+    r = subprocess.run([sys.executable, "-m", "deltaforge", "serve", flag, addr], capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.endswith(
+        f"error: argument {flag}: expected host:port with a port from 0 to 65535, got {addr!r}\n"
+    ), r.stderr
 
 
 def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path) -> None:

@@ -42,6 +42,24 @@ def unsafe_bind(addr: str, token: str | None) -> str | None:
     )
 
 
+def listen_addr(value: str) -> str:
+    """``host:port`` as ``serve --api-addr``/``--metrics-addr`` take it (``'off'`` passes): a port
+    from 0 to 65535 (0: any free one). ``notanaddr`` was a ValueError traceback, and port 99999
+    listened on 34463 (the resolver takes it modulo 65536) while the log said 99999.
+
+    >>> listen_addr("[::1]:8080"), listen_addr("off")
+    ('[::1]:8080', 'off')
+    >>> listen_addr("127.0.0.1:99999")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected host:port with a port from 0 to 65535, got '127.0.0.1:99999'
+    """
+    port = value.rpartition(":")[2]
+    if value != "off" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"expected host:port with a port from 0 to 65535, got {value!r}")
+    return value
+
+
 def bind(addr: str) -> list[socket.socket]:
     """Listening sockets on ``host:port`` (every address the host resolves to, as asyncio's
     ``create_server`` binds); OSError if any cannot be bound, with none left open."""
