@@ -96,13 +96,14 @@ def matching(pattern: str, expected: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def server_addresses(expected: str, several: bool = False) -> AfterValidator:
-    """A URL (``several``: comma-separated URLs, or a broker list) whose hosts and ports can be read
-    (``configaddrs``); the error is ``expected`` and what is wrong, never the value."""
+def server_addresses(expected: str, several: bool = False, first_at: bool = False) -> AfterValidator:
+    """A URL (``several``: comma-separated URLs, or a broker list) whose user, password, hosts and
+    ports its driver reads as written (``configaddrs``; ``first_at`` as there); the error is
+    ``expected`` and what is wrong, never the value."""
 
     def check(value: str) -> str:
         for url in value.split(",") if several else [value]:
-            if (problem := url_problem(url.strip())) is not None:
+            if (problem := url_problem(url.strip(), first_at)) is not None:
                 fail(f"{expected}: {problem}")
         return value
 
@@ -132,7 +133,7 @@ PostgresDsn = Annotated[
     str,
     BeforeValidator(_text),
     matching(r"^postgres(ql)?://", "expected postgresql://user:password@host:port/db"),
-    server_addresses("expected postgresql://user:password@host:port/db"),
+    server_addresses("expected postgresql://user:password@host:port/db", first_at=True),  # asyncpg
     Hint("a string"),
 ]
 
