@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     from deltaforge.service.manager import PipelineManager
 
 
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals that stop ``serve`` with a drain. SIGHUP too: a terminal closed under ``serve`` (an SSH
+session that ended) killed it outright, buffered batches undelivered and its decoder children
+left to notice alone; nothing reloads on it."""
+
+
 def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
     settings = cfg.source.config
     if not allowed or not isinstance(settings, TursoSourceConfig):
@@ -79,7 +85,7 @@ async def _serve(
     runners = manager.pipelines
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOPPING:
         loop.add_signal_handler(sig, stop.set)
     waiting.install(loop)  # kill -USR1: what every task and thread waits on, logged
     manager.start_all()
@@ -118,11 +124,11 @@ async def _serve(
 
 
 async def _drain_unless_hurried(manager: PipelineManager, log: Any) -> None:
-    """Drain every pipeline; a second SIGINT/SIGTERM stops them at once instead (a drain can wait
+    """Drain every pipeline; a second stopping signal stops them at once instead (a drain can wait
     up to 30 s for a sink that is down, and whoever presses Ctrl-C twice means it)."""
     loop = asyncio.get_running_loop()
     hurry = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOPPING:
         loop.add_signal_handler(sig, hurry.set)
     drain = asyncio.create_task(manager.drain_all())
     hurried = asyncio.create_task(hurry.wait())

@@ -1,6 +1,7 @@
 """A decoder child for tests/test_decoder_child.py: logs a library warning, then does what its
 settings say (``crash``: an exception nothing catches; ``print``: bare text, exit code 3;
-``sigint``: a SIGINT, as Ctrl-C sends the whole process group, then one more frame; ``pid``: a
+``sigint``/``sighup``: the signal Ctrl-C / a closed terminal sends the whole process group,
+then one more frame; ``pid``: a
 frame with its process id; ``idle``: nothing more, for ever, as on a quiet server; ``repeat``:
 one library error five times over, its numbers changing, then exit code 0)."""
 
@@ -22,8 +23,8 @@ def main() -> None:
     write_frame(out, ("said",))
     if cfg["then"] == "crash":
         raise RuntimeError("the probe crashed on purpose")
-    if cfg["then"] == "sigint":
-        os.kill(os.getpid(), signal.SIGINT)
+    if cfg["then"] in ("sigint", "sighup"):
+        os.kill(os.getpid(), signal.SIGINT if cfg["then"] == "sigint" else signal.SIGHUP)
         write_frame(out, ("still here",))
     if cfg["then"] == "pid":
         write_frame(out, ("pid", os.getpid()))

@@ -89,10 +89,12 @@ def test_a_library_line_the_child_says_again_and_again_is_logged_once(logs: list
     assert said[0]["actor"] == "some.library" and "repeated" not in said[0]
 
 
-def test_a_ctrl_c_reaches_the_parent_not_the_decoder() -> None:
-    """Ctrl-C signals the whole process group; the decoder goes on until its parent, draining,
-    stops it: a KeyboardInterrupt would end it mid-stream with an error."""
-    ended = run_probe("sigint", frames=(("said",), ("still here",)))
+@pytest.mark.parametrize("signal_name", ["sigint", "sighup"])
+def test_a_ctrl_c_or_a_closed_terminal_reaches_the_parent_not_the_decoder(signal_name: str) -> None:
+    """Ctrl-C signals the whole process group, and so does a closed terminal (SIGHUP); the
+    decoder goes on until its parent, draining, stops it: a KeyboardInterrupt would end it
+    mid-stream with an error, and SIGHUP ended it before the drain."""
+    ended = run_probe(signal_name, frames=(("said",), ("still here",)))
     assert str(ended).endswith("decoder process exited (code 0)")
 
 

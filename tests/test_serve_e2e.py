@@ -316,6 +316,20 @@ def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
     ][:5]
 
 
+def test_a_closed_terminal_sighup_drains_and_stops_serve_as_sigterm_does(tmp_path: Path) -> None:
+    """A terminal closed under ``serve`` (an SSH session that ended) sends SIGHUP, which killed it
+    outright: no drain, no ``shutdown_complete``, exit -1."""
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--log-file", str(log)) as serve:
+        serve.wait_api()
+        wait_until_sync(lambda: serve.get("/pipelines/demo").json()["counters"]["batches_committed"] > 0,
+                        what="a batch committed")  # fmt: skip
+        serve.proc.send_signal(signal.SIGHUP)
+        assert serve.proc.wait(30) == 0
+    events = [r["event"] for r in lines(log)]
+    assert "pipeline_drained" in events and events[-1] == "shutdown_complete"
+
+
 def test_a_second_signal_stops_at_once_while_the_drain_waits_on_a_sink_that_is_down(tmp_path: Path) -> None:
     """The first SIGTERM drains, which waits (up to 30 s) for a sink that is down; a second one
     stops without delivering what is buffered, saying so, and exits 0."""

@@ -80,9 +80,11 @@ def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    # Ctrl-C in a terminal signals the whole process group: the parent decides when a decoder
-    # ends (it drains first, then kills it), not a KeyboardInterrupt in the middle of a frame.
+    # Ctrl-C in a terminal signals the whole process group, and so does the terminal closing
+    # (SIGHUP): the parent decides when a decoder ends (it drains first, then kills it), not a
+    # KeyboardInterrupt in the middle of a frame, nor SIGHUP's default end before the drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.getLogger().addHandler(_JsonLines(logging.WARNING))
     sys.excepthook = lambda kind, exc, tb: log_crash(exc)
     gctune.tune()
