@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltaforge import gctune, logsetup, waiting
+from deltaforge import argfiles, gctune, logsetup, waiting
 from deltaforge.api.listen import TOKEN_ENV, bind, listen_addr, unsafe_bind
 from deltaforge.checkpointcmd import cmd_checkpoints
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
@@ -150,7 +150,7 @@ def _close_all(bound: list[tuple[str, str, str, list[socket.socket]]]) -> None:
 def _api_token(args: argparse.Namespace) -> str | None:
     """The API token: ``--api-token-file`` (its first line), else ``DELTAFORGE_API_TOKEN``."""
     if args.api_token_file:
-        return Path(args.api_token_file).read_text().strip() or None
+        return argfiles.read(args.api_token_file, "--api-token-file").strip() or None
     return os.environ.get(TOKEN_ENV) or None
 
 
@@ -223,7 +223,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(pipeline_schema(), indent=2) + "\n"
     if args.output:
-        Path(args.output).write_text(text)
+        argfiles.write(args.output, text, "--output")
     else:
         sys.stdout.write(text)
     return 0
@@ -232,14 +232,22 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_pipelines(args: argparse.Namespace) -> int:
     from deltaforge.service import client
 
-    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    token = (
+        argfiles.read(args.token_file, "--token-file").strip()
+        if args.token_file
+        else os.environ.get(TOKEN_ENV)
+    )
     return client.run(args.api, token or None, args.verb, args.name, args.file, args.delete_checkpoints)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from deltaforge.service import client
 
-    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    token = (
+        argfiles.read(args.token_file, "--token-file").strip()
+        if args.token_file
+        else os.environ.get(TOKEN_ENV)
+    )
     return client.snapshot(args.api, token or None, args.pipeline, args.tables)
 
 

@@ -399,6 +399,23 @@ def test_a_listen_address_that_is_not_one_stops_serve_with_exit_2_saying_why(fla
     ), r.stderr
 
 
+@pytest.mark.parametrize(("args", "flag"), [
+    (["serve", "--api-token-file", "{missing}"], "--api-token-file"),
+    (["schema", "-o", "{missing}"], "--output"),
+    (["pipelines", "create", "-f", "{missing}"], "--file"),
+    (["pipelines", "list", "--token-file", "{missing}"], "--token-file"),
+    (["snapshot", "p", "t", "--token-file", "{missing}"], "--token-file"),
+])  # fmt: skip
+def test_a_file_named_on_the_command_line_that_is_not_there_is_said_not_a_traceback(
+    tmp_path: Path, args: list[str], flag: str
+) -> None:
+    missing = str(tmp_path / "no" / "such.file")
+    r = subprocess.run([sys.executable, "-m", "deltaforge", *(a.format(missing=missing) for a in args)],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr == f"deltaforge: {flag} {missing}: No such file or directory\n", r.stderr
+
+
 def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path) -> None:
     """When the API cannot listen, serve says so and exits 2 (it exited 3 from inside uvicorn,
     without the message), before any pipeline starts: the address is bound first."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+from deltaforge import argfiles
 
 VERBS = ("list", "get", "create", "patch", "pause", "resume", "stop", "delete")
 
@@ -20,7 +21,7 @@ def request(api: str, token: str | None, verb: str, name: str | None, file: str 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     body: bytes | None = None
     if file is not None:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        text = argfiles.read(file, "--file")
         body = text.encode()
         headers["Content-Type"] = "application/yaml"  # YAML is a superset of JSON
     name = quote(name, safe="") if name is not None else None  # a '#', '?' or space is the name's

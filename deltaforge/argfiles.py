@@ -1,0 +1,25 @@
+"""Files named on the command line (``--api-token-file``, ``--token-file``, ``pipelines -f``,
+``schema -o``): one that cannot be read or written ends the command saying which and why, exit
+1, where it was a traceback (``FileNotFoundError``) for a mistyped path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def read(path: str, flag: str) -> str:
+    """The text of the file ``flag`` names (``-``: standard input)."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}") from None
+
+
+def write(path: str, text: str, flag: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}") from None
