@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from deltaforge.config import parse_pipeline
-from deltaforge.sinks.base import RetryableSinkError, SinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, SinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.sinks.nats import NatsSink
 from deltaforge.sinks.postgres import PostgresSink
@@ -18,12 +18,13 @@ from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.source import PostgresSource
 from tests.kit import make_event, sink_pipeline
 from tests.serve_proc import free_port
+from tests.servers.postgres import Postgres
 
 NOWHERE = "db-nowhere.invalid"
 
 
-def postgres_sink(host: str, port: int) -> PostgresSink:
-    config = {"id": "p", "dsn": f"postgresql://cdc:s3cret@{host}:{port}/shop", "table": "t"}
+def postgres_sink(host: str, port: int, user: str = "cdc") -> PostgresSink:
+    config = {"id": "p", "dsn": f"postgresql://{user}:s3cret@{host}:{port}/shop", "table": "t"}
     return PostgresSink(parse_pipeline(sink_pipeline("pg", "postgres", config), env={}).sinks[0])
 
 
@@ -89,3 +90,13 @@ async def test_a_kafka_batch_that_timed_out_says_what_librdkafka_last_reported(
         await sink.close()
     said = str(raised.value)
     assert "; librdkafka last said: _" in said and heard in said, said
+
+
+async def test_the_postgres_sink_refused_by_the_server_says_what_the_server_said(postgres: Postgres) -> None:
+    """A role the server does not know: no retry helps (the pipeline stops), and the error was
+    the exception's class alone, ``InvalidAuthorizationSpecificationError``."""
+    sink = postgres_sink("127.0.0.1", postgres.port, user="nobody")
+    with pytest.raises(NonRetryableSinkError) as raised:
+        await sink.open()
+    said = str(raised.value)
+    assert said == "postgres sink 'p': InvalidAuthorizationSpecificationError: role \"nobody\" does not exist"

@@ -130,7 +130,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
             # other end vanished without a reset (no TCP keepalive on asyncpg's sockets).
             self._conn = await asyncpg.connect(self.dsn, timeout=10, command_timeout=self.query_timeout)
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
-            raise NonRetryableSinkError(f"postgres sink {self.id!r}: {type(exc).__name__}") from None
+            raise NonRetryableSinkError(f"postgres sink {self.id!r}: {why(exc)}") from None
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise RetryableSinkError(
                 f"postgres sink {self.id!r}: cannot connect: {why(exc, host_of(self.dsn))}"
