@@ -88,8 +88,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.commits = 0
         self.aborts = 0
         self._reopened = False
-        self.heard = Reports()
         self.ends = PartitionEnds(self.id, self.timeout)
+        # a lost connection, in the default mode: were the partitions' ends kept?
+        self.heard = Reports(None if self.exactly_once else self.ends.disturb)
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0), self.ends.admin)  # one admin client
         self.acked_ends = None if self.exactly_once else self.ends.acked
         # exactly_once: the position record kept between runs is compared only in the same topic
@@ -161,7 +162,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
             **self.extra,
         }
         self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
-        conf["error_cb"] = self._hear
+        conf["error_cb"] = self.heard.hear
         if self.exactly_once:
             conf["transactional.id"] = self.transactional_id
             # An open transaction that outlives this is aborted by the broker with an epoch bump,
@@ -396,9 +397,3 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if verdict.new_producer:
             self._producer = None
         return verdict.error
-
-    def _hear(self, err: KafkaError) -> None:
-        """The producer's ``error_cb``."""
-        self.heard.hear(err)
-        if not self.exactly_once:
-            self.ends.disturb(err)  # a lost connection: were the partitions' ends kept?

@@ -4,6 +4,7 @@ when the one that failed is finished."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
@@ -34,14 +35,18 @@ class Reports:
     that timed out was waiting on (a name that does not resolve, a refused connection), told with
     its error, which says only that time ran out."""
 
-    def __init__(self) -> None:
+    def __init__(self, also: Callable[[KafkaError], None] | None = None) -> None:
         self.last: KafkaError | None = None
+        self.also = also
+        """Told of every report too (a default-mode sink's partition ends: were they kept?)."""
 
     def hear(self, err: KafkaError) -> None:
         """ "All brokers are down" says less than the report before it (the lookup or the
         connection that failed), so it is kept only when it is all there is."""
         if err.code() != KafkaError._ALL_BROKERS_DOWN or self.last is None:
             self.last = err
+        if self.also is not None:
+            self.also(err)
 
     def said(self) -> str:
         last = self.last
