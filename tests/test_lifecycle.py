@@ -5,6 +5,7 @@ row exactly once, and a pipeline created over REST comes back after serve restar
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -129,6 +130,36 @@ def test_lifecycle_over_rest_and_cli_loses_and_repeats_nothing(tmp_path: Path, p
         assert serve.terminate() == 0
     ids = _ids(tmp_path)
     assert sorted(ids) == list(range(1, 251)) and len(ids) == 250  # each row once, none lost
+
+
+def test_a_created_pipeline_that_no_longer_validates_at_a_start_is_failed_not_gone(tmp_path: Path) -> None:
+    """A pipeline created over REST is kept as given, ``${VAR}`` references unexpanded; started
+    again without that variable set, it was left out with a log line and ``/health`` said ok: a
+    pipeline gone without a word. It is failed now, with why, until deleted (or fixed)."""
+    doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "orders"},
+           "spec": {"source": {"type": "turso", "config": {"id": "o", "path": str(tmp_path / "o.db")}},
+                    "sinks": [{"type": "file", "config": {"id": "f", "path": "${DF_OUT_DIR}/events.jsonl"}}],
+                    "storage": {"type": "sqlite", "path": str(tmp_path / "cp.db")}}}  # fmt: skip
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "pipelines.json").write_text(json.dumps({"orders": doc}))
+    env = {k: v for k, v in os.environ.items() if k != "DF_OUT_DIR"} | ENV
+    with Serve(tmp_path, "--no-workload", "--data-dir", str(data), env=env) as serve:
+        serve.wait_api()
+        health = serve.get("/health")
+        why = "orders: created over REST, not restored at this start: spec.sinks[0].config.path: environment variable DF_OUT_DIR is not set"
+        assert health.status_code == 503 and why in health.json()["reasons"], health.text
+        assert serve.get("/ready").status_code == 503
+        assert {"name": "orders", "state": "failed", "failure": why.split(": ", 1)[1]} in serve.get(
+            "/pipelines"
+        ).json()
+        assert serve.get("/pipelines/orders/checkpoints").json()["code"] == "not_restored"
+        url = serve.url("/pipelines/orders")
+        assert httpx.delete(url, params={"checkpoints": "delete"}, headers=TOKEN).json()["code"] == "invalid"
+        assert httpx.delete(url, headers=TOKEN).status_code == 200
+        assert serve.get("/health").json()["status"] == "ok"
+        assert json.loads((data / "pipelines.json").read_text()) == {}
+        assert serve.terminate() == 0
 
 
 def test_a_patch_merges_as_rfc_7386_says() -> None:

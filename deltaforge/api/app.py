@@ -1,6 +1,7 @@
 """REST endpoints: health, pipelines, their actor trees, checkpoints, failover identity, schemas.
 
 Errors are ``{"code", "message"}``, as everywhere in the API: ``not_found`` (no such pipeline),
+``not_restored`` (created over REST, its kept document invalid at this start: see the manager),
 ``stopped`` (its state store is closed).
 """
 
@@ -29,9 +30,14 @@ def build_app(
     """A Starlette app over the running pipelines (the mapping is read live); with ``token``,
     mutating requests need it (see ``security.py``); with ``manager``, the lifecycle endpoints too."""
 
+    unrestored = manager.unrestored if manager is not None else {}
+
     def _get(request: Request) -> PipelineRunner | Response:
         name = request.path_params["name"]
         runner = pipelines.get(name)
+        if runner is None and name in unrestored and manager is not None:
+            body = {"code": "not_restored", "message": f"pipeline {name!r}: {manager.not_restored(name)}"}
+            return SafeJSONResponse(body, status_code=404)
         if runner is None:
             return SafeJSONResponse(
                 {"code": "not_found", "message": f"no pipeline named {name!r}"}, status_code=404
@@ -44,6 +50,8 @@ def build_app(
     async def health(request: Request) -> Response:
         """Alive? 503 only for what retrying cannot fix; 200 ``degraded`` while waiting for a server."""
         failed = {n: r.failure for n, r in pipelines.items() if r.state == "failed"}
+        if manager is not None:
+            failed |= {n: manager.not_restored(n) for n in unrestored}
         if failed:
             reasons = [f"{n}: {why}" for n, why in failed.items()]
             return SafeJSONResponse({"status": "failed", "reasons": reasons}, status_code=503)
@@ -55,14 +63,19 @@ def build_app(
 
     async def ready(request: Request) -> Response:
         """Doing its job? 200 only while every pipeline runs with its source and sinks reachable."""
-        current = states(request)
+        current = states(request) | {n: "failed" for n in unrestored}
         ok = all(state == "running" for state in current.values())
         return SafeJSONResponse({"ready": ok, "pipelines": current}, status_code=200 if ok else 503)
 
     async def list_pipelines(request: Request) -> Response:
-        return SafeJSONResponse([r.status() for r in pipelines.values()])
+        shown = [r.status() for r in pipelines.values()]
+        if manager is not None:
+            shown += [manager.unrestored_status(n) for n in unrestored]
+        return SafeJSONResponse(shown)
 
     async def pipeline(request: Request) -> Response:
+        if (name := request.path_params["name"]) in unrestored and manager is not None:
+            return SafeJSONResponse(manager.unrestored_status(name))
         r = _get(request)
         return r if isinstance(r, Response) else SafeJSONResponse(r.status())
 
