@@ -135,7 +135,7 @@ def test_lifecycle_over_rest_and_cli_loses_and_repeats_nothing(tmp_path: Path, p
 def test_a_created_pipeline_that_no_longer_validates_at_a_start_is_failed_not_gone(tmp_path: Path) -> None:
     """A pipeline created over REST is kept as given, ``${VAR}`` references unexpanded; started
     again without that variable set, it was left out with a log line and ``/health`` said ok: a
-    pipeline gone without a word. It is failed now, with why, until deleted (or fixed)."""
+    pipeline gone without a word. It is failed now, with why, until deleted, or patched valid."""
     doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "orders"},
            "spec": {"source": {"type": "turso", "config": {"id": "o", "path": str(tmp_path / "o.db")}},
                     "sinks": [{"type": "file", "config": {"id": "f", "path": "${DF_OUT_DIR}/events.jsonl"}}],
@@ -159,6 +159,22 @@ def test_a_created_pipeline_that_no_longer_validates_at_a_start_is_failed_not_go
         assert httpx.delete(url, headers=TOKEN).status_code == 200
         assert serve.get("/health").json()["status"] == "ok"
         assert json.loads((data / "pipelines.json").read_text()) == {}
+        assert serve.terminate() == 0
+    (data / "pipelines.json").write_text(json.dumps({"orders": doc}))
+    with Serve(tmp_path, "--no-workload", "--data-dir", str(data), env=env) as serve:  # fixed by a patch
+        serve.wait_api()
+        fix = {
+            "spec": {
+                "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "events.jsonl")}}]
+            }
+        }
+        patched = httpx.patch(serve.url("/pipelines/orders"), json=fix, headers=TOKEN)
+        assert patched.status_code == 200, patched.text
+        serve.wait_source_open("orders")
+        assert serve.get("/health").json() == {
+            "status": "ok",
+            "pipelines": {"demo": "running", "orders": "running"},
+        }
         assert serve.terminate() == 0
 
 

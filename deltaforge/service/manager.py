@@ -70,7 +70,7 @@ class PipelineManager:
         self.unrestored: dict[str, list[str]] = {}
         """Pipelines created over REST whose kept document no longer validates (a ``${VAR}`` not
         set at this start, a stricter check since): each with its errors, failed in ``/health``
-        until it is deleted, or fixed and ``serve`` started again. They were left out with a log
+        until it is deleted, patched valid, or fixed and ``serve`` started again. They were left out with a log
         line, ``/health`` ok: a pipeline gone without a word."""
         self.tasks: dict[str, asyncio.Task[None]] = {}
         # One change at a time per name: two creates of one name both saw it free and both
@@ -195,6 +195,8 @@ class PipelineManager:
 
     async def patch(self, name: str, change: Any) -> PipelineRunner:
         async with self._changing(name):
+            if name in self.unrestored:
+                return await self._patch_unrestored(name, change)
             self._runner(name)
             self._open_for_changes()
             doc = self.docs.get(name)
@@ -233,6 +235,23 @@ class PipelineManager:
             self.tasks.pop(name, None)
             metrics.forget(name)
             self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
+
+    async def _patch_unrestored(self, name: str, change: Any) -> PipelineRunner:
+        """The REST way to fix a pipeline that was not restored: patched valid, it starts."""
+        self._open_for_changes()
+        if not isinstance(change, dict):
+            raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
+        merged = merge(self.registry.docs[name], change)
+        config = self._parse(merged, "patched document")
+        if config.name != name:
+            raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
+        await self.registry.put(name, merged)
+        del self.unrestored[name]
+        self.docs[name] = merged
+        self.pipelines[name] = self.make_runner(config)
+        self._start(name)
+        self.log.info("pipeline_patched", pipeline=name)
+        return self.pipelines[name]
 
     async def _forget_unrestored(self, name: str, keep_checkpoints: bool) -> None:
         if not keep_checkpoints:  # where they are is in the document that does not validate
