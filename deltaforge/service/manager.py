@@ -69,9 +69,9 @@ class PipelineManager:
         self.docs: dict[str, dict[str, Any]] = {}  # pipelines created over REST: their documents
         self.unrestored: dict[str, list[str]] = {}
         """Pipelines created over REST whose kept document no longer validates (a ``${VAR}`` not
-        set at this start, a stricter check since): each with its errors, failed in ``/health``
-        until it is deleted, patched valid, or fixed and ``serve`` started again. They were left out with a log
-        line, ``/health`` ok: a pipeline gone without a word."""
+        set at this start, a stricter check since), each with its errors: failed in ``/health``
+        until deleted, patched valid, or fixed and ``serve`` started again. They were left out
+        with a log line and ``/health`` ok: a pipeline gone without a word."""
         self.tasks: dict[str, asyncio.Task[None]] = {}
         # One change at a time per name: two creates of one name both saw it free and both
         # started a runner (one left running, unmanaged), a delete during a patch lost its runner.
@@ -204,15 +204,7 @@ class PipelineManager:
                 raise LifecycleError(
                     "read_only", f"pipeline {name!r} comes from a config file: edit the file"
                 )
-            if not isinstance(change, dict):
-                raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
-            merged = merge(doc, change)
-            config = self._parse(merged, "patched document")
-            if config.name != name:
-                raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
-            await self.registry.put(name, merged)
-            self.docs[name] = merged
-            self.log.info("pipeline_patched", pipeline=name)
+            config = await self._keep_patched(name, doc, change)
             return await self._restart(name, config)
 
     async def delete(self, name: str, keep_checkpoints: bool = True) -> None:
@@ -236,21 +228,26 @@ class PipelineManager:
             metrics.forget(name)
             self.log.info("pipeline_deleted", pipeline=name, checkpoints_kept=keep_checkpoints)
 
-    async def _patch_unrestored(self, name: str, change: Any) -> PipelineRunner:
-        """The REST way to fix a pipeline that was not restored: patched valid, it starts."""
-        self._open_for_changes()
+    async def _keep_patched(self, name: str, doc: dict[str, Any], change: Any) -> PipelineConfig:
+        """``doc`` with ``change`` merged in, validated and kept (the registry, ``docs``)."""
         if not isinstance(change, dict):
             raise LifecycleError("invalid", "expected a JSON merge patch (an object)")
-        merged = merge(self.registry.docs[name], change)
+        merged = merge(doc, change)
         config = self._parse(merged, "patched document")
         if config.name != name:
             raise LifecycleError("invalid", f"metadata.name cannot change ({name!r} to {config.name!r})")
         await self.registry.put(name, merged)
-        del self.unrestored[name]
         self.docs[name] = merged
+        self.log.info("pipeline_patched", pipeline=name)
+        return config
+
+    async def _patch_unrestored(self, name: str, change: Any) -> PipelineRunner:
+        """The REST way to fix a pipeline that was not restored: patched valid, it starts."""
+        self._open_for_changes()
+        config = await self._keep_patched(name, self.registry.docs[name], change)
+        del self.unrestored[name]
         self.pipelines[name] = self.make_runner(config)
         self._start(name)
-        self.log.info("pipeline_patched", pipeline=name)
         return self.pipelines[name]
 
     async def _forget_unrestored(self, name: str, keep_checkpoints: bool) -> None:
