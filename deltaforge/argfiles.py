@@ -18,6 +18,13 @@ def read(path: str, flag: str) -> str:
         raise SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}") from None
 
 
+def token(path: str, flag: str) -> str | None:
+    """The API token a file holds: its first line (a second one, a note of when it was rotated,
+    made the whole text the token, which no request could then match)."""
+    lines = read(path, flag).splitlines()
+    return (lines[0].strip() if lines else "") or None
+
+
 def write(path: str, text: str, flag: str) -> None:
     try:
         Path(path).write_text(text)

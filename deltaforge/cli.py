@@ -150,7 +150,7 @@ def _close_all(bound: list[tuple[str, str, str, list[socket.socket]]]) -> None:
 def _api_token(args: argparse.Namespace) -> str | None:
     """The API token: ``--api-token-file`` (its first line), else ``DELTAFORGE_API_TOKEN``."""
     if args.api_token_file:
-        return argfiles.read(args.api_token_file, "--api-token-file").strip() or None
+        return argfiles.token(args.api_token_file, "--api-token-file")
     return os.environ.get(TOKEN_ENV) or None
 
 
@@ -229,26 +229,25 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _client_token(args: argparse.Namespace) -> str | None:
+    """The token a CLI command sends: ``--token-file`` (its first line), else ``DELTAFORGE_API_TOKEN``."""
+    if args.token_file:
+        return argfiles.token(args.token_file, "--token-file")
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def cmd_pipelines(args: argparse.Namespace) -> int:
     from deltaforge.service import client
 
-    token = (
-        argfiles.read(args.token_file, "--token-file").strip()
-        if args.token_file
-        else os.environ.get(TOKEN_ENV)
-    )
-    return client.run(args.api, token or None, args.verb, args.name, args.file, args.delete_checkpoints)
+    token = _client_token(args)
+    return client.run(args.api, token, args.verb, args.name, args.file, args.delete_checkpoints)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from deltaforge.service import client
 
-    token = (
-        argfiles.read(args.token_file, "--token-file").strip()
-        if args.token_file
-        else os.environ.get(TOKEN_ENV)
-    )
-    return client.snapshot(args.api, token or None, args.pipeline, args.tables)
+    token = _client_token(args)
+    return client.snapshot(args.api, token, args.pipeline, args.tables)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

@@ -416,6 +416,24 @@ def test_a_file_named_on_the_command_line_that_is_not_there_is_said_not_a_traceb
     assert r.stderr == f"deltaforge: {flag} {missing}: No such file or directory\n", r.stderr
 
 
+def test_a_token_file_is_read_for_its_first_line(tmp_path: Path) -> None:
+    """A token file with a second line (when the token was rotated) made its whole text the token,
+    newline included: no request could match it, and every change was refused (401)."""
+    token = tmp_path / "token"
+    token.write_text("t0ken\nrotated on 5 Dec\n")
+    with Serve(tmp_path, "--no-workload", "--api-token-file", str(token)) as serve:
+        serve.wait_api()
+        paused = subprocess.run([sys.executable, "-m", "deltaforge", "pipelines", "pause", "demo", "--api",
+                                 serve.url(""), "--token-file", str(token)],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+        assert serve.get("/pipelines/demo").json()["state"] == "paused"
+        assert httpx.post(
+            serve.url("/pipelines/demo/resume"), headers={"Authorization": "Bearer t0ken"}
+        ).is_success
+        assert serve.terminate() == 0
+
+
 def test_an_api_address_in_use_stops_serve_with_exit_2_saying_why(tmp_path: Path) -> None:
     """When the API cannot listen, serve says so and exits 2 (it exited 3 from inside uvicorn,
     without the message), before any pipeline starts: the address is bound first."""
