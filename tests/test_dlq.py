@@ -232,3 +232,24 @@ async def test_a_replay_sent_twice_at_once_delivers_the_entry_once(api: Any) -> 
     assert sorted(r.json()["replayed"] for r in replays) == [0, 1]
     assert sink.received.count(700) == 1
     await finish(runner)
+
+
+async def test_a_misspelt_filter_is_refused_not_taken_for_every_entry(api: Any) -> None:
+    """``DELETE …/dlq?snk=a`` purged every sink's dead letters (the unknown filter ignored), and an
+    ack with ``"snk"`` acked every sink's up to its seq: dead letters are changes kept for an
+    operator's decision, lost to a typo."""
+    sink, store = ScriptedSink("a", script=refusing({100, 200})), MemoryCheckpointStore()
+    runner = await run(sink, 1_000, store, journal=journal())
+    await wait_until(lambda: runner.ctx.stats.events_committed >= 1_000, what="every batch committed")
+    client = api(runner)
+    entries = (await client.get("/pipelines/t/journal/dlq")).json()
+    assert len(entries) == 2
+    purge = await client.delete("/pipelines/t/journal/dlq", params={"snk": "a"})
+    assert purge.status_code == 400
+    assert purge.json()["message"] == "query: unknown 'snk'; expected any of sink"
+    ack = await client.post("/pipelines/t/journal/dlq/ack", json={"up_to": entries[-1]["seq"], "snk": "a"})
+    assert ack.status_code == 400 and "unknown 'snk'" in ack.json()["message"]
+    listed = await client.get("/pipelines/t/journal/dlq", params={"limt": "1"})
+    assert listed.status_code == 400
+    assert (await client.get("/pipelines/t/journal/dlq/count")).json() == {"count": 2}
+    await finish(runner)

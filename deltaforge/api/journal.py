@@ -13,7 +13,7 @@ Errors are ``{"code", "message"}``: ``not_found``, ``bad_request``, ``replay_fai
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -37,6 +37,15 @@ class BadRequest(ValueError):
     """A query or body that does not say what it must."""
 
 
+def _only(given: Iterable[str], allowed: tuple[str, ...], where: str) -> None:
+    """A filter misspelt is refused: ignored, ``DELETE …/dlq?snk=a`` purged every sink's entries,
+    not sink a's, and an ack's ``"snk"`` acked them all up to its seq."""
+    if odd := sorted(set(given) - set(allowed)):
+        raise BadRequest(
+            f"{where}: unknown {', '.join(map(repr, odd))}; expected any of {', '.join(allowed)}"
+        )
+
+
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
         raise BadRequest(f"{what}: expected a non-negative integer, got {value!r}")
@@ -55,11 +64,13 @@ async def _body(request: Request) -> dict[str, Any]:
 
 async def _list(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any:
     q = request.query_params
+    _only(q, ("sink", "kind", "limit"), "query")
     limit = _int(q.get("limit", "100"), "limit")
     return await dlq.show(Select(sink=q.get("sink"), kind=q.get("kind"), limit=limit))
 
 
 async def _count(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any:
+    _only(request.query_params, ("sink",), "query")
     return {"count": await dlq.count(request.query_params.get("sink"))}
 
 
@@ -74,6 +85,7 @@ def _seqs(body: dict[str, Any]) -> tuple[int, ...] | None:
 
 async def _ack(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any:
     body = await _body(request)
+    _only(body, ("up_to", "seqs", "sink"), "body")
     seqs = _seqs(body)
     if seqs is None and "up_to" not in body:
         raise BadRequest('say which entries: {"up_to": seq} or {"seqs": [...]}')
@@ -82,11 +94,13 @@ async def _ack(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any
 
 
 async def _purge(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any:
+    _only(request.query_params, ("sink",), "query")
     return {"purged": await dlq.remove(Select(sink=request.query_params.get("sink")))}
 
 
 async def _replay(r: PipelineRunner, dlq: DeadLetterQueue, request: Request) -> Any:
     body = await _body(request)
+    _only(body, ("seqs", "sink"), "body")
     seqs, sink = _seqs(body), body.get("sink")
     if seqs is None and sink is None:
         raise BadRequest('say which entries: {"seqs": [...]} or {"sink": "<id>"}')
