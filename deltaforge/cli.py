@@ -38,10 +38,13 @@ if TYPE_CHECKING:
     from deltaforge.service.manager import PipelineManager
 
 
-STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""Signals that stop ``serve`` with a drain. SIGHUP too: a terminal closed under ``serve`` (an SSH
-session that ended) killed it outright, buffered batches undelivered and its decoder children
-left to notice alone; nothing reloads on it."""
+def _stopping() -> list[signal.Signals]:
+    """Signals that stop ``serve`` with a drain. SIGHUP too: a terminal closed under ``serve`` (an
+    SSH session that ended) killed it outright, buffered batches undelivered and its decoder
+    children left to notice alone; nothing reloads on it. Not when it is ignored as ``serve``
+    starts (``nohup``): a handler would undo what its user asked for."""
+    hup = [] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP]
+    return [signal.SIGTERM, signal.SIGINT, *hup]
 
 
 def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
@@ -84,9 +87,15 @@ async def _serve(
     manager.restore()  # the pipelines created over REST before
     runners = manager.pipelines
     stop = asyncio.Event()
+    stopped_by: list[str] = []  # the signal's name, for the log
     loop = asyncio.get_running_loop()
-    for sig in STOPPING:
-        loop.add_signal_handler(sig, stop.set)
+
+    def stopping(sig: signal.Signals) -> None:
+        stopped_by.append(sig.name)
+        stop.set()
+
+    for sig in _stopping():
+        loop.add_signal_handler(sig, stopping, sig)
     waiting.install(loop)  # kill -USR1: what every task and thread waits on, logged
     manager.start_all()
     await asyncio.sleep(0)  # the pipelines begin opening their sources before the web stack loads
@@ -113,7 +122,11 @@ async def _serve(
     await stop.wait()
     if bars is not None:
         bars.cancel()
-    log.info("shutdown_requested", reason="signal" if status == 0 else "api_failed")
+    log.info(
+        "shutdown_requested",
+        reason="signal" if status == 0 else "api_failed",
+        signal=next(iter(stopped_by), None),
+    )
     await _drain_unless_hurried(manager, log)
     for server, task in servers:
         server.should_exit = True
@@ -128,7 +141,7 @@ async def _drain_unless_hurried(manager: PipelineManager, log: Any) -> None:
     up to 30 s for a sink that is down, and whoever presses Ctrl-C twice means it)."""
     loop = asyncio.get_running_loop()
     hurry = asyncio.Event()
-    for sig in STOPPING:
+    for sig in _stopping():
         loop.add_signal_handler(sig, hurry.set)
     drain = asyncio.create_task(manager.drain_all())
     hurried = asyncio.create_task(hurry.wait())

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers import jsonl, wait_until_sync
-from tests.serve_proc import Serve, free_port
+from tests.serve_proc import PYTHON_M, Serve, free_port
 
 lines = jsonl
 
@@ -328,6 +328,21 @@ def test_a_closed_terminal_sighup_drains_and_stops_serve_as_sigterm_does(tmp_pat
         assert serve.proc.wait(30) == 0
     events = [r["event"] for r in lines(log)]
     assert "pipeline_drained" in events and events[-1] == "shutdown_complete"
+    assert [r["signal"] for r in lines(log) if r["event"] == "shutdown_requested"] == ["SIGHUP"]
+
+
+def test_serve_under_nohup_goes_on_through_a_sighup(tmp_path: Path) -> None:
+    """``nohup`` starts it with SIGHUP ignored, and its user means it to outlive the terminal: a
+    handler installed regardless would undo that, stopping it at logout."""
+    log = tmp_path / "log.jsonl"
+    with Serve(tmp_path, "--no-workload", "--log-file", str(log), launcher=("nohup", *PYTHON_M)) as serve:
+        serve.wait_api()
+        serve.proc.send_signal(signal.SIGHUP)
+        serve.proc.send_signal(signal.SIGUSR1)  # answered after the SIGHUP, which would stop it
+        wait_until_sync(lambda: any(r["event"] == "waiting_on" for r in lines(log)), what="SIGUSR1's answer")
+        assert serve.get("/health").json()["status"] == "ok"
+        assert serve.terminate() == 0
+    assert [r["signal"] for r in lines(log) if r["event"] == "shutdown_requested"] == ["SIGTERM"]
 
 
 def test_a_second_signal_stops_at_once_while_the_drain_waits_on_a_sink_that_is_down(tmp_path: Path) -> None:
