@@ -316,11 +316,19 @@ def test_what_libraries_log_is_json_lines_too(tmp_path: Path) -> None:
     ][:5]
 
 
+SIGHUP_AS_A_TERMINAL_LEAVES_IT = (
+    sys.executable, "-c",
+    "import runpy, signal; signal.signal(signal.SIGHUP, signal.SIG_DFL); runpy.run_module('deltaforge', run_name='__main__')",
+)  # fmt: skip
+"""``python -m deltaforge`` with SIGHUP's default action, whatever this test run inherited (a run
+under ``nohup`` would pass serve SIGHUP ignored, which serve then respects)."""
+
+
 def test_a_closed_terminal_sighup_drains_and_stops_serve_as_sigterm_does(tmp_path: Path) -> None:
     """A terminal closed under ``serve`` (an SSH session that ended) sends SIGHUP, which killed it
     outright: no drain, no ``shutdown_complete``, exit -1."""
     log = tmp_path / "log.jsonl"
-    with Serve(tmp_path, "--log-file", str(log)) as serve:
+    with Serve(tmp_path, "--log-file", str(log), launcher=SIGHUP_AS_A_TERMINAL_LEAVES_IT) as serve:
         serve.wait_api()
         wait_until_sync(lambda: serve.get("/pipelines/demo").json()["counters"]["batches_committed"] > 0,
                         what="a batch committed")  # fmt: skip
