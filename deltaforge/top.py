@@ -41,7 +41,9 @@ def poll(client: httpx.Client) -> Sample:
     sample = Sample(time.monotonic(), pipelines)
     for p in pipelines:
         name = p["name"]
-        sample.trees[name] = client.get(f"/pipelines/{name}/actors").json()
+        tree = client.get(f"/pipelines/{name}/actors")
+        if tree.status_code == 200:  # not for one that was not restored: it has no tree
+            sample.trees[name] = tree.json()
         count = client.get(f"/pipelines/{name}/journal/dlq/count")
         sample.dlq[name] = count.json().get("count", 0) if count.status_code == 200 else 0
     for family in text_string_to_metric_families(client.get("/metrics").text):
@@ -57,7 +59,7 @@ def _rate(now: Sample, before: Sample | None, name: str, counter: str) -> float 
         return None
     old = next((p for p in before.pipelines if p["name"] == name), None)
     new = next(p for p in now.pipelines if p["name"] == name)
-    if old is None:
+    if old is None or "counters" not in old or "counters" not in new:
         return None
     moved = float(new["counters"][counter]) - float(old["counters"][counter])
     return max(0.0, moved / (now.at - before.at))
@@ -109,7 +111,7 @@ def render(now: Sample, before: Sample | None) -> RenderableType:
             p.get("failure") or "",
         )
         sinks = Table("sink", "events", "errors", "checkpoint age", box=None, padding=(0, 2))
-        for sid, s in p["counters"]["sinks"].items():
+        for sid, s in p.get("counters", {}).get("sinks", {}).items():
             at = s.get("checkpoint_at")
             sinks.add_row(
                 sid,
@@ -117,7 +119,11 @@ def render(now: Sample, before: Sample | None) -> RenderableType:
                 str(s["errors"]),
                 "—" if at is None else f"{max(0.0, wall - at):.1f}s",
             )
-        panels.append(Panel(Group(head, Text(""), sinks, Text(""), _tree(now.trees[name])), title=name))
+        tree = now.trees.get(name)
+        parts: list[RenderableType] = [head, Text(""), sinks]
+        if tree is not None:
+            parts += [Text(""), _tree(tree)]
+        panels.append(Panel(Group(*parts), title=name))
     return Group(*panels)
 
 
