@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import orjson
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
-from deltaforge.logrepeats import WINDOW_S
+from deltaforge.logrepeats import WINDOW_S, without_numbers
 from tests.serve_proc import free_port
 
 Change = tuple[str, int, int]
@@ -349,7 +348,7 @@ def library_lines(log: Path) -> tuple[int, int]:
         if doc.get("event") not in ("library_error", "library_warning"):
             continue
         lines += 1
-        kind = (str(doc.get("actor")), str(doc["level"]), re.sub(r"\d+", "N", str(doc.get("message"))))
+        kind = (str(doc.get("actor")), str(doc["level"]), without_numbers(str(doc.get("message"))))
         at = datetime.fromisoformat(doc["ts"])
         if kind in last and (at - last[kind]).total_seconds() < WINDOW_S:
             repeats += 1

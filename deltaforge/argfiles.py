@@ -15,7 +15,7 @@ def read(path: str, flag: str) -> str:
     try:
         return Path(path).read_text()
     except OSError as exc:
-        raise SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}") from None
+        raise _cannot(flag, path, exc) from None
 
 
 def token(path: str, flag: str) -> str | None:
@@ -29,4 +29,8 @@ def write(path: str, text: str, flag: str) -> None:
     try:
         Path(path).write_text(text)
     except OSError as exc:
-        raise SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}") from None
+        raise _cannot(flag, path, exc) from None
+
+
+def _cannot(flag: str, path: str, exc: OSError) -> SystemExit:
+    return SystemExit(f"deltaforge: {flag} {path}: {exc.strerror or exc}")

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 WINDOW_S = 60.0
 """How long the repeats of a line are counted instead of logged."""
@@ -45,7 +46,7 @@ class Repeats:
     def admit(self, logger: str, level: str, message: str) -> int | None:
         """``None``: hold this line back. Otherwise log it, saying the count returned: how many
         lines of its kind were held back since the last one logged (0: none)."""
-        kind = (logger, level, _NUMBERS.sub("N", message))
+        kind = (logger, level, without_numbers(message))
         now = self.clock()
         with self._lock:
             seen = self._kinds.pop(kind, None)
@@ -65,3 +66,20 @@ class Repeats:
 
 LIBRARIES = Repeats()
 """The process's one: library lines logged by ``logsetup`` and relayed from decoder children."""
+
+
+def without_numbers(message: str) -> str:
+    """What makes lines one kind: their words, numbers taken out (a port, ``after 3ms``)."""
+    return _NUMBERS.sub("N", message)
+
+
+def log_library_line(log: Any, actor: str, error: bool, **fields: Any) -> None:
+    """A library's line (``fields`` holds its ``message``) as ``library_error`` or
+    ``library_warning`` with ``actor``, unless :data:`LIBRARIES` holds it back as a repeat."""
+    held = LIBRARIES.admit(actor, "error" if error else "warning", str(fields.get("message")))
+    if held is None:
+        return
+    if held:
+        fields["repeated"] = held
+    say = log.error if error else log.warning
+    say("library_error" if error else "library_warning", actor=actor, **fields)

@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from deltaforge.logrepeats import LIBRARIES
+from deltaforge.logrepeats import log_library_line
 from deltaforge.redact import redact
 
 
@@ -140,18 +140,11 @@ class _Libraries(logging.Handler):
             message = record.getMessage()
         except (TypeError, ValueError):  # a library's bad format string must not lose the line
             message = str(record.msg)
-        error = record.levelno >= logging.ERROR  # else a warning: the handler takes those and up
-        held = LIBRARIES.admit(record.name, "error" if error else "warning", message)
-        if held is None:
-            return
-        log = structlog.get_logger().bind(actor=record.name)
         extra: dict[str, Any] = {"exc_info": record.exc_info} if record.exc_info else {}
-        if held:
-            extra["repeated"] = held
-        if error:
-            log.error("library_error", message=message, **extra)
-        else:
-            log.warning("library_warning", message=message, **extra)
+        # at ERROR and up an error, else a warning: the handler takes those and up
+        log_library_line(
+            structlog.get_logger(), record.name, record.levelno >= logging.ERROR, message=message, **extra
+        )
 
 
 def configure(level: str = "info", log_file: str | Path | None = None, stderr: bool = True) -> None:

@@ -4,7 +4,6 @@ library saying one thing again and again does not flood the log."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,7 +153,7 @@ def test_a_library_line_said_again_and_again_is_logged_once_a_minute_with_a_coun
 
 
 def _kind(message: str) -> str:
-    return re.sub(r"\d+", "N", message)
+    return logrepeats.without_numbers(message)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from deltaforge.logrepeats import LIBRARIES
+from deltaforge.logrepeats import log_library_line
 from deltaforge.sources.childframes import ALIVE, read_frame, write_frame
 
 if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
@@ -366,16 +366,6 @@ class ChildDecoder:
                 error = doc.get("level") in ("error", "critical")
                 if error:
                     self._last_words = str(doc.get("message"))
-                held = LIBRARIES.admit(
-                    str(doc["logger"]), "error" if error else "warning", str(doc.get("message"))
-                )
-                if held is None:
-                    continue  # said once a minute: see logrepeats
-                if held:
-                    fields["repeated"] = held
-                if error:
-                    log.error("library_error", actor=doc["logger"], **fields)
-                else:
-                    log.warning("library_warning", actor=doc["logger"], **fields)
+                log_library_line(log, str(doc["logger"]), error, **fields)  # repeats: once a minute
         except (OSError, ValueError):
             pass  # closed by stop()
