@@ -44,8 +44,12 @@ are delivered and not yet written: a store that hangs holds the pipeline, and wh
 delivers again stays about one batch."""
 
 
-class DeliveryAbandoned(Exception):
-    """A sink the commit policy needs failed in a way that retrying cannot fix."""
+class DeliveryAbandoned(Fatal):
+    """A sink the commit policy needs failed in a way that retrying cannot fix (bad credentials,
+    a missing target, a path naming a folder): the pipeline stops at once, saying which sink and
+    why. Restarting its actors would ask the same sink the same thing with the same config, so
+    restarts until the intensity ran out only delayed that answer by half a minute of tracebacks;
+    ``POST /pipelines/{name}/resume`` (or a new ``serve``) starts it again once fixed."""
 
 
 @dataclass
