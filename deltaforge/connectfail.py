@@ -10,6 +10,7 @@ error may quote a DSN).
 
 from __future__ import annotations
 
+import errno
 import socket
 from urllib.parse import urlsplit
 
@@ -25,12 +26,27 @@ def why(exc: BaseException, host: str | None = None) -> str:
     "ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', 5432)"
     >>> why(TimeoutError())
     'TimeoutError'
+    >>> try:
+    ...     raise ConnectionResetError("connection was closed") from TimeoutError(110, "Connection timed out")
+    ... except OSError as exc:
+    ...     why(exc)
+    "ConnectionResetError: connection was closed (TimeoutError: [Errno 110] Connection timed out: the server's host stopped answering)"
     """
     words = redact(str(exc))
     said = f"{type(exc).__name__}: {words}" if words else type(exc).__name__
     if host and isinstance(exc, socket.gaierror):
         said += f" (looking up {host!r})"
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno in _HOST_GONE:
+        # How a connection ended by keepalive (tcpkeepalive.py) or by unanswered data is told:
+        # the driver says the connection closed, and only its cause says why.
+        said += f" ({why(cause)}: the server's host stopped answering)"
     return said
+
+
+_HOST_GONE = {errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH}
+"""A connection's end when nothing answered: keepalive probes or data unacknowledged (timed out),
+or the neighbour's address no longer resolving on the link (unreachable)."""
 
 
 def host_of(url: str) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.serve_proc import free_port
 from tests.servers.base import ServerProcess
+from tests.servers.netns import Link
 
 
 def _bin(name: str) -> str:
@@ -24,16 +25,24 @@ class Postgres(ServerProcess):
 
     name = "pg"
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link | None = None) -> None:
+        """``link``: the server runs in that link's namespace, listening on its far address
+        (:meth:`dsn`), and on its unix socket, which no cut of the link reaches
+        (:meth:`local_dsn`)."""
         super().__init__()
         self.data = self.dir / "data"
+        self.host = link.there if link is not None else "127.0.0.1"
+        self._prefix = link.run_in() if link is not None else []
 
     def _as_postgres(self, *cmd: str) -> None:
         # In the server's own directory: pg_ctl changes back to its starting directory after
         # resolving its path, and a CI clone (mktemp -d, mode 700, root's) is not the postgres
         # user's to enter: "could not change directory ... Permission denied" (seen once in CI).
         done = subprocess.run(
-            ["su", "postgres", "-c", " ".join(cmd)], capture_output=True, timeout=120, cwd=self.dir
+            [*self._prefix, "su", "postgres", "-c", " ".join(cmd)],
+            capture_output=True,
+            timeout=120,
+            cwd=self.dir,
         )
         if done.returncode != 0:
             raise RuntimeError(
@@ -48,10 +57,13 @@ class Postgres(ServerProcess):
             # A worker's server serves every PostgreSQL test it runs, and most leave their slot behind
             # (a test database each): 40 ran out on 4 Dec, once a worker happened to run more of them.
             f.write(
-                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
+                f"port = {self.port}\nlisten_addresses = '{self.host}'\nunix_socket_directories = '{self.dir}'\n"
                 "wal_level = logical\nmax_replication_slots = 200\nmax_wal_senders = 40\nfsync = off\n"
                 "synchronous_commit = on\nfull_page_writes = off\n"
             )
+        if self._prefix:  # reached over the link, from this host's side of it
+            with open(self.data / "pg_hba.conf", "a") as f:
+                f.write("host all all 10.0.0.0/8 trust\nhost replication all 10.0.0.0/8 trust\n")
         self._start_on_a_free_port()
         return self
 
@@ -102,7 +114,11 @@ class Postgres(ServerProcess):
         copy.rename(self.data)
 
     def dsn(self, db: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+        return f"postgresql://postgres@{self.host}:{self.port}/{db}"
+
+    def local_dsn(self, db: str = "postgres") -> str:
+        """Over the server's unix socket (no network between)."""
+        return f"postgresql://postgres@/{db}?host={self.dir}&port={self.port}"
 
     def stop(self) -> None:
         try:

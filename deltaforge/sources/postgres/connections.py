@@ -3,7 +3,9 @@ each question on them answered within ``query_timeout_s`` or the connection give
 
 asyncpg has no keepalive and no statement timeout unless given one: a connection whose other end
 went silent for good (the server's host vanished, a NAT forgot it) answered nothing and closed
-nothing, and whatever asked on it waited for ever."""
+nothing, and whatever asked on it waited for ever. Each question is bounded by ``query_timeout_s``,
+but for the few that may rightly take hours (``slot.DECODING_S``); those are ended by TCP
+keepalive (``tcpkeepalive.py``) when the server's host stops answering."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import asyncpg
 
 from deltaforge.sources.base import SourceUnavailable, unanswered
 from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.tcpkeepalive import keep_asyncpg_alive
 
 CONNECT_S = 10.0
 
@@ -23,9 +26,11 @@ async def connect(dsn: str, query_timeout: float, who: str) -> asyncpg.Connectio
     ``command_timeout``: past it a question raises :class:`TimeoutError`), reached within
     :data:`CONNECT_S`, or the server is unavailable."""
     try:
-        return await asyncpg.connect(dsn, timeout=CONNECT_S, command_timeout=query_timeout)
+        conn = await asyncpg.connect(dsn, timeout=CONNECT_S, command_timeout=query_timeout)
     except TimeoutError:
         raise SourceUnavailable(f"{who}: no connection within {CONNECT_S:g} s") from None
+    keep_asyncpg_alive(conn)
+    return conn
 
 
 @contextlib.asynccontextmanager
