@@ -11,6 +11,7 @@ import pytest
 from chaos.harness import ProxyServer
 from deltaforge import logsetup
 from deltaforge.logrepeats import LIBRARIES
+from tests.servers import netns
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats, NatsCluster
 from tests.servers.postgres import Postgres
@@ -21,8 +22,10 @@ from tests.servers.tansu import Tansu
 def pytest_configure(config: pytest.Config) -> None:
     """Logs as ``serve`` writes them (JSON lines, plain tracebacks). structlog's default console
     renderer draws every traceback with rich, locals included: under a loaded CI machine one
-    restart's line took seconds, and a test of restart intensity ran out of time (seen once)."""
+    restart's line took seconds, and a test of restart intensity ran out of time (seen once).
+    Network namespaces left by a test run that was killed are removed (``netns.py``)."""
     logsetup.configure("info")
+    netns.forget_orphans()
 
 
 @pytest.fixture(autouse=True)

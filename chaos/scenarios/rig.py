@@ -30,6 +30,7 @@ from chaos.runner import Failed, RunContext
 from tests.serve_proc import Serve, free_port
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats, NatsCluster
+from tests.servers.netns import Link
 from tests.servers.postgres import Postgres
 from tests.servers.redis import Redis
 from tests.servers.tansu import Tansu
@@ -102,9 +103,14 @@ class Rig:
     mariadb: MariaDB | None = None
     """Set by :func:`mariadb_rig`: the source is this MariaDB's ``shop.items`` (behind
     ``source_proxy``), not the PostgreSQL (which still holds a PostgreSQL target, if added)."""
+    direct: bool = False
+    """``serve`` reaches the PostgreSQL source at its own address, not through ``source_proxy``
+    (a server behind a link of :func:`postgres_rig`'s)."""
 
     @property
     def source_dsn(self) -> str:
+        if self.direct:
+            return self.pg.dsn()
         return f"postgresql://postgres@127.0.0.1:{port_of(self.source_proxy)}/postgres"
 
     def add_redis(self, exactly_once: bool = True) -> Sink:
@@ -313,11 +319,15 @@ def _running(rig: Rig) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def postgres_rig(ctx: RunContext) -> Iterator[Rig]:
+def postgres_rig(ctx: RunContext, link: Link | None = None) -> Iterator[Rig]:
+    """The rig with a private PostgreSQL as its source. With ``link``, the server lives on that
+    link's far side and ``serve`` reaches it over the link, no proxy between (a scenario cuts the
+    link); the workload writes over the server's unix socket, which no cut reaches."""
     with contextlib.ExitStack() as stack:
-        pg = stack.enter_context(Postgres())
-        proxy = ctx.proxies.proxy("postgres", f"127.0.0.1:{pg.port}")
-        rig = Rig(ctx, pg, proxy, postgres_workload(pg.dsn(), ctx.seed))
+        pg = stack.enter_context(Postgres(link))
+        proxy = ctx.proxies.proxy("postgres", f"{pg.host}:{pg.port}")
+        writes = pg.dsn() if link is None else pg.local_dsn()
+        rig = Rig(ctx, pg, proxy, postgres_workload(writes, ctx.seed), direct=link is not None)
         stack.enter_context(rig.stack)
         with _running(rig):
             yield rig
