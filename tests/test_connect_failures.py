@@ -6,9 +6,14 @@ under ``.invalid`` (RFC 6761: never resolves) and a port nobody listens on."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from deltaforge.config import parse_pipeline
+from deltaforge.pipeline import delivery
+from deltaforge.pipeline.runner import PipelineRunner
+from deltaforge.sinks import kafka_metadata
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, SinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.sinks.nats import NatsSink
@@ -16,7 +21,9 @@ from deltaforge.sinks.postgres import PostgresSink
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.config import PostgresSourceConfig
 from deltaforge.sources.postgres.source import PostgresSource
-from tests.kit import make_event, sink_pipeline
+from deltaforge.state.checkpoints import MemoryCheckpointStore
+from tests.helpers import wait_until
+from tests.kit import SyntheticSource, make_event, sink_pipeline
 from tests.serve_proc import free_port
 from tests.servers.postgres import Postgres
 
@@ -90,6 +97,32 @@ async def test_a_kafka_batch_that_timed_out_says_what_librdkafka_last_reported(
         await sink.close()
     said = str(raised.value)
     assert "; librdkafka last said: _" in said and heard in said, said
+
+
+async def test_a_kafka_delivery_unanswered_says_in_health_what_librdkafka_last_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch waits inside librdkafka while its broker refuses connections, up to ``timeout_s``
+    (a minute by default). ``/health`` listed the sink after ``UNANSWERED_S`` as ``delivery
+    unanswered for 30 s (still trying)`` and no more: why was in the log alone until the
+    batch's own error. It now says what librdkafka last reported."""
+    monkeypatch.setattr(delivery, "UNANSWERED_S", 1.0)
+    # A new topic's metadata is asked first, up to LEARN_S (5 s, under UNANSWERED_S's 30), and
+    # reports are served only by the flush after it.
+    monkeypatch.setattr(kafka_metadata, "LEARN_S", 0.2)
+    config = {"id": "k", "brokers": f"127.0.0.1:{free_port()}", "topic": "t", "timeout_s": 20}
+    cfg = parse_pipeline(sink_pipeline("kp", "kafka", config), env={})
+    runner = PipelineRunner(cfg, store=MemoryCheckpointStore(), source=SyntheticSource(10))
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_until(lambda: "sink:k" in runner.ctx.availability.view(), what="the sink listed")
+        said = runner.ctx.availability.view()["sink:k"]["last_error"]
+        assert said.startswith("delivery unanswered for 1 s (still trying; librdkafka last said: _"), said
+        assert "Connection refused" in said, said
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def test_the_postgres_sink_refused_by_the_server_says_what_the_server_said(postgres: Postgres) -> None:

@@ -226,7 +226,8 @@ class DeliveryWorker(Actor):
 
     def _unanswered(self) -> None:
         self.ctx.availability.down(
-            f"sink:{self.sink_id}", f"delivery unanswered for {UNANSWERED_S:g} s (still trying)"
+            f"sink:{self.sink_id}",
+            f"delivery unanswered for {UNANSWERED_S:g} s (still trying{self.sink.waiting_on()})",
         )
 
     async def _poisoned(self, event: Event, error: PoisonEvent) -> None:

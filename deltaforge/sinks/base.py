@@ -119,6 +119,12 @@ class Sink(ABC, Generic[K]):
         """The position stored with the last batch this sink holds, if it records one."""
         return None
 
+    def waiting_on(self) -> str:
+        """What the sink's client library last reported while a delivery goes unanswered (a
+        broker refusing connections), as ``; <library> last said: …``, or "": ``/health`` says
+        it with ``delivery unanswered``, long before the batch's own error."""
+        return ""
+
     async def close(self) -> None:
         """Flush and disconnect."""
 

@@ -205,14 +205,16 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         opening, self._opening = self._opening, None
         self._ahead = None
         if opening is not None:
-            # Waited for, not left running: its init, finishing after a new producer's, would
-            # fence that one (as a rival would)
+            # Waited for, not left running: its init, finishing after a new producer's, would fence it
             with contextlib.suppress(Exception):
                 made, _ = await opening.result()
                 await self._thread.run(discard, made)
         producer, self._producer = self._producer, None
         if producer is not None:
             await self._thread.run(discard, producer)
+
+    def waiting_on(self) -> str:
+        return self.heard.said()
 
     @property
     def records_position(self) -> bool:  # type: ignore[override]
