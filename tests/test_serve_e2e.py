@@ -258,7 +258,8 @@ def test_a_file_sink_given_a_folder_stops_the_pipeline_saying_so(tmp_path: Path)
     """Its path names a folder: no wait makes it a file, so it is not waited for as a write that
     fails is (``test_file_sink``): the batch is abandoned, as for bad credentials, and the
     pipeline fails at once saying what to change, not ``IsADirectoryError``, and not after
-    restarting until its restart intensity ran out (half a minute of tracebacks, before)."""
+    restarting until its restart intensity ran out (half a minute of tracebacks, before). Once
+    the folder is gone, ``POST /pipelines/{name}/resume`` starts it again, and it writes."""
     (tmp_path / "out.jsonl").mkdir()
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
@@ -273,6 +274,12 @@ def test_a_file_sink_given_a_folder_stops_the_pipeline_saying_so(tmp_path: Path)
         wait_until_sync(lambda: serve.get("/health").status_code == 503, what="the pipeline to fail")
         [reason] = serve.get("/health").json()["reasons"]
         assert f"file sink 'f': {tmp_path / 'out.jsonl'} is a folder; path names the file to write" in reason
+        (tmp_path / "out.jsonl").rmdir()
+        resumed = httpx.post(serve.url("/pipelines/folder/resume"), timeout=10)
+        assert resumed.status_code == 200 and resumed.json()["state"] in ("starting", "running"), resumed.text
+        wait_until_sync(lambda: (tmp_path / "out.jsonl").is_file() and (tmp_path / "out.jsonl").stat().st_size > 0,
+                        what="changes written once the path names a file")  # fmt: skip
+        assert serve.get("/health").status_code == 200
         assert serve.terminate() == 0
     records = lines(log)
     assert [r for r in records if r["event"] == "child_restarted"] == []
