@@ -60,6 +60,9 @@ from deltaforge.sources.kafka.records import Malformed, Record, RecordReader
 
 COMMIT_TIMEOUT_S = 10.0
 IDLE_PROBE_S = 2.0
+PROBE_S = 10.0
+"""How long a probe waits for the cluster's metadata: aiokafka's own request timeout is 40 s, and a
+connection gone silent (the broker's host vanished, a NAT forgot it) was said only after it."""
 CLOSE_TIMEOUT_S = 3.0  # then the broker drops this member after its session timeout instead
 TOPIC_DISCOVERY_MS = 5_000
 """How often the consumer asks for the brokers' topics (aiokafka's ``metadata_max_age_ms``): a
@@ -192,7 +195,13 @@ class KafkaSource(Source):
             return
         self.probed = now
         try:
-            await self.consumer.topics()  # type: ignore[union-attr]
+            async with asyncio.timeout(PROBE_S):
+                await self.consumer.topics()  # type: ignore[union-attr]
+        except TimeoutError:
+            raise SourceUnavailable(
+                f"kafka broker {self.cfg.brokers}: no answer for {PROBE_S:g} s to a metadata request: "
+                "the connection is given up"
+            ) from None
         except KafkaError as exc:
             raise SourceUnavailable(f"kafka broker {self.cfg.brokers}: {exc}") from None
 
