@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     from chaos.harness import ProxyServer
     from chaos.report import show, write_json
     from chaos.runner import run_one
+    from tests.servers.netns import forget_orphans
 
+    forget_orphans()  # host_vanishes' links left by a run that was killed
     root = args.workdir or Path(tempfile.mkdtemp(prefix="deltaforge-chaos-"))
     proxies = ProxyServer()
     results = []
