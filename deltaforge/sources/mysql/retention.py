@@ -110,6 +110,10 @@ class BinlogRetention:
         held = self.held
         if held is None:
             return
+        # What was read before the question: the server wrote it before sending it, so no file's
+        # size in the answer can be smaller. The reader goes on meanwhile (this runs in a worker
+        # thread), and what it reads after the answer may lie past the sizes it gives.
+        read_before = dict(self._read_in)
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             files = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
@@ -117,7 +121,7 @@ class BinlogRetention:
         if not files:
             return
         names = [name for name, _ in files]
-        self._check_reset(dict(files))
+        self._check_reset(dict(files), read_before)
         since = [(n, size) for n, size in files if binlog_index(n) >= binlog_index(held.file)]
         skip = held.resume_pos if since and since[0][0] == held.file else 0
         self.retained = max(sum(size for _, size in since) - skip, 0)
@@ -145,10 +149,11 @@ class BinlogRetention:
             )  # fmt: skip
         self._oldest_before = needed if oldest else None
 
-    def _check_reset(self, sizes: dict[str, int]) -> None:
-        """A file the server lists as shorter than a position read from it was replaced: the
-        server had written at least that much of it before sending the events."""
-        for name, at in self._read_in.items():
+    def _check_reset(self, sizes: dict[str, int], read: dict[str, BinlogPosition]) -> None:
+        """A file the server lists as shorter than a position read from it (``read``: before the
+        server was asked) was replaced: the server had written at least that much of it before
+        sending the events."""
+        for name, at in read.items():
             if name in sizes and sizes[name] < at.pos:
                 self.reset = (
                     f"binlog file {name} holds {sizes[name]} bytes, fewer than the {at.pos} deltaforge read "
