@@ -27,8 +27,7 @@ def forget_orphans() -> None:
     if shutil.which("ip") is None:
         return
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    for line in listed.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
+    for name in (line.split(" ", 1)[0] for line in listed.stdout.splitlines()):
         if not name.startswith(PREFIX):
             continue
         try:
@@ -59,10 +58,11 @@ class Link:
         tag = f"{os.getpid() % 100_000}{random.randrange(100)}"
         self.name = f"{PREFIX}{os.getpid()}-{tag}"  # the pid: see forget_orphans
         self._ours, self._theirs = f"dfh{tag}", f"dfn{tag}"  # interface names: 15 bytes at most
-        # A /30 of its own per link, so links of two xdist workers never overlap.
-        net = random.randrange(1 << 14) * 4
-        self.here = f"10.{200 + (net >> 16) % 50}.{(net >> 8) & 0xFF}.{(net & 0xFF) + 1}"
-        self.there = f"10.{200 + (net >> 16) % 50}.{(net >> 8) & 0xFF}.{(net & 0xFF) + 2}"
+        # A /30 in 10.200.0.0/16 drawn at random: two links alive at once (two xdist workers, a
+        # chaos run beside them) share one once in 16,384.
+        net = f"10.200.{random.randrange(256)}"
+        last = random.randrange(64) * 4
+        self.here, self.there = f"{net}.{last + 1}", f"{net}.{last + 2}"
 
     def __enter__(self) -> Self:
         _ip("netns", "add", self.name)
