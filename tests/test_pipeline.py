@@ -6,6 +6,7 @@ import asyncio
 import random
 from typing import Any
 
+import anyio
 import httpx
 import psutil
 import pytest
@@ -15,6 +16,7 @@ from deltaforge.api import build_app
 from deltaforge.config import PipelineConfig
 from deltaforge.events import Event
 from deltaforge.pipeline import delivery
+from deltaforge.pipeline.messages import Rewind
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
@@ -441,6 +443,54 @@ async def test_backpressure_blocks_the_reader_and_memory_stays_flat() -> None:
     assert baseline is not None
     assert peak - baseline < 40 * 1024 * 1024, f"RSS grew {(peak - baseline) / 1e6:.1f} MB"
     assert len(a.received) == total
+
+
+class GatedSource(SyntheticSource):
+    """Holds the read under way once ``gate`` is set, until it is opened."""
+
+    def __init__(self, total: int, chunk: int) -> None:
+        super().__init__(total, chunk=chunk)
+        self.gate: asyncio.Event | None = None
+        self.held = asyncio.Event()
+
+    async def read(self) -> list[Event]:
+        if (gate := self.gate) is not None:
+            self.held.set()
+            await gate.wait()
+            self.gate = None
+        return await super().read()
+
+
+async def test_a_rewind_and_a_pause_arriving_during_one_read_never_stall_the_reader() -> None:
+    """After each read the reader tells itself to read again, into its own mailbox of two. A
+    lagging sink's Rewind and a pause's StopReading, arriving during one read, filled it, and that
+    tell waited for room that only the reader itself makes: it stood still for good, the pause
+    (or a drain) gave up after 30 s, and nothing was read again. Found in CI: a flapping optional
+    sink's Rewind and the drain's StopReading. Now the reader never waits on its own mailbox."""
+    source = GatedSource(10_000_000, chunk=100)
+    runner, task = await start(
+        config(sinks=[sink_doc("a")]), [ScriptedSink("a")], source, MemoryCheckpointStore()
+    )
+    await wait_until(lambda: runner.ctx.stats.events_read > 0, what="reading")
+    source.gate = asyncio.Event()
+    await source.held.wait()
+    assert runner.tree.reader.try_tell(Rewind())  # as the coordinator tells it
+    with capture_logs() as logs:
+        pausing = asyncio.create_task(runner.pause())
+        await anyio.wait_all_tasks_blocked()
+        assert runner.tree.reader.mailbox_depth == 2  # full: the Rewind and the StopReading
+        source.gate.set()
+        await anyio.wait_all_tasks_blocked()
+        assert pausing.done() and runner.state == "paused"
+    await pausing
+    assert [e["event"] for e in logs if e["event"] == "reader_told_at_start"] == []
+    assert len(source.opened_from) == 2  # the Rewind was done
+    read = runner.ctx.stats.events_read
+    await anyio.wait_all_tasks_blocked()
+    assert runner.ctx.stats.events_read == read  # paused
+    await runner.resume()
+    await wait_until(lambda: runner.ctx.stats.events_read > read, what="reading again")
+    await stop(runner, task)
 
 
 async def test_retry_and_backoff_delays_run_on_the_injected_clock() -> None:

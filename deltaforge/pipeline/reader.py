@@ -78,6 +78,7 @@ class SourceReader(Actor):
         self.timers = StageTimers(ctx.config.name)
         self.schemas: dict[str, list[dict[str, Any]] | None] = {}  # table -> its latest recorded columns
         self.reading = True
+        self._read_queued = False  # a ReadNext of ours waits in the mailbox
         self.confirmed: Position | None = None
         self.epoch = 0
         self.snapshots = SnapshotDriver(ctx, self.log)
@@ -91,8 +92,15 @@ class SourceReader(Actor):
         await self._open()
         # A pipeline paused before this (re)start stays paused: only a resume reads again.
         self.reading = not ctx.paused
-        if self.reading:
-            await self.ref.tell(ReadNext())
+        self._read_again()
+
+    def _read_again(self) -> None:
+        """Queue the next read, unless one is queued or reading is stopped. Never waits for room:
+        only this actor empties its mailbox, so waiting on it from in here waited for ever (a
+        lagging sink's Rewind and a pause's StopReading, come during one read, filled both
+        places). A full mailbox holds messages, and the handling of each calls this again."""
+        if self.reading and not self._read_queued:
+            self._read_queued = self.ref.try_tell(ReadNext())
 
     async def _open(self) -> None:
         ctx = self.ctx
@@ -242,7 +250,13 @@ class SourceReader(Actor):
         )
 
     async def receive(self, message: Any) -> Any:
+        answer = await self._receive(message)
+        self._read_again()
+        return answer
+
+    async def _receive(self, message: Any) -> Any:
         if isinstance(message, ReadNext):
+            self._read_queued = False
             if not self.reading:
                 return None
             source = self.ctx.source
@@ -291,8 +305,6 @@ class SourceReader(Actor):
                 await self.accumulator.tell(EventsRead(events, self.epoch, self.snapshots.caught_up()))
             else:
                 await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time
-            if self.reading:
-                await self.ref.tell(ReadNext())
             return None
         if isinstance(message, Rewind):
             if self.reading:
@@ -318,9 +330,7 @@ class SourceReader(Actor):
             self.reading = False
             return True
         if isinstance(message, ResumeReading):
-            if not self.reading:  # the source stayed open: go on where reading stopped
-                self.reading = True
-                await self.ref.tell(ReadNext())
+            self.reading = True  # the source stayed open: go on where reading stopped
             return True
         return await super().receive(message)
 
