@@ -117,12 +117,28 @@ def test_a_lagging_optional_sink_catches_up_in_the_run_and_nothing_is_read_twice
     assert 60 <= decoded <= 60 + 40 + 5, f"{decoded} transactions decoded for 60 written"
 
 
+class ProbedB(ScriptedSink):
+    """The scripted sink b, whose probe fails too while its pipeline's b is ``down``."""
+
+    def __init__(self, pipe: FileAndB) -> None:
+        super().__init__("b", required=False, script=pipe._b)
+        self.pipe = pipe
+
+    async def reachable(self) -> None:
+        if self.pipe.down:
+            raise RetryableSinkError("b is down")
+
+
 class FileAndB:
     """A MariaDB pipeline of table ``t`` into a file sink f (required) and a scripted optional
-    sink b, which fails while ``down``; ``got`` holds the ids b took."""
+    sink b, which fails while ``down``; ``got`` holds the ids b took. b answers the lagging
+    sinks' probe all along (it comes back, fails again: the source is read again for it over and
+    over) unless ``probed``, when its probe fails while it is down."""
 
-    def __init__(self, mariadb: MariaDB, db: str, tmp_path: Path, **source: Any) -> None:
-        self.down, self.got, self.path = False, set[int](), tmp_path / "f.jsonl"
+    def __init__(
+        self, mariadb: MariaDB, db: str, tmp_path: Path, probed: bool = False, **source: Any
+    ) -> None:
+        self.down, self.got, self.path, self.probed = False, set[int](), tmp_path / "f.jsonl", probed
         source = {"id": "my", "dsn": mariadb.dsn(db), "tables": [f"{db}.t"], **source}
         self.doc = {"apiVersion": "deltaforge/v1", "kind": "Pipeline", "metadata": {"name": "fb"}, "spec": {
             "source": {"type": "mysql", "config": source},
@@ -138,7 +154,7 @@ class FileAndB:
 
     def runner(self, store: MemoryCheckpointStore) -> PipelineRunner:
         cfg = parse_pipeline(self.doc, env={})
-        b = ScriptedSink("b", required=False, script=self._b)
+        b = ProbedB(self) if self.probed else ScriptedSink("b", required=False, script=self._b)
         return PipelineRunner(cfg, store=store, sinks={"f": build_sink(cfg.sinks[0]), "b": b})
 
     def in_f(self) -> set[int]:
@@ -227,13 +243,15 @@ async def test_a_sink_behind_whose_binlog_is_the_oldest_left_is_warned_of(
     oldest left with newer ones (the next purge takes it), ``binlog_purged_under_checkpoint``
     once it is gone, and the bytes from its checkpoint on in ``retained_bytes``. A pipeline
     caught up whose file is purged needs nothing from it (its GTID is in the newest file's list)
-    and is told nothing."""
+    and is told nothing. (b is down to probes too: one that answers them is read for again and
+    again, and a reading from its checkpoint once the purge is done would find it lost at once,
+    ``sink_position_lost``, before a look saw the purge.)"""
     monkeypatch.setattr(BinlogRetention, "every_s", 0.05)
     db = fresh_db(mariadb)
     with mariadb.root(db) as c, c.cursor() as cur:
         cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
         cur.execute("INSERT INTO t VALUES (100)")
-    pipe = FileAndB(mariadb, db, tmp_path)
+    pipe = FileAndB(mariadb, db, tmp_path, probed=True)
     runner = pipe.runner(MemoryCheckpointStore())
 
     def sql(*statements: str) -> str:
