@@ -226,9 +226,9 @@ def _line(stream: IO[str], timeout: float = 30) -> str:
 
 
 def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
-    """A source that cannot open (its path is a folder) crashes its reader: every restart and the
-    escalation carry the exception's traceback, its cause chained, in the JSON log."""
-    (tmp_path / "src.db").mkdir()
+    """A source that cannot open (its file is not a database) crashes its reader: every restart
+    and the escalation carry the exception's traceback, its cause chained, in the JSON log."""
+    (tmp_path / "src.db").write_bytes(b"not a database file " * 500)
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
         "apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: crashy}\nspec:\n"
@@ -247,11 +247,11 @@ def test_a_crash_is_logged_with_its_traceback(tmp_path: Path) -> None:
     assert restarts, records
     for r in restarts:
         assert r["exception"].startswith("Traceback (most recent call last):")
-        assert "IsADirectory" in r["exception"] and "_connect" in r["exception"]
+        assert "file is not a database" in r["exception"] and "_connect" in r["exception"]
     escalations = [r for r in records if r["event"] == "supervisor_escalated"]
     assert escalations and escalations[0]["supervisor"] == "PipelineSupervisor[crashy]"
     assert "The above exception was the direct cause" in escalations[0]["exception"]
-    assert "IsADirectory" in escalations[0]["exception"]
+    assert "file is not a database" in escalations[0]["exception"]
 
 
 def test_a_file_sink_given_a_folder_stops_the_pipeline_saying_so(tmp_path: Path) -> None:

@@ -610,6 +610,23 @@ async def test_a_database_another_process_holds_is_waited_for_not_a_failure(tmp_
         holder.wait(10)
 
 
+async def test_a_database_path_naming_a_folder_stops_the_pipeline_at_once_saying_so(tmp_path: Path) -> None:
+    """No wait and no restart makes a folder a database file, so the pipeline fails at once
+    saying what to change, as a file sink given a folder does. Before, pyturso's
+    ``open: IsADirectory`` crashed the reader, and each restart asked again until the restart
+    intensity ran out, ``/health`` ok meanwhile."""
+    db = tmp_path / "app.db"
+    db.mkdir()
+    d = doc(name="app", source_path=str(db), storage={"type": "memory"},
+            supervision={"max_restarts": 3, "within_seconds": 60, "backoff": {"base_ms": 50, "max_ms": 200}})  # fmt: skip
+    runner = PipelineRunner(parse_pipeline(d, env={}))
+    with capture_logs() as logs:
+        await asyncio.wait_for(runner.run(), 30)
+    assert runner.state == "failed"
+    assert f"turso source 'src': {db} is a folder; path names the database file" in str(runner.failure)
+    assert [e for e in logs if e["event"] == "child_restarted"] == []
+
+
 def hold(db: Path) -> subprocess.Popen[str]:
     """Another process with ``db`` open (pyturso's lock held), once it has it."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE, text=True)

@@ -5,16 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from deltaforge.sources.base import PositionLost, SourceError, SourceUnavailable
+from deltaforge.sources.base import PositionLost, SourceError, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.turso.position import TursoPosition
 
 
 def connect(path: str, who: str) -> Any:
     """A connection to the database at ``path`` (its folder made). pyturso locks a file per
     process: a file another process holds (the application writing it, run in a process of its
-    own) is unavailable, waited for as a server that is down is, since it may be stopped."""
+    own) is unavailable, waited for as a server that is down is, since it may be stopped. A path
+    naming a folder is misconfigured: no wait or restart makes it a database file."""
     import turso
 
+    if Path(path).is_dir():
+        raise SourceMisconfigured(f"{who}: {path} is a folder; path names the database file")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         return turso.connect(path)
