@@ -32,6 +32,7 @@ MODULES = [
     "deltaforge.sinks.kafka_settings",
     "deltaforge.api.listen",
     "deltaforge.pipeline.runlock",
+    "deltaforge.pipeline.rereading",
 ]
 
 

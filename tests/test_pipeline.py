@@ -196,6 +196,40 @@ async def test_a_lagging_optional_sink_that_comes_back_catches_up_in_the_same_ru
     assert await checkpoint(store, "b") == N
 
 
+class SlowSource(SyntheticSource):
+    """Reads 50,000 changes a second, again as at first (a database's backlog, not a burst)."""
+
+    async def read(self) -> list[Event]:
+        events = await super().read()
+        await asyncio.sleep(len(events) / 50_000)
+        return events
+
+
+async def test_an_optional_sink_that_answers_probes_but_refuses_writes_never_starves_the_others() -> None:
+    """A sink whose probe answers while its writes fail (Redis out of memory answers PING; a
+    PostgreSQL target with a full disk answers SELECT 1) rejoins, fails its first batch, is
+    probed, rejoins again: each time the source is read again from its checkpoint, and the
+    other sinks skip what they hold until the reading is past it. Once that re-reading took
+    longer than the next comeback, the required sink got nothing new, for good (here it never
+    got the 40,000). Now, after one reading for a sink back, the next waits until a reading
+    since has caught up with the source."""
+
+    def refuses(call: int, events: list[Event]) -> None:
+        if call > 1:
+            raise RetryableSinkError("OOM command not allowed when used memory > 'maxmemory'")
+
+    total = 40_000
+    a, b = ScriptedSink("a"), ScriptedSink("b", required=False, script=refuses)
+    source = SlowSource(total, chunk=500)
+    cfg = config(sinks=[sink_doc("a"), sink_doc("b", required=False)], batch={"max_events": 500, "max_ms": 5})
+    runner, task = await start(cfg, [a, b], source, MemoryCheckpointStore())
+    await wait_until(lambda: len(source.opened_from) >= 3, timeout=30, what="b back and read for twice")
+    await wait_until(lambda: len(first_seen(a.received)) == total, timeout=60, what="a given everything")
+    assert first_seen(a.received) == list(range(1, total + 1))
+    runner.stop_now()
+    await asyncio.wait_for(task, 30)
+
+
 async def test_all_policy_blocks_on_optional_sink() -> None:
     store = MemoryCheckpointStore()
     a, b = ScriptedSink("a"), ScriptedSink("b", required=False, script=fails())

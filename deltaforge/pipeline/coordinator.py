@@ -27,6 +27,7 @@ from deltaforge.pipeline.messages import (
     Rewind,
     SinksProbed,
 )
+from deltaforge.pipeline.rereading import Rereading
 from deltaforge.position import Position
 from deltaforge.sections import CommitPolicy
 from supervision import Backoff, Fatal
@@ -143,6 +144,7 @@ class DeliveryCoordinator(Actor):
         """Sinks that rejoined and have not yet delivered a batch since."""
         self.epoch = ctx.epoch
         self.rewind_due = False
+        self.rereading = Rereading()
         self.comebacks_failed = 0  # probes refused, or sinks that failed again right after rejoining
         self.rng = ctx.rng
         self._prober: asyncio.Task[None] | None = None
@@ -236,9 +238,11 @@ class DeliveryCoordinator(Actor):
         self._rewind_if_due()
 
     def _rewind_if_due(self) -> None:
-        # Never wait on the reader: it may itself be waiting for room downstream of here.
-        if self.rewind_due and self.reader().try_tell(Rewind()):
+        # Never wait on the reader: it may itself be waiting for room downstream of here. Not
+        # before the last reading asked for has caught up (rereading.py).
+        if self.rewind_due and self.rereading.may_rewind() and self.reader().try_tell(Rewind()):
             self.rewind_due = False
+            self.rereading.rewound(self.epoch)
 
     def _rejoin(self, batch: Batch) -> None:
         """The first batch of a new reading: sinks that are back and fell behind before it began
@@ -262,6 +266,8 @@ class DeliveryCoordinator(Actor):
             if message.batch.epoch > self.epoch:
                 self._rejoin(message.batch)
             await self._deliver(message.batch)  # a halt's checkpoints are written by on_stop
+            if self.rereading.delivered(message.batch.epoch, message.batch.caught_up):
+                self._rewind_if_due()
             return None
         if isinstance(message, ProbeLagging):
             self._probe()
