@@ -211,8 +211,8 @@ async def test_an_optional_sink_that_answers_probes_but_refuses_writes_never_sta
     probed, rejoins again: each time the source is read again from its checkpoint, and the
     other sinks skip what they hold until the reading is past it. Once that re-reading took
     longer than the next comeback, the required sink got nothing new, for good (here it never
-    got the 40,000). Now, after one reading for a sink back, the next waits until a reading
-    since has caught up with the source."""
+    got the 40,000). Now the next comeback waits four times as long as the last one's
+    re-reading took to get back where the others were (rereading.py)."""
 
     def refuses(call: int, events: list[Event]) -> None:
         if call > 1:

@@ -110,10 +110,7 @@ class Accumulator(Actor):
                 self.timers.batch.observe(now - self.first_at)
             self.first_at = now if self.buffer else None
             self.next_id += 1
-            caught_up = self.caught_up and not self.buffer
-            batch = Batch(
-                self.next_id, events, sum(e.size for e in events), epoch=self.epoch, caught_up=caught_up
-            )
+            batch = Batch(self.next_id, events, sum(e.size for e in events), epoch=self.epoch)
             self.timers.batch_events.observe(len(events))
             self.timers.batch_bytes.observe(batch.size_bytes)
             await self.batches.tell(DeliverBatch(batch))

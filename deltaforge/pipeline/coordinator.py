@@ -239,10 +239,11 @@ class DeliveryCoordinator(Actor):
 
     def _rewind_if_due(self) -> None:
         # Never wait on the reader: it may itself be waiting for room downstream of here. Not
-        # before the last reading asked for has caught up (rereading.py).
-        if self.rewind_due and self.rereading.may_rewind() and self.reader().try_tell(Rewind()):
+        # while the last reading asked for holds the others back (rereading.py).
+        now = self.ctx.clock.now()
+        if self.rewind_due and self.rereading.may_rewind(now) and self.reader().try_tell(Rewind()):
             self.rewind_due = False
-            self.rereading.rewound(self.epoch)
+            self.rereading.rewound(self.epoch, now)
 
     def _rejoin(self, batch: Batch) -> None:
         """The first batch of a new reading: sinks that are back and fell behind before it began
@@ -266,8 +267,7 @@ class DeliveryCoordinator(Actor):
             if message.batch.epoch > self.epoch:
                 self._rejoin(message.batch)
             await self._deliver(message.batch)  # a halt's checkpoints are written by on_stop
-            if self.rereading.delivered(message.batch.epoch, message.batch.caught_up):
-                self._rewind_if_due()
+            self.rereading.delivered(message.batch.epoch, message.batch.checkpoint, self.ctx.clock.now())
             return None
         if isinstance(message, ProbeLagging):
             self._probe()

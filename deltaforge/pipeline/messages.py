@@ -25,8 +25,6 @@ class Batch:
     last: Event | None = None
     epoch: int = 0
     """The reading it came from: each (re)open of the source starts a new one (see Rewind)."""
-    caught_up: bool = False
-    """Cut with nothing more ready in the source: its reading had caught up (rereading.py)."""
 
     @property
     def end(self) -> Event:

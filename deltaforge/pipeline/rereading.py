@@ -1,47 +1,64 @@
 """When the source may be read again for a lagging sink that is back.
 
 A sink that is back rejoins at the first batch of a new reading, which starts at its checkpoint:
-the other sinks skip what they hold until that reading is past it, and get nothing new meanwhile.
-A sink whose probe answers while its writes fail (Redis out of memory answers ``PING``, a
-PostgreSQL target whose disk is full answers ``SELECT 1``) fails that first batch, lags, is
-probed and is back again: when the next reading was asked for before the last one had got
-anywhere, the others never got past where they were. So after one reading asked for, the next
-waits until a reading since has caught up with the source (a batch cut with nothing more
-ready): between two, every other sink gets everything there was, and a sink that keeps coming
-back costs them one re-reading each time, not everything after. The first comeback is not held.
+the other sinks skip what they hold until that reading is back where they were, and get nothing
+new meanwhile. A sink whose probe answers while its writes fail (Redis out of memory answers
+``PING``, a PostgreSQL target whose disk is full answers ``SELECT 1``) fails that first batch,
+lags, is probed and is back again: once a re-reading took longer than the next comeback, the
+others never got past where they were. So after a reading asked for has got back to where the
+others were, the next waits :data:`SHARE` times as long as that took: a sink that keeps coming
+back takes at most a fifth of the time from the others, however far behind it is. The first
+comeback, and one long after the last, is not held.
 """
 
 from __future__ import annotations
+
+from deltaforge.position import Position, earliest
+
+SHARE = 4.0
+"""The next reading for a sink back waits this many times as long as the last one took to get
+back to where the other sinks were."""
+
+
+def at_or_after(position: Position, mark: Position) -> bool:
+    """Whether a sink at ``position`` holds everything one at ``mark`` holds."""
+    return earliest([position, mark]).to_doc() == mark.to_doc()
 
 
 class Rereading:
     """What the batches handed to the sinks say of the readings asked for (see the module).
 
+    >>> from deltaforge.sources.turso.position import TursoPosition as At
     >>> r = Rereading()
-    >>> r.may_rewind()
-    True
-    >>> r.rewound(epoch=1); r.may_rewind()
+    >>> r.delivered(epoch=1, at=At(7), now=0.0)  # the sinks were given up to change 7
+    >>> r.rewound(epoch=1, now=10.0); r.may_rewind(now=10.0)
     False
-    >>> r.delivered(epoch=2, caught_up=False), r.may_rewind()  # the new reading, behind
-    (False, False)
-    >>> r.delivered(epoch=2, caught_up=True), r.may_rewind()
-    (True, True)
+    >>> r.delivered(epoch=2, at=At(3), now=11.0); r.may_rewind(now=11.0)  # behind 7
+    False
+    >>> r.delivered(epoch=2, at=At(7), now=12.0)  # back at 7 after 2 s: the next in 8 s
+    >>> r.may_rewind(now=19.0), r.may_rewind(now=20.0)
+    (False, True)
     """
 
     def __init__(self) -> None:
-        self._after: int | None = None  # a reading after this epoch must catch up first
+        self.reached: Position | None = None
+        """The furthest a batch handed to the sinks went."""
+        self._asked: tuple[int, Position, float] | None = None  # the epoch asked in, where, when
+        self._free_at = 0.0
 
-    def may_rewind(self) -> bool:
-        return self._after is None
+    def may_rewind(self, now: float) -> bool:
+        return self._asked is None and now >= self._free_at
 
-    def rewound(self, epoch: int) -> None:
-        """A new reading was asked for while reading ``epoch``."""
-        self._after = epoch
+    def rewound(self, epoch: int, now: float) -> None:
+        """A new reading was asked for, at ``now``, while reading ``epoch``."""
+        if self.reached is not None:
+            self._asked = (epoch, self.reached, now)
 
-    def delivered(self, epoch: int, caught_up: bool) -> bool:
-        """A batch of reading ``epoch`` was handed to the sinks (``caught_up``: cut with nothing
-        more ready in the source); True when it ends the wait for a reading."""
-        if self._after is None or epoch <= self._after or not caught_up:
-            return False
-        self._after = None
-        return True
+    def delivered(self, epoch: int, at: Position, now: float) -> None:
+        """A batch of reading ``epoch`` that ends ``at`` was handed to the sinks at ``now``."""
+        if self.reached is None or at_or_after(at, self.reached):
+            self.reached = at
+        asked = self._asked
+        if asked is not None and epoch > asked[0] and at_or_after(at, asked[1]):
+            self._asked = None
+            self._free_at = now + SHARE * (now - asked[2])

@@ -216,6 +216,5 @@ class SparkTransformer(Actor):
             stats.transform_batches += 1
             stats.transform_events_in += len(batch.events)
             stats.transform_events_out += len(events)
-            out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end, epoch=batch.epoch,
-                        caught_up=batch.caught_up)  # fmt: skip
+            out = Batch(batch.id, events, sum(e.size for e in events), last=batch.end, epoch=batch.epoch)
             await self.coordinator.tell(DeliverBatch(out))
