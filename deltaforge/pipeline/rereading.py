@@ -42,7 +42,7 @@ class Rereading:
 
     def __init__(self) -> None:
         self.reached: Position | None = None
-        """The furthest a batch handed to the sinks went."""
+        """Where the last batch handed to the sinks went (held while a reading is on its way back)."""
         self._asked: tuple[int, Position, float] | None = None  # the epoch asked in, where, when
         self._free_at = 0.0
 
@@ -55,10 +55,13 @@ class Rereading:
             self._asked = (epoch, self.reached, now)
 
     def delivered(self, epoch: int, at: Position, now: float) -> None:
-        """A batch of reading ``epoch`` that ends ``at`` was handed to the sinks at ``now``."""
-        if self.reached is None or at_or_after(at, self.reached):
-            self.reached = at
+        """A batch of reading ``epoch`` that ends ``at`` was handed to the sinks at ``now``. No
+        position is compared unless a reading asked for is on its way back: a reading's batches
+        only go forward."""
         asked = self._asked
-        if asked is not None and epoch > asked[0] and at_or_after(at, asked[1]):
+        if asked is None:
+            self.reached = at
+        elif epoch > asked[0] and at_or_after(at, asked[1]):
             self._asked = None
+            self.reached = at
             self._free_at = now + SHARE * (now - asked[2])
