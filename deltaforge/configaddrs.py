@@ -52,12 +52,24 @@ def url_problem(url: str, first_at: bool = False) -> str | None:
     >>> url_problem("postgresql://cdc:p@ss@db/shop", first_at=True)
     "the password holds an '@': write it %40 (the driver ends the password at the first '@')"
     >>> url_problem("mysql://cdc:p@ss@db:3306/shop")
+    >>> url_problem("postgresql://db/shop?user=cdc@eu-server&sslmode=require")
     """
     rest = url.partition("://")[2] if "://" in url else url
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in rest and "@" not in authority:  # drivers would take what follows the '/' for the host
+    if "@" in rest and "@" not in authority and not _in_query(rest[len(authority) :]):
+        # drivers would take what follows the '/' for the host
         return "the user or password holds a '/', '?' or '#': write it percent-encoded (%2F, %3F, %23)"
     userinfo, _, hosts = authority.rpartition("@")
     if first_at and "@" in userinfo:
         return "the password holds an '@': write it %40 (the driver ends the password at the first '@')"
     return address_problem(hosts)
+
+
+def _in_query(tail: str) -> bool:
+    """Whether the first '@' of ``tail`` (what follows a URL's authority) is in its query string,
+    a parameter's value (``?user=cdc@eu-server``: a user name of Azure's single server), not in
+    a password whose '/' or '?' ended the authority early (``pa/ss@db``, ``pa?ss@db``): a
+    password holding both a '?' and a '=' before its '@' is taken for a query."""
+    before = tail.partition("@")[0]
+    query = before.partition("?")
+    return bool(query[1]) and "=" in query[2]

@@ -388,10 +388,11 @@ def test_a_password_a_driver_would_misread_is_refused_without_a_word_of_it(dsn: 
 
 def test_addresses_drivers_take_are_accepted(tmp_path: Path) -> None:
     """Several hosts in one PostgreSQL DSN (libpq's and asyncpg's failover list), a socket folder
-    as ``?host=``, an IPv6 host, a broker list with a protocol, several NATS servers; two
+    as ``?host=``, an IPv6 host, an '@' in a query parameter (Azure's ``user@server``), a broker list with a protocol, several NATS servers; two
     pipelines on one multi-host database and slot are still refused as one (not a traceback)."""
     dsns = ["postgresql://u:p@db1:5432,db2:5433/app", "postgresql:///app?host=/var/run/postgresql",
-            "postgresql://u:p@[::1]:5432/app"]  # fmt: skip
+            "postgresql://u:p@[::1]:5432/app", "postgresql://db/app?user=cdc@eu-server&sslmode=require",
+            "postgresql://db:5432/app?application_name=cdc@eu"]  # fmt: skip
     for dsn in dsns:
         d = doc(name="orders")
         d["spec"]["source"] = {"type": "postgres", "config": {"id": "pg", "dsn": dsn}}
