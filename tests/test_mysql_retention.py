@@ -67,3 +67,28 @@ def test_a_row_read_while_the_binlog_is_looked_at_is_not_taken_for_a_reset(maria
         with mariadb.root() as look:
             retention.check(ReadOnMeanwhile(look, written_and_read))
     assert retention.reset is None, retention.reset
+
+
+def test_the_look_never_walks_what_the_reader_is_adding_to(mariadb: MariaDB) -> None:
+    """The look (a worker thread) walked the reader's live record of the files it had read, per
+    file, to find the oldest one a sink behind needs: a chunk read in a new file meanwhile (a
+    rotation) cut into that walk, and the look failed with "dictionary changed size during
+    iteration" (said as the check not having run, tried again 30 s later). Here the reader reads
+    into a new file while the look compares the first file's position."""
+    retention = BinlogRetention("my", by_file=False)
+    retention.opened(0)
+    held = BinlogPosition("mysql-bin.000001", 100, gtid="0-1-1")
+
+    class ReadIntoANewFileMeanwhile(BinlogPosition):
+        @property
+        def order(self) -> tuple[int, ...]:
+            nxt = BinlogPosition(f"mysql-bin.{len(retention._read_in) + 1:06d}", 4, gtid="0-1-9")
+            retention.read(nxt, nxt)
+            return super().order
+
+    retention.read(held, ReadIntoANewFileMeanwhile("mysql-bin.000001", 500, gtid="0-1-2"))
+    retention.confirmed(held)
+    with mariadb.root() as look:
+        retention.check(look)
+    assert retention.looks == 1 and retention.retained is not None
+    assert retention.needed() == "mysql-bin.000001"

@@ -94,14 +94,17 @@ class BinlogRetention:
         self._next = time.monotonic() + self.every_s
         return True
 
-    def needed(self) -> str | None:
-        """The oldest binlog file a resume from ``held`` needs (None: none, caught up)."""
+    def needed(self, read_in: dict[str, BinlogPosition] | None = None) -> str | None:
+        """The oldest binlog file a resume from ``held`` needs (None: none, caught up), from
+        ``read_in`` (a copy of what was read per file; by default taken now)."""
         held = self.held
         if held is None:
             return None
         if self.by_file:
             return held.file
-        after = [f for f, at in self._read_in.items() if at.order > held.order]
+        # Never the live dict: the look runs in a worker thread while the reader adds to it.
+        read = dict(self._read_in) if read_in is None else read_in
+        after = [f for f, at in read.items() if at.order > held.order]
         return min(after, key=binlog_index) if after else None
 
     def check(self, conn: Any) -> None:
@@ -113,7 +116,7 @@ class BinlogRetention:
         # What was read before the question: the server wrote it before sending it, so no file's
         # size in the answer can be smaller. The reader goes on meanwhile (this runs in a worker
         # thread), and what it reads after the answer may lie past the sizes it gives.
-        read_before = dict(self._read_in)
+        read_before = dict(self._read_in)  # one C call: a copy the reader's thread cannot cut into
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             files = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
@@ -125,7 +128,7 @@ class BinlogRetention:
         since = [(n, size) for n, size in files if binlog_index(n) >= binlog_index(held.file)]
         skip = held.resume_pos if since and since[0][0] == held.file else 0
         self.retained = max(sum(size for _, size in since) - skip, 0)
-        needed = self.needed()
+        needed = self.needed(read_before)
         log = structlog.get_logger()
         if needed is not None and needed not in names and binlog_index(needed) < binlog_index(names[0]):
             if self._said != f"purged {needed}":
