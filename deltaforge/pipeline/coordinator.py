@@ -27,9 +27,9 @@ from deltaforge.pipeline.messages import (
     Rewind,
     SinksProbed,
 )
+from deltaforge.pipeline.policy import needed, policy_satisfied
 from deltaforge.pipeline.rereading import Rereading
 from deltaforge.position import Position
-from deltaforge.sections import CommitPolicy
 from supervision import Backoff, Fatal
 
 if TYPE_CHECKING:
@@ -70,25 +70,6 @@ class Unwritten:
         self.events += len(batch.events)
         self.last_batch = batch.id
         self.last_checkpoint = batch.checkpoint
-
-
-def needed(policy: CommitPolicy, required: bool) -> bool:
-    """Whether a sink (``required`` as configured) must take every batch for checkpoints to move:
-    a sink that is not may lag, and catches up later from its own checkpoint."""
-    if policy.mode == "all":
-        return True
-    if policy.mode == "quorum":
-        return False
-    return required
-
-
-def policy_satisfied(policy: CommitPolicy, required: dict[str, bool], acked: set[str]) -> bool:
-    """Whether ``acked`` sinks are enough to commit under ``policy``."""
-    if policy.mode == "all":
-        return all(s in acked for s in required)
-    if policy.mode == "quorum":
-        return len(acked) >= policy.quorum
-    return all(s in acked for s, req in required.items() if req)
 
 
 class DeliveryCoordinator(Actor):

@@ -14,7 +14,6 @@ from actors import Actor
 from deltaforge.events import Event
 from deltaforge.metrics import END_TO_END_SECONDS, SINK_SECONDS
 from deltaforge.pipeline.context import PipelineContext
-from deltaforge.pipeline.coordinator import needed
 from deltaforge.pipeline.heldends import HeldEnds, held_key
 from deltaforge.pipeline.messages import (
     Batch,
@@ -24,6 +23,7 @@ from deltaforge.pipeline.messages import (
     ProbeSink,
     ReplayDeadLetters,
 )
+from deltaforge.pipeline.policy import needed
 from deltaforge.position import Position, advance, not_held
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.state.checkpoints import set_back_key
