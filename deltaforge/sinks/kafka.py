@@ -54,6 +54,8 @@ from supervision import Fatal
 
 _ABORT_WAIT_S = 5.0
 """How long an abort may take before the producer is given up (a healthy broker takes milliseconds)."""
+COMMIT_RETRY_S = 60.0
+"""How long at least a commit in doubt (failed retriably: it may have succeeded) is asked again."""
 Ahead = tuple[PositionDoc | None] | None
 """The position record as read ahead (in a 1-tuple: the record may be absent), or not read."""
 
@@ -357,7 +359,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         broker stays away the batch is given up as retryable: the next attempt starts a new
         producer, whose init aborts this transaction if it did not commit, and the offsets
         topic says if it did."""
-        deadline = time.monotonic() + max(4 * self.timeout, 60.0)
+        deadline = time.monotonic() + max(4 * self.timeout, COMMIT_RETRY_S)
         while True:
             try:
                 producer.commit_transaction(self.timeout)
