@@ -25,6 +25,7 @@ from deltaforge.api.listen import TOKEN_ENV, bind, listen_addr, unsafe_bind
 from deltaforge.checkpointcmd import cmd_checkpoints
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
+from deltaforge.logrepeats import say_overdue
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.pipeline.tree import MissingExtra
 from deltaforge.plugins import SOURCES
@@ -55,6 +56,10 @@ def _workload(cfg: PipelineConfig, allowed: bool) -> DemoWorkload | None:
     if w is None or not w.enabled:
         return None
     return DemoWorkload(settings.path, w.rows_per_second, w.max_rows)
+
+
+REPEATS_EVERY_S = 5.0
+"""How often serve looks for library repeats whose minute is over."""
 
 
 async def _serve(
@@ -119,6 +124,7 @@ async def _serve(
         from deltaforge.snapshot.terminal import SnapshotProgress
 
         bars = asyncio.create_task(SnapshotProgress(runners).run())
+    repeats = asyncio.create_task(_say_library_repeats())
     await stop.wait()
     if bars is not None:
         bars.cancel()
@@ -132,8 +138,18 @@ async def _serve(
         server.should_exit = True
         await task
     _close_all(bound)  # uvicorn closes what it served; these are the rest
+    repeats.cancel()
+    say_overdue(structlog.get_logger(), everything=True)
     log.info("shutdown_complete")
     return status
+
+
+async def _say_library_repeats() -> None:
+    """The counts of library lines held back that no later line reported (an outage over within
+    the minute), each said once its minute is over (``logrepeats``)."""
+    while True:
+        await asyncio.sleep(REPEATS_EVERY_S)
+        say_overdue(structlog.get_logger())
 
 
 async def _drain_unless_hurried(manager: PipelineManager, log: Any) -> None:

@@ -29,6 +29,7 @@ class Repeats:
     then the next one with how many were held back. A kind is the library's logger, the level
     and the message with its numbers taken out: repeats differ in a port, a producer's number,
     ``after 3ms``. Lines come from several threads (a sink's, the event loop, a decoder's relay).
+    Repeats that no later line reports (the outage ended within the minute) are :meth:`overdue`.
 
     >>> clock = iter([0.0, 1.0, 2.0, 61.0]).__next__
     >>> r = Repeats(60.0, clock)
@@ -39,8 +40,9 @@ class Repeats:
     def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self.clock = clock
-        self._kinds: dict[tuple[str, str, str], tuple[float, int]] = {}
-        """Each kind's last logged time and the repeats held back since, oldest seen first."""
+        self._kinds: dict[tuple[str, str, str], tuple[float, int, str]] = {}
+        """Each kind's last logged time, the repeats held back since and the last of them, oldest
+        seen first."""
         self._lock = threading.Lock()
 
     def admit(self, logger: str, level: str, message: str) -> int | None:
@@ -51,12 +53,34 @@ class Repeats:
         with self._lock:
             seen = self._kinds.pop(kind, None)
             if seen is not None and now - seen[0] < self.window_s:
-                self._kinds[kind] = (seen[0], seen[1] + 1)
+                self._kinds[kind] = (seen[0], seen[1] + 1, message)
                 return None
-            self._kinds[kind] = (now, 0)
+            self._kinds[kind] = (now, 0, "")
             if len(self._kinds) > MOST_KINDS:
                 del self._kinds[next(iter(self._kinds))]
             return 0 if seen is None else seen[1]
+
+    def overdue(self, everything: bool = False) -> list[tuple[str, str, str, int]]:
+        """The kinds whose lines held back no later line has reported, once their minute is over
+        (``everything``: now, as the process ends): each as its logger, level, last line held
+        back, and how many were (that one included). Each counts as logged now: its repeats
+        from here on are held back for another minute, as after a line logged.
+
+        >>> clock = iter([0.0, 1.0, 30.0, 60.0]).__next__
+        >>> r = Repeats(60.0, clock)
+        >>> r.admit("librdkafka", "error", "Connect to :9092 failed"), r.admit("librdkafka", "error", "Connect to :9093 failed")
+        (0, None)
+        >>> r.overdue(), r.overdue()
+        ([], [('librdkafka', 'error', 'Connect to :9093 failed', 1)])
+        """
+        now = self.clock()
+        due = []
+        with self._lock:
+            for kind, (at, held, last) in list(self._kinds.items()):
+                if held and (everything or now - at >= self.window_s):
+                    due.append((kind[0], kind[1], last, held))
+                    self._kinds[kind] = (now, 0, "")
+        return due
 
     def forget(self) -> None:
         """Remember no line: each is logged at its next saying."""
@@ -71,6 +95,14 @@ LIBRARIES = Repeats()
 def without_numbers(message: str) -> str:
     """What makes lines one kind: their words, numbers taken out (a port, ``after 3ms``)."""
     return _NUMBERS.sub("N", message)
+
+
+def say_overdue(log: Any, everything: bool = False) -> None:
+    """Log the repeats :data:`LIBRARIES` holds back that no later line will report
+    (:meth:`Repeats.overdue`): the last of each kind, with ``repeated``."""
+    for actor, level, message, held in LIBRARIES.overdue(everything):
+        say = log.error if level == "error" else log.warning
+        say(f"library_{level}", actor=actor, message=message, repeated=held)
 
 
 def log_library_line(log: Any, actor: str, error: bool, **fields: Any) -> None:

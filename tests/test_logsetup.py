@@ -3,6 +3,7 @@ library saying one thing again and again does not flood the log."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -14,10 +15,10 @@ import pytest
 import structlog
 from confluent_kafka import Producer
 
-from deltaforge import logrepeats, logsetup
-from deltaforge.logrepeats import LIBRARIES
+from deltaforge import cli, logrepeats, logsetup
+from deltaforge.logrepeats import LIBRARIES, log_library_line, say_overdue
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
-from tests.helpers import file_size_limit
+from tests.helpers import file_size_limit, wait_until
 from tests.serve_proc import free_port
 
 
@@ -149,6 +150,51 @@ def test_a_library_line_said_again_and_again_is_logged_once_a_minute_with_a_coun
         LIBRDKAFKA_LOG.removeHandler(heard)
         producer.purge()
         producer.flush(0)
+        logsetup.configure("info")
+
+
+async def test_repeats_no_later_line_reports_are_said_once_their_minute_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker down for 20 s: its first refusal logged, the rest held back and counted for the
+    next one logged after the minute, which never came (the broker was back). The count was
+    never said: the log showed one refusal for eighty. Serve now says such counts once their
+    minute is over (every ``REPEATS_EVERY_S``), with the last line held back; and those still
+    held when it ends, as it ends."""
+    now = [0.0]
+    monkeypatch.setattr(LIBRARIES, "clock", lambda: now[0])
+    monkeypatch.setattr(cli, "REPEATS_EVERY_S", 0.0)
+    path = tmp_path / "log.jsonl"
+    logsetup.configure("info", path, stderr=False)
+    log = structlog.get_logger()
+    refused = [
+        f"127.0.0.1:{port}/bootstrap: Connect to 127.0.0.1:{port} failed" for port in range(9092, 9096)
+    ]
+    try:
+        for message in refused[:3]:
+            log_library_line(log, "librdkafka", True, message=message)
+        now[0] = 59.9
+        say_overdue(log)  # its minute not over yet
+        assert [r["message"] for r in _lines(path)] == refused[:1]
+        now[0] = 60.0
+        looking = asyncio.create_task(cli._say_library_repeats())
+        try:
+            await wait_until(lambda: len(_lines(path)) == 2, what="the held-back count said")
+        finally:
+            looking.cancel()
+        said = _lines(path)[1]
+        assert (said["event"], said["actor"], said["message"], said["repeated"]) == (
+            "library_error",
+            "librdkafka",
+            refused[2],
+            2,
+        )
+        now[0] = 61.0  # said at 60: held back again for a minute, and said as serve ends
+        log_library_line(log, "librdkafka", True, message=refused[3])
+        assert len(_lines(path)) == 2
+        say_overdue(log, everything=True)
+        assert [(r["message"], r.get("repeated")) for r in _lines(path)][2:] == [(refused[3], 1)]
+    finally:
         logsetup.configure("info")
 
 
