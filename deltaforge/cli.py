@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from deltaforge import argfiles, gctune, logsetup, waiting
-from deltaforge.api.listen import TOKEN_ENV, bind, listen_addr, unsafe_bind
+from deltaforge.api.listen import TOKEN_ENV, bind, bound_addr, listen_addr, unsafe_bind
 from deltaforge.checkpointcmd import cmd_checkpoints
 from deltaforge.config import ConfigError, PipelineConfig, load, parse_pipeline
 from deltaforge.defaults import default_pipeline
@@ -118,7 +118,7 @@ async def _serve(
             stop.set()
             break
         servers.append(started)
-        log.info(event, addr=addr)
+        log.info(event, addr=bound_addr(socks))  # port 0: the one chosen
     bars = None
     if sys.stderr.isatty():  # a person watching: draw snapshot progress
         from deltaforge.snapshot.terminal import SnapshotProgress

@@ -121,6 +121,27 @@ def test_no_workload_flag_starts_idle_pipeline(tmp_path: Path) -> None:
     assert lines(tmp_path / "data" / "events.jsonl") == []
 
 
+def test_a_port_0_listen_address_is_logged_as_the_port_chosen(tmp_path: Path) -> None:
+    """``--api-addr 127.0.0.1:0`` (any free port) was logged as ``127.0.0.1:0``: the API was
+    there, and nothing said where. The log now names the port each address was given."""
+    with Serve(tmp_path, "--no-workload", "--api-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
+               api=False) as serve:  # fmt: skip
+        said: dict[str, str] = {}
+
+        def listening() -> bool:
+            said.update(
+                {d["event"]: d["addr"] for d in jsonl(serve.log) if d["event"].endswith("_listening")}
+            )
+            return len(said) == 2
+
+        wait_until_sync(listening, timeout=20, what="api_listening and metrics_listening")
+        for event, path in (("api_listening", "/health"), ("metrics_listening", "/metrics")):
+            host, _, port = said[event].rpartition(":")
+            assert host == "127.0.0.1" and port != "0", said
+            assert httpx.get(f"http://{said[event]}{path}", timeout=5).status_code == 200
+        assert serve.terminate() == 0
+
+
 def test_bad_config_is_refused_before_start(tmp_path: Path) -> None:
     cfg = tmp_path / "p.yaml"
     cfg.write_text("apiVersion: deltaforge/v1\nkind: Pipeline\nmetadata: {name: x}\nspec: {sinks: []}\n")

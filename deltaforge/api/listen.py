@@ -82,3 +82,20 @@ def bind(addr: str) -> list[socket.socket]:
             sock.close()
         raise
     return bound
+
+
+def bound_addr(socks: list[socket.socket]) -> str:
+    """``host:port`` of each socket as bound, comma-separated: with port 0 asked for, the port
+    the system chose, which a log saying ``:0`` would keep from whoever wants to connect.
+
+    >>> socks = bind("127.0.0.1:0")
+    >>> bound_addr(socks) != "127.0.0.1:0"
+    True
+    >>> for s in socks:
+    ...     s.close()
+    """
+    out = []
+    for sock in socks:
+        host, port = sock.getsockname()[:2]
+        out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return ",".join(out)
