@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from deltaforge.config import parse_pipeline
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sinks.base import NonRetryableSinkError
+from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError
 from deltaforge.sinks.redis import RedisSink
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import wait_until
@@ -64,6 +64,39 @@ async def test_hundred_thousand_events_complete_and_in_order(redis_server: Redis
     assert [int(d["event_id"]) for d in got] == list(range(1, n + 1))  # independent XRANGE read
     assert got[0]["_key"] == got[0]["idempotency_key"] == "acme|db.t|0|1"
     assert runner.ctx.stats.sinks["r"].events == n
+
+
+async def test_a_server_out_of_memory_is_not_taken_for_back_though_it_answers_ping(
+    redis_server: Redis,
+) -> None:
+    """A lagging sink comes back when its probe answers. At ``maxmemory`` with ``noeviction``,
+    Redis answers ``PING`` and refuses every write: each comeback failed its first batch and held
+    the other sinks back while the source was read again (chaos ``sink_refuses_writes``). The
+    probe reads ``INFO memory`` too; a user who may not ask for it is probed by ``PING`` alone."""
+    admin = redis_server.client()
+    sink = RedisSink(parse_pipeline(redis_doc(redis_server.uri()), env={}).sinks[0])
+    await sink.open()
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)
+    try:
+        assert admin.ping()
+        with pytest.raises(RetryableSinkError, match=r"out of memory: used_memory [0-9]+ over maxmemory 1 with "
+                           "maxmemory-policy noeviction: writes are refused"):  # fmt: skip
+            await sink.reachable()
+        with pytest.raises(RetryableSinkError, match=r"OOM|maxmemory"):
+            await sink.deliver([make_event(1)])  # what the probe says holds
+        blind = RedisSink(
+            parse_pipeline(redis_doc(user_without(redis_server, "blind", "-info")), env={}).sinks[0]
+        )
+        await blind.open()
+        await blind.reachable()  # cannot know: PING answers for it
+        await blind.close()
+    finally:
+        admin.config_set("maxmemory", 0)
+    await sink.reachable()
+    await sink.deliver([make_event(1)])
+    await sink.close()
+    assert [int(d["event_id"]) for d in entries(redis_server)] == [1]
 
 
 async def test_exactly_once_replays_are_no_ops(redis_server: Redis) -> None:

@@ -52,7 +52,7 @@ SCENARIOS: list[Scenario] = [
              "progress under latency; lost 0; order 0", source_latency.run, quick=True, toxics=("latency",)),
     Scenario("sink_outage", "Kafka, NATS, Redis (exactly_once) and a PostgreSQL target down 20 s",
              "degraded; lost 0, order 0; Redis and NATS duplicates 0; target equals source", sink_outage.run, toxics=("down",)),
-    Scenario("sink_refuses_writes", "Redis, optional, out of memory 30 s (PING answered, writes refused) under writes, the MariaDB source link at 100 KB/s",
+    Scenario("sink_refuses_writes", "Redis, optional, refusing writes 30 s (NOREPLICAS; PING answered) under writes, the MariaDB source link at 100 KB/s",
              "the file sink gets every change meanwhile; Redis then catches up; lost 0, order 0, Redis duplicates 0",
              sink_refuses_writes.run, toxics=("bandwidth",)),
     Scenario("slow_sink", "bandwidth 20 KB/s + latency 50 ms on Redis",

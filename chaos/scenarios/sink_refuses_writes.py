@@ -1,10 +1,13 @@
-"""Redis, an optional sink, out of memory under writes: it answers ``PING`` while every write is
-refused, so it comes back, fails its first batch and lags again, over and over, and each comeback
+"""Redis, an optional sink, refusing writes under writes (``min-replicas-to-write 1`` and no
+replica: ``NOREPLICAS``): it answers ``PING`` and ``INFO`` while every write is refused, so it
+comes back, fails its first batch and lags again, over and over, and each comeback
 reads the MariaDB binlog again from its checkpoint. The source link is held to 100 KB/s, so that
 re-reading takes long, as a long backlog's does. Before, once a re-reading took longer than the
 next comeback, the required file sink got nothing new for good; now it goes on getting every
-change while Redis refuses, and Redis, given memory again, catches up with each change once (at
-its next comeback, which waits four times as long as its last re-reading took)."""
+change while Redis refuses, and Redis, taking writes again, catches up with each change once (at
+its next comeback, which waits four times as long as its last re-reading took). (Out of memory
+would not stage it: the probe reads ``INFO memory`` and does not take such a server for back,
+``sinks/redis_memory.py``.)"""
 
 from __future__ import annotations
 
@@ -31,8 +34,7 @@ def run(ctx: RunContext) -> None:
         rig.progress(0)
         rig.source_proxy.add_toxic(type="bandwidth", stream="downstream", attributes={"rate": 100})
         admin = redis.server.client()
-        admin.config_set("maxmemory-policy", "noeviction")
-        admin.config_set("maxmemory", 1)  # below what it uses: every write refused, PING answered
+        admin.config_set("min-replicas-to-write", 1)  # it has none: every write refused, PING answered
         time.sleep(REFUSED_S)  # the refusal lasts this long
         committed = set(rig.workload.committed)
         took = settle(rig.delivered, committed, DELIVERED_S)
@@ -45,7 +47,7 @@ def run(ctx: RunContext) -> None:
         ctx.figures["redis_comebacks"] = log.count('"event":"sink_back"')
         if ctx.figures["redis_comebacks"] < 2:
             raise Failed("Redis never came back while refusing writes: the scenario did not stage the fault")
-        admin.config_set("maxmemory", 0)
+        admin.config_set("min-replicas-to-write", 0)
         rig.source_proxy.destroy_toxic("bandwidth_downstream")
         # Its next comeback waits four times as long as its last re-reading took (rereading.py).
         back = settle(redis.read, set(rig.workload.committed), REJOIN_S, quiet=REJOIN_S)

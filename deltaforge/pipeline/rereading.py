@@ -2,8 +2,8 @@
 
 A sink that is back rejoins at the first batch of a new reading, which starts at its checkpoint:
 the other sinks skip what they hold until that reading is back where they were, and get nothing
-new meanwhile. A sink whose probe answers while its writes fail (Redis out of memory answers
-``PING``, a PostgreSQL target whose disk is full answers ``SELECT 1``) fails that first batch,
+new meanwhile. A sink whose probe answers while its writes fail (a Redis refusing writes with
+``NOREPLICAS`` answers ``PING``, a PostgreSQL target whose disk is full ``SELECT 1``) fails that first batch,
 lags, is probed and is back again: once a re-reading took longer than the next comeback, the
 others never got past where they were. So after a reading asked for has got back to where the
 others were, the next waits :data:`SHARE` times as long as that took: a sink that keeps coming

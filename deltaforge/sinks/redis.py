@@ -46,6 +46,7 @@ from deltaforge.position import Position, lane_of
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, servers_of
+from deltaforge.sinks.redis_memory import refuses_writes
 from deltaforge.sinks.templates import Template, compile_template, glob_of
 
 _LAST_ID = """
@@ -280,6 +281,9 @@ class RedisSink(Sink[RedisSinkConfig]):
         assert self._client is not None
         with self._errors():
             await self._client.ping()
+            why = await refuses_writes(self._client)  # PING is answered at maxmemory too
+        if why is not None:
+            raise RetryableSinkError(f"redis sink {self.id!r}: {why}")
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
