@@ -340,14 +340,19 @@ def checks(committed: list[Change], delivered: list[Change]) -> dict[str, int]:
 def library_lines(log: Path) -> tuple[int, int]:
     """What one serve process's libraries said in its log (``library_error``/``library_warning``),
     and how many of those lines came within a minute of the last one of their kind logged
-    before them: lines a library says again and again are logged once a minute (``logrepeats``)."""
+    before them while it ran: lines a library says again and again are logged once a minute
+    (``logrepeats``). As serve ends it says the counts still held back, whenever their minute."""
     lines, repeats = 0, 0
     last: dict[tuple[str, str, str], datetime] = {}
+    ending = False
     for raw in log.read_bytes().splitlines():
         doc = orjson.loads(raw)
+        ending = ending or doc.get("event") == "shutdown_requested"
         if doc.get("event") not in ("library_error", "library_warning"):
             continue
         lines += 1
+        if ending:
+            continue
         kind = (str(doc.get("actor")), str(doc["level"]), without_numbers(str(doc.get("message"))))
         at = datetime.fromisoformat(doc["ts"])
         if kind in last and (at - last[kind]).total_seconds() < WINDOW_S:
