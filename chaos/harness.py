@@ -230,8 +230,10 @@ def redis_changes(client: Any, stream: str) -> list[Change]:
     return [c for _, f in client.xrange(stream) if (c := change_of(orjson.loads(f[b"event"]))) is not None]
 
 
-def nats_changes(url: str, subject: str, stream: str) -> list[Change]:
-    """Everything in a JetStream stream, read with a fresh pull consumer."""
+def nats_changes(url: str, subject: str, stream: str, electing_s: float = 30.0) -> list[Change]:
+    """Everything in a JetStream stream, read with a fresh pull consumer; read again while the
+    cluster answers ``503`` (electing a stream or consumer leader: a server just killed or back,
+    nats_leader_loss), for up to ``electing_s``."""
     import asyncio
 
     import nats
@@ -261,7 +263,14 @@ def nats_changes(url: str, subject: str, stream: str) -> list[Change]:
         finally:
             await nc.close()
 
-    return asyncio.run(read())
+    deadline = time.monotonic() + electing_s
+    while True:
+        try:
+            return asyncio.run(read())
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)  # the election takes seconds; nothing to wait on but asking again
 
 
 def kafka_changes(bootstrap: str, topic: str) -> list[Change]:
