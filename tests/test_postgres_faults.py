@@ -224,12 +224,33 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
     such in a row fail the pipeline). The server does not notice the silent stream either
     (``wal_sender_timeout`` 0 here: never; a minute by default), and that stream's walsender
     held the slot against the next one, for ever: it is this source's own, and is ended."""
+    _silent_stream_is_ended(postgres, tmp_path, payload=0, within_s=90)
+
+
+def test_a_silent_streams_walsender_blocked_on_its_full_socket_is_ended_at_once(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """As above, but the silent stream's walsender had more to send than the connection took
+    (a snapshot's or a busy table's changes): blocked writing, it spent the first
+    ``pg_terminate_backend`` on sending its "terminating connection" error and stayed blocked
+    there, holding the slot (seen over two minutes on PostgreSQL 15). The opening waited a
+    minute for it, failed, and the next one ended it again. A second signal ends it: the
+    opening signals it again each second until it lets go, and the rows arrive without that
+    minute."""
+    _silent_stream_is_ended(postgres, tmp_path, payload=1000, within_s=30)
+
+
+def _silent_stream_is_ended(postgres: Postgres, tmp_path: Path, payload: int, within_s: float) -> None:
+    """The pipeline's connections frozen after its first 10 rows, 10 more written (each with
+    ``payload`` bytes, 20,000 rows more when it is not 0: more than the frozen connection's
+    buffers take); every row arrives within ``within_s`` without a crash, the stale walsender
+    ended once."""
     db = asyncio.run(fresh_db(postgres))
     role = f"brief_{db}"
 
     async def setup() -> None:
         conn = await asyncpg.connect(postgres.dsn(db))
-        await conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, p text)")
         await conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER REPLICATION")
         # The server never times the silent stream's walsender out (the default: after a
         # minute): it holds the slot until deltaforge ends it, the walsender of its own stream.
@@ -237,27 +258,48 @@ def test_connections_gone_silent_for_good_are_waited_out_not_taken_for_a_crash(
         await conn.close()
 
     async def insert(first: int, n: int) -> None:
+        """Rows ``first`` on, in transactions of 50: a walsender blocked amid many transactions
+        is the one a first signal does not end (amid one large one, it does)."""
         conn = await asyncpg.connect(postgres.dsn(db))
-        await conn.executemany("INSERT INTO t VALUES ($1)", [(i,) for i in range(first, first + n)])
+        for at in range(first, first + n, 50):
+            last = min(at + 50, first + n) - 1
+            await conn.execute(
+                "INSERT INTO t SELECT g, repeat('x', $3) FROM generate_series($1::int, $2::int) g",
+                at,
+                last,
+                payload,
+            )
         await conn.close()
+
+    async def walsender_writing() -> bool:
+        """The stream's walsender is waiting for its connection to take more."""
+        conn = await asyncpg.connect(postgres.dsn())
+        try:
+            asked = "SELECT 1 FROM pg_stat_activity WHERE usename = $1 AND wait_event = 'WalSenderWriteData'"
+            return bool(await conn.fetchval(asked, role))
+        finally:
+            await conn.close()
 
     asyncio.run(setup())
     out, log = tmp_path / "out.jsonl", tmp_path / "log.jsonl"
+    rows = 20 + (20_000 if payload else 0)
     with TcpProxy(postgres.port) as proxy:
         config = {"id": "pg", "dsn": f"postgresql://{role}@127.0.0.1:{proxy.port}/{db}", "slot": f"s_{db}",
-                  "publication": f"p_{db}", "receiver_timeout_ms": 2000, "query_timeout_s": 2}  # fmt: skip
+                  "publication": f"p_{db}", "receiver_timeout_ms": 3000, "query_timeout_s": 2}  # fmt: skip
         spec = {"source": {"type": "postgres", "config": config},
                 "sinks": [{"type": "file", "config": {"id": "f", "path": str(out)}}]}  # fmt: skip
         with serve_pipeline(tmp_path, spec) as serve:
             asyncio.run(insert(1, 10))
             wait_until_sync(lambda: len(jsonl(out)) == 10, timeout=30, what="the first rows")
             proxy.freeze()
-            asyncio.run(insert(11, 10))
+            asyncio.run(insert(11, rows - 10))
+            if payload:  # the case this stages: the walsender blocked on the frozen connection
+                wait_until_sync(lambda: asyncio.run(walsender_writing()), timeout=3, what="walsender blocked")
             wait_until_sync(
-                lambda: len(jsonl(out)) >= 20, timeout=90, what="the rows written after the freeze"
+                lambda: len(jsonl(out)) >= rows, timeout=within_s, what="the rows written after the freeze"
             )
             assert serve.terminate() == 0
-    assert {r["after"]["id"] for r in jsonl(out)} == set(range(1, 21))
+    assert {r["after"]["id"] for r in jsonl(out)} == set(range(1, rows + 1))
     restarts = [r for r in jsonl(log) if r["event"] == "child_restarted" and r["failed"] == "SourceReader"]
     assert restarts, "the source was never opened again"
     crashes = [r["reason"] for r in restarts if not r["reason"].startswith("SourceUnavailable")]

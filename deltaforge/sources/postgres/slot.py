@@ -25,11 +25,18 @@ from deltaforge.sources.postgres.names import quote_table
 from deltaforge.sources.postgres.pgoutput import format_lsn, parse_lsn
 from deltaforge.sources.postgres.position import PgPosition
 
+_END_WALSENDER = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2"
+)
+"""Ends a walsender by its pid and start: a pid alone may be another backend's by then."""
+
 T = TypeVar("T")
 
 RELEASE_S = 10.0  # how long a closing source waits for the walsender to let go of the slot
 ANSWER_S = 2.0  # a question of that wait unanswered this long: the connection is silent
 ADVANCE_TRIES = 600  # 0.1 s apart: a minute for a just-stopped walsender to let go
+STALE_END_S = 10.0  # how long an opening waits for the stale walsender it ended to let go
+STALE_SIGNAL_EVERY_S = 1.0  # how often that walsender is signalled again meanwhile
 DECODING_S = 24 * 3600.0
 """The bound on a question that may take long for reasons no timeout tells from a silent
 connection: creating a slot waits for the transactions running then to end, moving or peeking
@@ -238,15 +245,19 @@ async def forget(
 
 async def end_stale(conn: asyncpg.Connection, slot: str, stale: Walsender | None, who: str) -> None:
     """End ``stale``, the walsender of this source's stream from before, if it still holds
-    ``slot``. One the source's role may not end is left to the server's own timeout, said."""
-    if stale is None:
-        return
-    row = await conn.fetchrow(HOLDER.format("$1"), slot)
-    if row is None or (row[0], row[3]) != stale:
+    ``slot``, and wait (at most ``STALE_END_S``) until it lets go. One the source's role may not
+    end is left to the server's own timeout, said.
+
+    A walsender blocked on its silent connection's full socket spends the first SIGTERM on
+    sending that connection its "terminating connection" error, and stays blocked there, no
+    longer dying, for as long as TCP keeps the connection (PostgreSQL 15: seen holding the slot
+    over two minutes). So it is signalled again every ``STALE_SIGNAL_EVERY_S`` until it is gone:
+    the second signal, arriving while it waits to write, ends it without the message."""
+    if stale is None or not await _holds(conn, slot, stale):
         return
     log = structlog.get_logger().bind(actor="PostgresSource", source=who, slot=slot, pid=stale[0])
     try:
-        await conn.execute("SELECT pg_terminate_backend($1)", stale[0])
+        await conn.execute(_END_WALSENDER, *stale)
     except asyncpg.PostgresError as exc:
         log.warning("stale_walsender_left", reason=redact(f"{type(exc).__name__}: {exc}"))
         return
@@ -255,3 +266,16 @@ async def end_stale(conn: asyncpg.Connection, slot: str, stale: Walsender | None
         reason="the walsender of this source's stream from before still held the slot: its connection "
         "went silent (a vanished host, a NAT that forgot it) and the server had not noticed",
     )
+    loop = asyncio.get_running_loop()
+    signalled = loop.time()
+    deadline = signalled + STALE_END_S
+    while await _holds(conn, slot, stale) and loop.time() < deadline:
+        if loop.time() - signalled >= STALE_SIGNAL_EVERY_S:
+            await conn.execute(_END_WALSENDER, *stale)
+            signalled = loop.time()
+        await asyncio.sleep(0.05)  # the server has no notification for a backend's exit
+
+
+async def _holds(conn: asyncpg.Connection, slot: str, walsender: Walsender) -> bool:
+    row = await conn.fetchrow(HOLDER.format("$1"), slot)
+    return row is not None and (row[0], row[3]) == walsender
