@@ -577,6 +577,25 @@ def test_snapshot_rows_leave_out_what_changes_leave_out(postgres: Postgres) -> N
     assert "leaves key column(s) id out of its column list" in refused
 
 
+def test_a_tables_row_estimate_holds_for_a_table_never_analyzed_or_grown_since(postgres: Postgres) -> None:
+    """The progress bar's total and the ETA come from the server's row estimate. ``reltuples``
+    was read: -1 for a table never analyzed (one loaded just before its snapshot), taken for 0,
+    so the bar stood full and the ETA at 0 s from the first chunk on; and a table's count at its
+    last analyze for one grown since. The planner's estimate scales to the table's size now."""
+
+    async def run() -> tuple[int, int]:
+        async with chunk_reader_on(postgres, "(0, 'a')") as (_, conn, reader, ref):
+            await conn.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 49999) g")
+            never_analyzed = await reader.estimate(ref)
+            await conn.execute("ANALYZE t")
+            await conn.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(50000, 149999) g")
+            return never_analyzed, await reader.estimate(ref)
+
+    never_analyzed, grown = asyncio.run(run())
+    assert 25_000 <= never_analyzed <= 100_000, never_analyzed  # 50,000 rows
+    assert 75_000 <= grown <= 300_000, grown  # 150,000 rows, 50,000 at the last analyze
+
+
 def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(postgres: Postgres) -> None:
     """The chunk's read runs in a transaction; a connection lost in it must surface as the
     server being unavailable (the pipeline waits), not as an error ending the transaction

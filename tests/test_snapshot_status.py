@@ -74,3 +74,22 @@ def test_the_status_shows_the_windows_waits_and_a_new_snapshot_starts_them_afres
     status.follow(SnapshotState("s2", "incremental", ["public.items"]))
     assert (status.waits.warn_s, status.waits.last_s, status.waits.max_s) == (0.5, None, 0.0)
     assert status.waits.seen(0.75) == "behind"  # said again: a new snapshot
+
+
+def test_a_table_read_past_its_estimate_has_no_eta_and_an_open_ended_bar() -> None:
+    """A table that grew since the server's estimate (or had none) showed an ETA of 0 s and a
+    full bar while it went on being read: how long is unknown, and said so."""
+    status = SnapshotStatus()
+    status.follow(state(0, ["public.items", "public.other"]))
+    items = status.tables["public.items"]
+    items.started_at, items.rows_this_run = 100.0, 3000
+    status.follow(state(3000, ["public.items", "public.other"]))
+    assert items.to_dict(now=110.0) == {
+        "rows": 3000, "estimate": 3000, "done": False, "rows_per_s": 300.0, "eta_s": None
+    }  # fmt: skip
+    runner: Any = SimpleNamespace(ctx=SimpleNamespace(snapshot=status))
+    out = io.StringIO()
+    bars = SnapshotProgress({"shop": runner}, Console(file=out, width=120, color_system=None))
+    bars.update()
+    bars.progress.console.print(bars.progress.get_renderable())
+    assert "3000/?" in out.getvalue()

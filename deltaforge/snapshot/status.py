@@ -27,13 +27,14 @@ class TableProgress:
         rate = (
             self.rows_this_run / (end - self.started_at) if self.started_at and end > self.started_at else 0.0
         )
-        left = max(self.estimate - self.rows, 0)
+        left = self.estimate - self.rows
         return {
             "rows": self.rows,
             "estimate": max(self.estimate, self.rows),
             "done": self.finished_at is not None,
             "rows_per_s": round(rate, 1),
-            "eta_s": round(left / rate, 1) if rate and self.finished_at is None else None,
+            # Past the server's estimate (a table that grew, or none was made): how long is unknown.
+            "eta_s": round(left / rate, 1) if rate and left > 0 and self.finished_at is None else None,
         }
 
 

@@ -45,9 +45,11 @@ class SnapshotProgress:
                     "rate": f"{t['rows_per_s']:,.0f}",
                     "eta": _eta(t["eta_s"], t["done"]),
                 }
+                # A table read past its estimate has no known end: a pulsing bar, rows of "?".
+                total = t["estimate"] if t["done"] or t["rows"] < t["estimate"] else None
                 if key not in self.tasks:
-                    self.tasks[key] = self.progress.add_task(f"{name} {table}", total=t["estimate"], **fields)
-                self.progress.update(self.tasks[key], completed=t["rows"], total=t["estimate"], **fields)
+                    self.tasks[key] = self.progress.add_task(f"{name} {table}", total=total, **fields)
+                self.progress.update(self.tasks[key], completed=t["rows"], total=total, **fields)
 
     async def run(self, interval: float = 0.5) -> None:
         """Until cancelled: draw while a snapshot runs, get out of the way otherwise."""

@@ -9,6 +9,7 @@ same row carry equal values.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -90,7 +91,7 @@ class _Table:
         key_types = {c[0]: c[2] for c in columns}
         self.key_at = [self.names.index(k) for k in ref.key]
         schema, _, table = ref.name.partition(".")
-        target = f"{quote_ident(schema)}.{quote_ident(table)}"
+        self.target = target = f"{quote_ident(schema)}.{quote_ident(table)}"
         cols = ", ".join(
             quote_ident(c[0])
             if c[1] in NATIVE
@@ -221,11 +222,12 @@ class PostgresChunks(ChunkReader):
         return out
 
     async def estimate(self, table: TableRef) -> int:
-        oid = self.known[table.name].oid
-        found = await self._run(
-            lambda conn: conn.fetchval("SELECT reltuples::bigint FROM pg_class WHERE oid = $1", oid)
-        )
-        return max(int(found or 0), 0)
+        # The planner's estimate, not pg_class.reltuples: that is -1 for a table never analyzed
+        # (a table loaded just before its snapshot) and stale for one grown since; the planner
+        # scales it to the table's size now (and sums a partitioned table's partitions).
+        explain = f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {self.known[table.name].target}"
+        found = await self._run(lambda conn: conn.fetchval(explain))
+        return max(int(json.loads(found)[0]["Plan"]["Plan Rows"]), 0)
 
     bounded = True
 
