@@ -105,7 +105,8 @@ async def test_a_kafka_delivery_unanswered_says_in_health_what_librdkafka_last_r
     """A batch waits inside librdkafka while its broker refuses connections, up to ``timeout_s``
     (a minute by default). ``/health`` listed the sink after ``UNANSWERED_S`` as ``delivery
     unanswered for 30 s (still trying)`` and no more: why was in the log alone until the
-    batch's own error. It now says what librdkafka last reported."""
+    batch's own error. It now says what librdkafka last reported: at once when librdkafka
+    reaches no broker, and again with the watch's own reason."""
     monkeypatch.setattr(delivery, "UNANSWERED_S", 1.0)
     # A new topic's metadata is asked first, up to LEARN_S (5 s, under UNANSWERED_S's 30), and
     # reports are served only by the flush after it.
@@ -117,8 +118,15 @@ async def test_a_kafka_delivery_unanswered_says_in_health_what_librdkafka_last_r
     try:
         await wait_until(lambda: "sink:k" in runner.ctx.availability.view(), what="the sink listed")
         said = runner.ctx.availability.view()["sink:k"]["last_error"]
-        assert said.startswith("delivery unanswered for 1 s (still trying; librdkafka last said: _"), said
+        assert said.startswith("delivery waiting: no server reachable (still trying; librdkafka last said: _")
         assert "Connection refused" in said, said
+
+        def watched() -> str:
+            return runner.ctx.availability.view()["sink:k"]["last_error"]
+
+        await wait_until(lambda: watched().startswith("delivery unanswered"), what="the watch's reason")
+        assert watched().startswith("delivery unanswered for 1 s (still trying; librdkafka last said: _")
+        assert "Connection refused" in watched(), watched()
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -544,6 +544,41 @@ async def test_exactly_once_survives_a_checkpoint_left_behind_its_kafka_commit(t
     assert sorted(ids) == list(range(1, n + 501))  # each change exactly once for read_committed
 
 
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_broker_refusing_connections_is_listed_unavailable_before_the_batch_times_out(
+    exactly_once: bool,
+) -> None:
+    """librdkafka retries inside the sink's call until its timeout (``timeout_s``, 30 s here),
+    and the delivery worker listed the sink unavailable only when the batch failed, or when its
+    watch ran out (``UNANSWERED_S``): a broker refusing every connection left ``/health`` ok
+    for 30 s. librdkafka says "all brokers down" within moments; the sink passes that on, and
+    the sink is listed at once, with what librdkafka last said, before any attempt failed."""
+    proxy_port = free_port()
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        doc = kafka_doc(f"127.0.0.1:{proxy_port}", exactly_once=exactly_once, timeout_s=30)
+        runner = PipelineRunner(
+            parse_pipeline(doc, env={}),
+            store=MemoryCheckpointStore(),
+            source=PacedSource(10_000_000, chunk=200),
+        )
+        stats, availability = runner.ctx.stats, runner.ctx.availability
+        with capture_logs():
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
+            proxy.down()
+            await wait_until(lambda: "sink:k" in availability.view(), timeout=60, what="listed unavailable")
+            reason = availability.view()["sink:k"]["last_error"]
+            assert stats.commit_failures == 0, reason  # no attempt had failed yet
+            assert "no server reachable" in reason and "librdkafka last said" in reason, reason
+            proxy.up()
+            await wait_until(lambda: "sink:k" not in availability.view(), timeout=90, what="listed back")
+            await progress(stats, 600)
+            await runner.drain()
+            task.cancel()
+
+
 async def test_an_idempotent_producer_fenced_after_timeouts_is_recreated_and_loses_nothing() -> None:
     """Messages of an idempotent producer that time out make librdkafka bump its epoch, and
     Tansu then answers PRODUCER_FENCED to every produce of that producer. In the default mode

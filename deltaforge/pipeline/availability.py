@@ -55,6 +55,10 @@ class Availability:
             outage.last_error = text
             outage.attempts += 1
 
+    def listed(self, what: str) -> bool:
+        """Whether ``what`` is down now."""
+        return what in self._down
+
     def up(self, what: str, by: object | None = None) -> None:
         """``what`` responds again; to ``by``, that is: while another caller that reported it down
         still fails, the outage goes on (one writer's success is not the store's recovery)."""

@@ -210,7 +210,13 @@ class DeliveryWorker(Actor):
         CancelledError, traceback and frames in a reference cycle each time, which only the cyclic
         collector frees, in pauses of 13-37 ms every few seconds at 5k rows/s."""
         # Real time: a fake clock's sleeps are the tests' backoffs.
-        timer = asyncio.get_running_loop().call_later(UNANSWERED_S, self._unanswered)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(UNANSWERED_S, self._unanswered)
+
+        def unreachable(why: str) -> None:  # from the sink's thread
+            loop.call_soon_threadsafe(self._unreachable, why, timer)
+
+        self.sink.unreachable = unreachable
         try:
             try:
                 await self._deliver(events, end)
@@ -223,6 +229,16 @@ class DeliveryWorker(Actor):
         await self.sink.deliver(events, end)
         if self.sink.records_position:
             self.sink.acknowledged = advance(self.sink.acknowledged, end)
+
+    def _unreachable(self, why: str, watch: asyncio.TimerHandle) -> None:
+        """The sink's library reaches no server while a delivery waits (``watch``: that
+        delivery's watch): listed now, where the delivery's own error may be a long timeout away.
+        A report arriving after that delivery ended is of no delivery: the next one says for itself.
+        librdkafka says it again at each reconnection that fails: once is enough (an outage's
+        ``attempts`` count deliveries)."""
+        what = f"sink:{self.sink_id}"
+        if not watch.cancelled() and not self.ctx.availability.listed(what):
+            self.ctx.availability.down(what, f"delivery waiting: no server reachable (still trying{why})")
 
     def _unanswered(self) -> None:
         self.ctx.availability.down(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
@@ -73,6 +74,11 @@ class Sink(ABC, Generic[K]):
         (its delivery worker keeps it here across the worker's restarts, and in the checkpoint
         store between runs: ``pipeline/heldends.py``). The record read back may be further, never
         behind it."""
+        self.unreachable: Callable[[str], None] = _nobody
+        """Told, from any thread, that the sink's client library reaches none of its servers
+        (``; <library> last said: …``): a delivery waiting on it is then listed unavailable at
+        once, not ``UNANSWERED_S`` later. Set by the delivery worker; a library that keeps
+        retrying inside a call (librdkafka) is the one to tell it."""
         self.acked_ends: AckedEnds[Any] | None = None
         """A sink that compares where its server's streams end with what they acknowledged
         (``acknowledged.py``): those marks, kept between runs by the delivery worker."""
@@ -127,6 +133,10 @@ class Sink(ABC, Generic[K]):
 
     async def close(self) -> None:
         """Flush and disconnect."""
+
+
+def _nobody(_why: str) -> None:
+    """No delivery worker listens (a sink used on its own)."""
 
 
 def servers_of(urls: list[str], default_port: int) -> str:

@@ -92,7 +92,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self._reopened = False
         self.ends = PartitionEnds(self.id, self.timeout)
         # a lost connection, in the default mode: were the partitions' ends kept?
-        self.heard = Reports(None if self.exactly_once else self.ends.disturb)
+        self.heard = Reports(
+            None if self.exactly_once else self.ends.disturb, lambda why: self.unreachable(why)
+        )
         self._topics = KafkaTopics(self.id, min(self.timeout, 10.0), self.ends.admin)  # one admin client
         self.acked_ends = None if self.exactly_once else self.ends.acked
         # exactly_once: the position record kept between runs is compared only in the same topic

@@ -35,18 +35,25 @@ class Reports:
     that timed out was waiting on (a name that does not resolve, a refused connection), told with
     its error, which says only that time ran out."""
 
-    def __init__(self, also: Callable[[KafkaError], None] | None = None) -> None:
+    def __init__(
+        self, also: Callable[[KafkaError], None] | None = None, down: Callable[[str], None] | None = None
+    ) -> None:
         self.last: KafkaError | None = None
         self.also = also
         """Told of every report too (a default-mode sink's partition ends: were they kept?)."""
+        self.down = down
+        """Told when no broker is reachable, with :meth:`said` (the sink's ``unreachable``)."""
 
     def hear(self, err: KafkaError) -> None:
         """ "All brokers are down" says less than the report before it (the lookup or the
         connection that failed), so it is kept only when it is all there is."""
-        if err.code() != KafkaError._ALL_BROKERS_DOWN or self.last is None:
+        all_down = err.code() == KafkaError._ALL_BROKERS_DOWN
+        if not all_down or self.last is None:
             self.last = err
         if self.also is not None:
             self.also(err)
+        if all_down and self.down is not None:
+            self.down(self.said())
 
     def said(self) -> str:
         last = self.last
