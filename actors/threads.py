@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -43,7 +45,8 @@ class Begun(Generic[T]):
 
     For work a later message needs but an actor's start must not wait for: a Kafka sink's
     exactly-once producer initialises its transactions while the source reads the first batch.
-    Whoever begins one awaits it before letting go of it (the call may hold a connection).
+    Whoever begins one (in a coroutine: the call's end is told to its event loop) awaits it
+    before letting go of it (the call may hold a connection).
 
         >>> import anyio
         >>> async def main() -> int:
@@ -54,7 +57,12 @@ class Begun(Generic[T]):
     """
 
     def __init__(self, fn: Callable[..., T], *args: object) -> None:
-        self._done = threading.Event()
+        # The end is told to the event loop, not waited for in a worker thread: that thread,
+        # abandoned by a cancelled caller, waited on for the call's end, and the interpreter
+        # joins worker threads at exit, so a process whose last Kafka sink was still opening
+        # (a broker away) lingered after its shutdown for as long as the call's timeout.
+        self._loop = asyncio.get_running_loop()
+        self._finished = asyncio.Event()
         self._outcome: tuple[T] | BaseException | None = None
         name = f"begun-{getattr(fn, '__name__', 'call')}"
         threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True).start()
@@ -65,12 +73,13 @@ class Begun(Generic[T]):
         except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the result
             self._outcome = exc
         finally:
-            self._done.set()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
+                self._loop.call_soon_threadsafe(self._finished.set)
 
     async def result(self) -> T:
-        """What the call returned, or raises what it raised. Waits in a worker thread; a
-        cancelled caller stops waiting at once (the call goes on to its end)."""
-        await anyio.to_thread.run_sync(self._done.wait, abandon_on_cancel=True)
+        """What the call returned, or raises what it raised. A cancelled caller stops waiting
+        at once (the call goes on to its end)."""
+        await self._finished.wait()
         outcome = self._outcome
         if isinstance(outcome, BaseException):
             raise outcome

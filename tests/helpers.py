@@ -10,6 +10,7 @@ import resource
 import select
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -183,3 +184,26 @@ async def one_transaction_in_pieces(src: Source, rows: int, then: int, timeout: 
     assert len({e.tx_id for e in big}) == 1 and [e.tx_end for e in big].count(True) == 1 and big[-1].tx_end
     assert [e.order for e in big] == sorted(e.order for e in big)
     return out
+
+
+def a_cancelled_wait_lets_the_process_exit(setup: str, awaited: str) -> None:
+    """A Python process runs ``setup`` (statements), then in a coroutine starts ``awaited`` (an
+    expression naming an async callable), cancels it once it waits, returns, and must exit: the
+    interpreter joins non-daemon threads at exit, so one the cancelled wait left behind on a
+    blocking call would hold the process for the rest of that call. Timed out after 60 s."""
+    script = (
+        f"import anyio\n{setup}\n"
+        "async def main():\n"
+        f"    wait = {awaited}\n"
+        "    async with anyio.create_task_group() as tg:\n"
+        "        tg.start_soon(wait)\n"
+        "        await anyio.wait_all_tasks_blocked()\n"
+        "        tg.cancel_scope.cancel()\n"
+        "anyio.run(main)\n"
+        "print('returned', flush=True)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert (done.returncode, done.stdout) == (0, "returned\n"), done.stderr

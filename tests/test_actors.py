@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from actors import Actor, ActorCell, ActorStopped, AskTimeout, message
-from tests.helpers import wait_until
+from tests.helpers import a_cancelled_wait_lets_the_process_exit, wait_until
 
 
 @message
@@ -325,6 +325,16 @@ async def test_blocking_calls_run_off_the_loop_with_a_capacity_limit() -> None:
     assert await cell.ref.ask(Echo(0.0)) != loop_thread
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_process_exits_without_waiting_for_a_begun_call_nobody_awaits_any_more() -> None:
+    """A cancelled waiter of a begun call left a worker thread waiting for the call's end, and
+    the interpreter joins worker threads at exit: ``serve`` stopped with a Kafka sink still
+    opening (its broker away) logged ``shutdown_complete`` and lingered for the rest of the
+    call's timeout (27 s seen). The call's own thread is a daemon: nothing waits for it now."""
+    a_cancelled_wait_lets_the_process_exit(
+        "import time\nfrom actors import Begun", "Begun(time.sleep, 600).result"
+    )
 
 
 async def test_a_begun_call_runs_before_it_is_awaited_and_hands_over_its_result_or_error() -> None:

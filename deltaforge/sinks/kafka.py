@@ -245,7 +245,9 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         if ahead is not None:
             return ahead[0]
         topic = self.settings.offsets_topic
-        return await self._thread.run(read_position, self.reach, topic, self.position_key, self.timeout)
+        # In a thread of its own (its own consumer, nothing of the producer's): one a stop leaves
+        # waiting on a broker that is away (up to timeout_s) must not hold the process's exit.
+        return await Begun(read_position, self.reach, topic, self.position_key, self.timeout).result()
 
     async def rewind(self, position: Position | None) -> None:
         """exactly_once: the position record set back to ``position`` (a null position: none),
