@@ -82,6 +82,10 @@ class DeliveryWorker(Actor):
         # batches, so a sink that is down does not hold back the start of the pipeline (its
         # first batch fails instead, and the coordinator retries it). One whose client connects
         # in the background starts to now (prepare never waits).
+        self._loop = asyncio.get_running_loop()
+        self._watch: asyncio.TimerHandle | None = None
+        """The watch of the delivery under way (see :meth:`_watched`), cancelled once it returns."""
+        self.sink.unreachable = self._heard_unreachable
         await self.sink.prepare()
 
     async def _open(self) -> None:
@@ -210,13 +214,7 @@ class DeliveryWorker(Actor):
         CancelledError, traceback and frames in a reference cycle each time, which only the cyclic
         collector frees, in pauses of 13-37 ms every few seconds at 5k rows/s."""
         # Real time: a fake clock's sleeps are the tests' backoffs.
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(UNANSWERED_S, self._unanswered)
-
-        def unreachable(why: str) -> None:  # from the sink's thread
-            loop.call_soon_threadsafe(self._unreachable, why, timer)
-
-        self.sink.unreachable = unreachable
+        self._watch = timer = self._loop.call_later(UNANSWERED_S, self._unanswered)
         try:
             try:
                 await self._deliver(events, end)
@@ -230,14 +228,19 @@ class DeliveryWorker(Actor):
         if self.sink.records_position:
             self.sink.acknowledged = advance(self.sink.acknowledged, end)
 
-    def _unreachable(self, why: str, watch: asyncio.TimerHandle) -> None:
-        """The sink's library reaches no server while a delivery waits (``watch``: that
-        delivery's watch): listed now, where the delivery's own error may be a long timeout away.
-        A report arriving after that delivery ended is of no delivery: the next one says for itself.
-        librdkafka says it again at each reconnection that fails: once is enough (an outage's
-        ``attempts`` count deliveries)."""
+    def _heard_unreachable(self, why: str) -> None:
+        """The sink's :attr:`Sink.unreachable`, called from the sink's thread."""
+        self._loop.call_soon_threadsafe(self._unreachable, why)
+
+    def _unreachable(self, why: str) -> None:
+        """The sink's library reaches no server while a delivery waits: listed now, where the
+        delivery's own error may be a long timeout away. A report arriving after the delivery
+        ended (its watch cancelled) is of no delivery: the next one says for itself. librdkafka
+        says it again at each reconnection that fails: once is enough (an outage's ``attempts``
+        count deliveries)."""
         what = f"sink:{self.sink_id}"
-        if not watch.cancelled() and not self.ctx.availability.listed(what):
+        watch = self._watch
+        if watch is not None and not watch.cancelled() and not self.ctx.availability.listed(what):
             self.ctx.availability.down(what, f"delivery waiting: no server reachable (still trying{why})")
 
     def _unanswered(self) -> None:
