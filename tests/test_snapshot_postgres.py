@@ -671,6 +671,70 @@ def test_a_connection_gone_silent_as_the_pool_takes_it_back_is_given_up(postgres
     assert after == 2
 
 
+def test_a_chunk_read_given_up_has_its_backend_ended_by_the_next_read(postgres: Postgres) -> None:
+    """A chunk read whose connection went silent is given up, but its backend, blocked sending the
+    chunk into a socket nobody reads (``ClientWrite``), kept its transaction, and with it vacuum's
+    horizon: until TCP gave the connection up, never while the peer is alive and not reading. The
+    next read ends it."""
+    from deltaforge.sources.base import SourceUnavailable
+
+    async def run(proxy: TcpProxy) -> tuple[BaseException | None, Any, Any]:
+        db = await fresh_db(postgres)
+        conn = await asyncpg.connect(postgres.dsn(db))
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        # 40 MB in one chunk: more than the sockets between the server and the reader hold.
+        await conn.execute(
+            "INSERT INTO t SELECT i, repeat(md5(i::text), 300) FROM generate_series(1, 4000) i"
+        )
+        await conn.execute(f"CREATE PUBLICATION p_{db} FOR TABLE t")
+        dsn = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
+        src = source(postgres, db, dsn=dsn, query_timeout_s=2)
+        reader = PostgresChunks(src, SnapshotSettings())
+        await reader.open(1)
+        reading = (
+            "SELECT pid, wait_event, backend_xmin FROM pg_stat_activity "
+            "WHERE datname = $1 AND state = 'active' AND query LIKE 'SELECT % ORDER BY %' AND pid <> pg_backend_pid()"
+        )
+        try:
+            (ref,) = await reader.tables(["public.t"])
+            read = asyncio.ensure_future(reader.chunk(ref, None, 4000))
+            while (blocked := await conn.fetchrow(reading, db)) is None or blocked[1] != "ClientWrite":
+                await asyncio.sleep(0.01)  # the server has no notification for a backend's wait
+            proxy.freeze()
+            raised = None
+            try:
+                await read
+            except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+                raised = exc
+            left = await conn.fetchrow(
+                "SELECT wait_event, backend_xmin FROM pg_stat_activity WHERE pid = $1", blocked[0]
+            )
+            with capture_logs() as logs:
+                await reader.last_key(ref)  # the next read, on a new connection
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while (
+                gone := await conn.fetchval(
+                    "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", blocked[0]
+                )
+            ) is False and loop.time() < deadline:
+                await asyncio.sleep(0.05)  # the server has no notification for a backend's exit
+            ended = [e for e in logs if e["event"] == "snapshot_read_ended"]
+            await reader.last_key(ref)  # which finds it gone, and forgets it
+            return raised, (left, gone, src.given_up), ended
+        finally:
+            await reader.close()
+            await conn.close()
+
+    with TcpProxy(postgres.port) as proxy:
+        raised, (left, gone, given_up), ended = asyncio.run(asyncio.wait_for(run(proxy), 60))
+    assert isinstance(raised, SourceUnavailable), repr(raised)
+    assert left is not None and left[0] == "ClientWrite" and left[1] is not None, left  # holding the horizon
+    assert gone, "the given-up read's backend is still there"
+    assert len(ended) == 1 and "went silent" in ended[0]["reason"], ended
+    assert given_up == {}, given_up  # forgotten once gone
+
+
 def test_a_renamed_key_column_fails_the_chunk_instead_of_rebuilding_forever(postgres: Postgres) -> None:
     """The keyset pagination names the key column; once it is renamed, rebuilding the query
     from the new columns cannot help, so the chunk's error is raised, not retried without end."""

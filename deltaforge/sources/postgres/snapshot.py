@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+import structlog
 
 from deltaforge.configmodel import SnapshotSettings
 from deltaforge.events import Event, Row, SourceInfo
 from deltaforge.position import Position
+from deltaforge.redact import redact
 from deltaforge.snapshot.chunks import (
     WATERMARK_PREFIX,
     ChunkReader,
@@ -42,6 +44,16 @@ _COLUMNS = (
     "SELECT attname, atttypid::bigint, format_type(atttypid, atttypmod) FROM pg_attribute "
     "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND ($2 OR attgenerated = '') ORDER BY attnum"
 )
+Backend = tuple[int, str]
+"""A server process: its pid and ``backend_start`` as the server writes it."""
+
+_STARTED = "SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+_END_GIVEN_UP = (
+    "SELECT a.pid, a.backend_start::text, pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+    "JOIN unnest($1::int[], $2::text[]) g(pid, since) ON a.pid = g.pid AND a.backend_start::text = g.since"
+)
+"""Signals the given-up reads' backends still there (by pid and start: a pid alone may be another
+backend's by then), one row each."""
 _PRIMARY_KEY = PRIMARY_KEY.replace("%s", "$1")
 _TYPES = TYPES.replace("%s", "$1")
 
@@ -124,6 +136,7 @@ class PostgresChunks(ChunkReader):
         self.pool: asyncpg.Pool | None = None
         self.known: dict[str, _Table] = {}
         self.types = Types()
+        self.backends: dict[int, Backend] = {}  # each pooled connection's backend, by its pid
 
     async def _shape(self, conn: asyncpg.Connection, oid: int, name: str) -> Shape:
         """What of table ``name`` (its ``oid``) the publication publishes now (see :data:`Shape`)."""
@@ -152,8 +165,14 @@ class PostgresChunks(ChunkReader):
         who, timeout = self.source.who, self.source.query_timeout
         try:
             conn = await self.pool.acquire()
+            backend = self.backends.get(conn.get_server_pid())
+
+            def give_up() -> None:
+                conn.terminate()
+                self._given_up(backend)
+
             try:
-                return await answered(work(conn), timeout, conn.terminate, who)
+                return await answered(self._after_given_up(conn, work), timeout, give_up, who)
             finally:
                 # The pool's release resets the connection with a query of its own, unbounded
                 # unless told: on a connection gone silent just after the answer, the snapshot
@@ -161,16 +180,65 @@ class PostgresChunks(ChunkReader):
                 try:
                     await self.pool.release(conn, timeout=timeout)
                 except TimeoutError:
+                    self._given_up(backend)
                     raise unanswered(who, timeout) from None
         except Exception as exc:
             if is_unavailable(exc):
                 raise SourceUnavailable(f"{who}: {describe(exc, self.source.dsn)}") from None
             raise
 
+    def _given_up(self, backend: Backend | None) -> None:
+        """A read's connection dropped without a word to the server: a silent connection. Its
+        backend, blocked sending the chunk into a socket nobody reads, keeps its transaction, and
+        with it the xmin horizon every vacuum of the database waits on, until TCP gives the
+        connection up: about 15 minutes for a vanished host, never for a peer alive but not
+        reading. The next read ends it."""
+        if backend is not None:
+            self.source.given_up.setdefault(backend, 0)
+
+    async def _after_given_up(
+        self, conn: asyncpg.Connection, work: Callable[[asyncpg.Connection], Awaitable[T]]
+    ) -> T:
+        """``work``, after ending the backends of reads given up that are still there (signalled
+        again at each read until they are gone)."""
+        given_up = self.source.given_up
+        if given_up:
+            pids, starts = zip(*given_up, strict=True)
+            log = structlog.get_logger().bind(actor="PostgresSource", source=self.source.who)
+            try:
+                there = {(int(r[0]), str(r[1])) for r in await conn.fetch(_END_GIVEN_UP, pids, starts)}
+            except asyncpg.InsufficientPrivilegeError as exc:  # then the server's own timeouts
+                log.warning(
+                    "snapshot_read_left", pids=list(pids), reason=redact(f"{type(exc).__name__}: {exc}")
+                )
+                there = set()
+            for backend in list(given_up):
+                if backend not in there:
+                    del given_up[backend]
+                    continue
+                if not given_up[backend]:
+                    log.warning(
+                        "snapshot_read_ended", pid=backend[0],
+                        reason="the backend of a chunk read given up for not answering was still there, "
+                        "holding its transaction (and vacuum's horizon): its connection went silent",
+                    )  # fmt: skip
+                given_up[backend] += 1
+        return await work(conn)
+
+    async def _met(self, conn: asyncpg.Connection) -> None:
+        """A new pooled connection: its backend's start, which with its pid names it (``_given_up``)."""
+        started = await conn.fetchval(_STARTED, timeout=self.source.query_timeout)
+        self.backends[conn.get_server_pid()] = (conn.get_server_pid(), str(started))
+
     async def open(self, parallel: int) -> None:
         try:
             self.pool = await asyncpg.create_pool(
-                self.source.dsn, min_size=1, max_size=parallel, timeout=10, server_settings=SESSION
+                self.source.dsn,
+                min_size=1,
+                max_size=parallel,
+                timeout=10,
+                server_settings=SESSION,
+                init=self._met,
             )
         except Exception as exc:
             if is_unavailable(exc):

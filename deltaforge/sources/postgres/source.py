@@ -84,6 +84,9 @@ class PostgresSource(Source):
         self._silence_bound = config.silence_bound_s
         self.query_timeout = config.query_timeout_s
         self._walsender: Walsender | None = None  # of the last stream started: see holder.py
+        self.given_up: dict[tuple[int, str], int] = {}
+        """Backends of snapshot reads given up for not answering, with how often each was ended
+        since (snapshot.py): kept here, past the snapshot reader's own restarts."""
         self.tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self.retention = SlotRetention(self.id, self.slot, config.wal_warn_mb << 20)
