@@ -29,10 +29,14 @@ class BlockingRunner:
 
         With ``abandon_on_cancel`` a cancelled caller stops waiting at once and the
         thread finishes on its own; use it only when the result can be thrown away.
+        That thread is a daemon (a :class:`Begun`): the interpreter joins anyio's worker
+        threads at exit, and a question to a server that answers nothing, abandoned by a
+        stop, held the process after its shutdown for the rest of its timeout.
         """
-        return await anyio.to_thread.run_sync(
-            fn, *args, limiter=self.limiter, abandon_on_cancel=abandon_on_cancel
-        )
+        if abandon_on_cancel:
+            async with self.limiter:
+                return await Begun(fn, *args).result()
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     @property
     def busy(self) -> int:

@@ -337,6 +337,16 @@ def test_a_process_exits_without_waiting_for_a_begun_call_nobody_awaits_any_more
     )
 
 
+def test_a_process_exits_without_waiting_for_a_call_its_cancelled_caller_abandoned() -> None:
+    """``BlockingRunner.run(..., abandon_on_cancel=True)`` ran in an anyio worker thread, which
+    the interpreter joins at exit: a MySQL source's question to a server answering nothing,
+    abandoned by a stop, held ``serve`` after ``shutdown_complete`` for the rest of its timeout."""
+    a_cancelled_wait_lets_the_process_exit(
+        "import functools, time\nfrom actors import BlockingRunner",
+        "functools.partial(BlockingRunner().run, time.sleep, 600, abandon_on_cancel=True)",
+    )
+
+
 async def test_a_begun_call_runs_before_it_is_awaited_and_hands_over_its_result_or_error() -> None:
     from actors import Begun
 

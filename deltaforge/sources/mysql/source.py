@@ -150,7 +150,7 @@ class MySQLSource(Source):
         )
         decoder.spawn()  # it starts up while the server is checked
         try:
-            info, start = await self._threads.run(self._prepare, resume)
+            info, start = await self._ask(lambda conn: self._check(conn, resume))
         except BaseException:
             await self._threads.run(decoder.stop)
             raise
@@ -197,7 +197,7 @@ class MySQLSource(Source):
         return BinlogPosition("", 0, 0, checkpoint.gtid, 0, self._gen)
 
     async def identity(self) -> dict[str, str] | None:
-        return await self._threads.run(self._with_connection, failover.identity)
+        return await self._ask(failover.identity)
 
     async def reconcile(self, checkpoint: Position, previous: dict[str, str] | None) -> None:
         cp = own_position(checkpoint, BinlogPosition)
@@ -207,9 +207,7 @@ class MySQLSource(Source):
                 "failover detected: the DSN now leads to another server, and resume_by: file cannot "
                 "resume there (binlog coordinates differ between servers). Re-snapshot from the new server."
             )
-        await self._threads.run(
-            self._with_connection, lambda conn: failover.check_reachable(conn, cp, previous)
-        )
+        await self._ask(lambda conn: failover.check_reachable(conn, cp, previous))
 
     async def filled(self, table: str, columns: list[str]) -> list[str]:
         db, name = table.split(".", 1)
@@ -225,8 +223,14 @@ class MySQLSource(Source):
                 )
                 return {str(r[0]) for r in cur.fetchall()}
 
-        have = await self._threads.run(self._with_connection, ask)
+        have = await self._ask(ask)
         return [c for c in columns if c in have]
+
+    async def _ask(self, work: Callable[[Any], T]) -> T:
+        """``work``'s answer on a short connection. A stop does not wait for it: a server alive
+        but answering nothing (stopped, its host frozen) leaves the question waiting
+        ``query_timeout_s``, and the stop waited with it, then the process's exit."""
+        return await self._threads.run(self._with_connection, work, abandon_on_cancel=True)
 
     def _with_connection(self, work: Callable[[Any], T]) -> T:
         """``work`` on a short connection (blocking: in a worker thread); a server that is down is
@@ -242,7 +246,7 @@ class MySQLSource(Source):
             conn.close()
 
     async def describe_tables(self) -> list[DeclaredTable]:
-        return await self._threads.run(self._with_connection, self._describe_sync)
+        return await self._ask(self._describe_sync)
 
     def _describe_sync(self, conn: Any) -> list[DeclaredTable]:
         with conn.cursor() as cur:
@@ -257,9 +261,6 @@ class MySQLSource(Source):
             if self.captures(schema, table):
                 tables.setdefault((schema, table), []).append((column, str(typ)))
         return [DeclaredTable(db, t, tuple(cols)) for (db, t), cols in tables.items()]
-
-    def _prepare(self, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
-        return self._with_connection(lambda conn: self._check(conn, resume_after))
 
     def _check(self, conn: Any, resume_after: BinlogPosition | None) -> tuple[ServerInfo, BinlogPosition]:
         info = check_preconditions(conn, self.settings.where, self.captured, self.cascades)
