@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,9 @@ from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.mysql.checks import MySQLSettings
 from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.source import MySQLSource
+from tests.helpers import jsonl, wait_until_sync
 from tests.mysql_kit import fresh_db, read_n, source
+from tests.serve_proc import serve_pipeline
 from tests.servers.mariadb import MariaDB
 
 
@@ -113,3 +117,37 @@ async def test_a_lost_stream_connection_reopens_from_the_checkpoint_not_replayin
     await again.open(first[-1].checkpoint)
     assert [e.after["id"] for e in await read_n(again, 5) if e.after] == [6, 7, 8, 9, 10]
     await again.close()
+
+
+def test_a_stop_does_not_wait_for_a_question_a_stopped_server_never_answers(tmp_path: Path) -> None:
+    """A server alive but answering nothing (its process stopped, its host frozen) takes a short
+    connection's question and holds it for ``query_timeout_s``: a stop meanwhile waited for the
+    reader's opening (the drain's 30 s, ``pipeline_drain_incomplete``), and after
+    ``shutdown_complete`` the interpreter joined the thread asking for the rest (58 s from the
+    signal at the default 60 s). Neither waits for it now."""
+    with MariaDB() as server:
+        db = fresh_db(server)
+        with server.root(db) as c, c.cursor() as cur:
+            cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        config = {"id": "my", "dsn": server.dsn(), "tables": [f"{db}.t"], "query_timeout_s": 600}
+        spec = {
+            "source": {"type": "mysql", "config": config},
+            "sinks": [{"type": "file", "config": {"id": "f", "path": str(tmp_path / "out.jsonl")}}],
+        }
+        with serve_pipeline(tmp_path, spec) as serve:
+            assert server.proc is not None
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                # The stream misses the stopped server's heartbeats, the source opens again,
+                # and its first question waits on a connection the kernel accepted for it.
+                wait_until_sync(
+                    lambda: "MySQLSource._with_connection" in (serve.ask_waits() or ""),
+                    90,
+                    "a question waiting on the stopped server",
+                )
+                assert serve.terminate(timeout=60) == 0
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+        said = [e["event"] for e in jsonl(tmp_path / "log.jsonl")]
+        # The drain did not wait for the reader's opening, which has read nothing since.
+        assert "pipeline_drained" in said and "pipeline_drain_incomplete" not in said, said[-20:]

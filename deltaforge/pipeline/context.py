@@ -123,6 +123,11 @@ class PipelineContext:
     """What reconciliations found (FailoverReconciler; REST reads them)."""
     paused: bool = False
     """Paused by an operator: the reader reads nothing, also after a restart, until resumed."""
+    opening: bool = False
+    """The reader is (re)opening its source (its ``on_start``): it has read nothing since, and
+    answers nothing until the source answers."""
+    draining: bool = False
+    """A drain began: a reader whose opening ends after it reads nothing (see ``opening``)."""
     snapshot: SnapshotStatus = field(default_factory=SnapshotStatus)
     """Snapshot progress (the SourceReader's SnapshotDriver writes it; REST and metrics read it)."""
     dlq: DeadLetterQueue | None = None

@@ -86,12 +86,17 @@ class SourceReader(Actor):
     async def on_start(self) -> None:
         ctx = self.ctx
         self.snapshots.log = self.log  # bound to this actor's name now
-        found = await ctx.load_checkpoints()
-        ctx.durable.clear()
-        ctx.durable.update(found)
-        await self._open()
-        # A pipeline paused before this (re)start stays paused: only a resume reads again.
-        self.reading = not ctx.paused
+        ctx.opening = True
+        try:
+            found = await ctx.load_checkpoints()
+            ctx.durable.clear()
+            ctx.durable.update(found)
+            await self._open()
+        finally:
+            ctx.opening = False
+        # A pipeline paused before this (re)start stays paused: only a resume reads again; one
+        # whose drain began meanwhile reads nothing more.
+        self.reading = not (ctx.paused or ctx.draining)
         self._read_again()
 
     def _read_again(self) -> None:

@@ -252,12 +252,18 @@ class PipelineRunner:
                 self._opening.cancel()
             return
         self.state = "draining"
+        self.ctx.draining = True
         tree = self.tree
         try:
             async with asyncio.timeout(timeout):
-                await tree.reader.ask(StopReading(), timeout=timeout)
+                # A reader opening its source has read nothing since, and answers only once the
+                # source does: a server alive but answering nothing held the drain its whole
+                # timeout. Once open it reads nothing (ctx.draining); the stop ends its opening.
+                if not self.ctx.opening:
+                    await tree.reader.ask(StopReading(), timeout=timeout)
                 await tree.deliver_buffered(timeout)
-                await tree.reader.ask(ReleaseHeld(), timeout=timeout)
+                if not self.ctx.opening:
+                    await tree.reader.ask(ReleaseHeld(), timeout=timeout)
             last = self.ctx.stats.last_checkpoint
             self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)
         except (TimeoutError, ActorStopped) as exc:
