@@ -46,6 +46,25 @@ def run_probe(then: str, frames: tuple[tuple[Any, ...], ...] = (("said",),)) -> 
     return ended
 
 
+def test_a_child_gone_with_a_frame_left_unsent_is_stopped_and_reaped() -> None:
+    """A frame sent to a child that had exited stays in its stdin's buffer (the write's broken
+    pipe is the pump's to report), and closing that pipe raised ``BrokenPipeError`` from the
+    decoder's stop: the child was not reaped, its pipes not closed, its threads not joined, and
+    the PostgreSQL source's close stopped there, its control connection and checks left open
+    (``on_stop_failed``, seen when ``serve`` went on after a pause longer than the server's
+    ``wal_sender_timeout``)."""
+    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: None, silence_s=60)
+    decoder.start({"then": "exit"})
+    assert isinstance(decoder.queue.get(timeout=30), BaseException)  # the child has ended
+    proc = decoder._proc
+    assert proc is not None and proc.stdin is not None
+    decoder.send(("confirm", 1))
+    decoder.stop()
+    assert (
+        proc.returncode is not None and proc.stdin.closed and proc.stdout is not None and proc.stdout.closed
+    )
+
+
 def test_a_library_warning_in_the_child_is_one_log_event_with_the_pipeline(
     logs: list[dict[str, Any]],
 ) -> None:

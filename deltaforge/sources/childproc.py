@@ -15,6 +15,7 @@ event, so it reaches ``deltaforge logs`` and the log file, not bare text on a te
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import json
@@ -172,7 +173,10 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.stdin is not None:
-        proc.stdin.close()
+        # A frame sent after the child had gone stays in the pipe's buffer, and closing the pipe
+        # flushes it into nobody: BrokenPipeError, after the pipe is closed all the same.
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait()
