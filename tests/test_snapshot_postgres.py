@@ -178,6 +178,32 @@ def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
     check_handoff(tmp_path / "events.jsonl", table_state(postgres, db), crashes=True)
 
 
+def test_a_stop_while_a_chunk_read_waits_on_the_server_delivers_what_was_handed_on_and_ends(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A drain asks the reader to stop reading, and a reader in a chunk read the server does not
+    answer (waiting on a lock here; a server stopped or its host frozen alike) answered only once
+    the read ended: the drain waited its 30 s and ended ``pipeline_drain_incomplete``. It now
+    delivers what the reader handed on and the stop ends the read."""
+    db = prepare(postgres, 100_000)
+    doc = spec(tmp_path, postgres, db, chunk_size=100)
+    doc["source"]["config"]["query_timeout_s"] = 600
+    out = tmp_path / "events.jsonl"
+    waiting = "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock')"
+    with serve_pipeline(tmp_path, doc) as serve:
+        wait_until_sync(lambda: snapshot_rows_in(out) >= 1000, 60, "the snapshot under way")
+        with psycopg.connect(postgres.dsn(db)) as locker, psycopg.connect(postgres.dsn(db)) as look:
+            locker.execute("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")  # held until the block ends
+            wait_until_sync(
+                lambda: bool(look.execute(waiting, (db,)).fetchone()[0]), 30, "a chunk read waiting"
+            )
+            assert not snapshot_done(serve)
+            assert serve.terminate(timeout=60) == 0
+    said = [e["event"] for e in jsonl(tmp_path / "log.jsonl")]
+    assert "drain_without_reader" in said, said[-20:]
+    assert "pipeline_drained" in said and "pipeline_drain_incomplete" not in said, said[-20:]
+
+
 def test_on_demand_snapshot_over_rest_while_streaming(postgres: Postgres, tmp_path: Path) -> None:
     db = prepare(postgres, 3000)
     with psycopg.connect(postgres.dsn(db), autocommit=True) as conn:

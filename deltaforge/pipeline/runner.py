@@ -41,6 +41,11 @@ from supervision import Clock, Fatal, FunctionChild, MonotonicClock, SupervisorF
 
 T = TypeVar("T")
 
+READ_GRACE_S = 5.0
+"""How long a drain waits for the reader's read in progress to end before it delivers what the
+reader handed on without it (a read is a chunk: it ends in well under a second while its
+source answers)."""
+
 
 class BadState(Exception):
     """An operation the pipeline's state does not allow (pause a stopped pipeline, say)."""
@@ -256,19 +261,35 @@ class PipelineRunner:
         tree = self.tree
         try:
             async with asyncio.timeout(timeout):
-                # A reader opening its source has read nothing since, and answers only once the
-                # source does: a server alive but answering nothing held the drain its whole
-                # timeout. Once open it reads nothing (ctx.draining); the stop ends its opening.
-                if not self.ctx.opening:
-                    await tree.reader.ask(StopReading(), timeout=timeout)
+                # A reader opening its source, or in a read the source does not answer (a
+                # snapshot chunk from a server alive but answering nothing), answers only once the
+                # source does, and held the drain its whole timeout. What it reads then is not
+                # handed on for this drain (the stop ends the read; the next start reads it
+                # again): what it handed on before is delivered. Once open it reads nothing more
+                # (ctx.draining); its StopReading, queued, stops it after the read.
+                stopped = not self.ctx.opening and await self._reader_answers(StopReading())
                 await tree.deliver_buffered(timeout)
-                if not self.ctx.opening:
+                if stopped:
                     await tree.reader.ask(ReleaseHeld(), timeout=timeout)
             last = self.ctx.stats.last_checkpoint
             self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)
         except (TimeoutError, ActorStopped) as exc:
             self.log.warning("pipeline_drain_incomplete", reason=str(exc))
         self.supervisor.request_stop()
+
+    async def _reader_answers(self, message: StopReading) -> bool:
+        """Whether the reader answers ``message`` within :data:`READ_GRACE_S` (a read in
+        progress ends first), said when it does not."""
+        try:
+            await self.tree.reader.ask(message, timeout=READ_GRACE_S)
+        except AskTimeout:
+            self.log.info(
+                "drain_without_reader",
+                reason=f"the reader's read did not end within {READ_GRACE_S:g} s (its source answers "
+                "nothing): what it handed on is delivered; the next start reads the rest again",
+            )
+            return False
+        return True
 
     def stop_now(self) -> None:
         """Stop the tree without delivering what is buffered (a drain that waits on a sink that is
