@@ -1,0 +1,43 @@
+"""``serve`` itself stopped and resumed: the whole process SIGSTOPped for 70 s under writes, as a
+paused VM, a frozen container or a laptop's lid leaves it, then SIGCONTed. Its servers see every
+connection silent meanwhile: PostgreSQL ends the replication stream past ``wal_sender_timeout``
+(60 s), and the source's decoder child exits with it. Once resumed, the pipeline must reopen by
+itself, close what went away whole (``on_stop_failed`` none: a confirmation sent to the child
+after it exited stayed in its pipe and failed the source's close), and deliver every change, in
+order, once where promised."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from chaos.runner import RunContext
+from chaos.scenarios.rig import postgres_rig
+
+PAUSE_S = 70.0
+"""Past the server's ``wal_sender_timeout`` (60 s by default): the stream is ended meanwhile."""
+
+
+def run(ctx: RunContext) -> None:
+    with postgres_rig(ctx) as rig:
+        rig.add_redis(exactly_once=True)
+        rig.add_kafka()
+        serve = rig.start()
+        rig.workload.start()
+        rig.progress(100)
+        process = psutil.Process(serve.proc.pid)
+        process.suspend()
+        try:
+            time.sleep(PAUSE_S)  # the pause itself: serve does nothing meanwhile, whatever happens
+        finally:
+            process.resume()
+        ctx.figures["paused_s"] = PAUSE_S
+        delivered = len(rig.delivered())
+        rig.progress(delivered + 100)
+        log = (ctx.workdir / "log.jsonl").read_text()
+        ctx.figures["restarts after the pause"] = log.count('"child_restarted"') + log.count(
+            '"child_unavailable"'
+        )
+        ctx.expect("clean-ups that failed (on_stop_failed)", log.count('"on_stop_failed"'), 0)
+        rig.verify()
