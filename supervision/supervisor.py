@@ -297,7 +297,8 @@ class Supervisor:
         for member in group:
             member.state = "restarting"
         child.state = "unavailable" if isinstance(error, Unavailable) else "restarting"
-        await self.clock.sleep(delay)
+        if not await self._backoff_unless_stopped(delay):
+            return  # run() sees the stop next, and stops what is left
         for member in group:
             if member is not child and member.spec.restart is Restart.TEMPORARY:
                 member.state = "stopped"
@@ -316,6 +317,19 @@ class Supervisor:
                 exc_info=error if member is child and not isinstance(error, Unavailable) else None,
             )
         # run() starts the group again, in order, each after the one before it is up.
+
+    async def _backoff_unless_stopped(self, delay: float) -> bool:
+        """Wait ``delay`` before a restart, unless :meth:`request_stop` comes first: the stop
+        waited out the backoff, up to its maximum (a SIGTERM during a long outage took that much
+        longer). True when the whole delay passed."""
+        sleep = asyncio.ensure_future(self.clock.sleep(delay))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({sleep, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleep.cancel()
+            stop.cancel()
+        return not self._stopping.is_set()
 
     def _crash(self, child: _Running, error: BaseException | None, tracker: RestartIntensity) -> float:
         """A crash (or a normal exit of a permanent child): counted; the delay before the restart."""

@@ -152,3 +152,31 @@ async def test_an_outage_after_a_healthy_run_starts_its_backoff_afresh() -> None
     assert first[-1] > 0.5 and second[0] <= 0.1
     sup.request_stop()
     await task
+
+
+class _HeldClock(FakeClock):
+    """A clock whose sleeps end only when told (never, here): a restart's backoff as long as any."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeping = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.sleeping.set()
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("outage", [True, False])
+async def test_a_stop_during_a_restarts_backoff_ends_it_at_once(outage: bool) -> None:
+    """A stop asked while the supervisor waited out a child's backoff (an outage's or a crash's)
+    was seen only once the backoff ended: up to its maximum (10 s by default) added to a SIGTERM
+    during a long outage."""
+    clock = _HeldClock()
+    child = Unreachable(outages=5) if outage else Flaky("flaky", clock, [1.0, 2.0])
+    sup = Supervisor("s", [ChildSpec(child)], backoff=Backoff(60, 60), clock=clock, rng=random.Random(4))
+    task = asyncio.create_task(sup.run())
+    await asyncio.wait_for(clock.sleeping.wait(), 10)
+    sup.request_stop()
+    await asyncio.wait_for(task, 10)
+    assert len(clock.sleeps) == 1 and sup.state == "stopped"
