@@ -263,10 +263,10 @@ class PipelineRunner:
             async with asyncio.timeout(timeout):
                 # A reader opening its source, or in a read the source does not answer (a
                 # snapshot chunk from a server alive but answering nothing), answers only once the
-                # source does, and held the drain its whole timeout. What it reads then is not
-                # handed on for this drain (the stop ends the read; the next start reads it
-                # again): what it handed on before is delivered. Once open it reads nothing more
-                # (ctx.draining); its StopReading, queued, stops it after the read.
+                # source does, and held the drain its whole timeout. What it handed on before is
+                # delivered; what it reads now is not (the stop ends the read; the next start
+                # reads it again). Once open it reads nothing more (ctx.draining); its
+                # StopReading, queued, stops it after the read.
                 stopped = not self.ctx.opening and await self._reader_answers(StopReading())
                 await tree.deliver_buffered(timeout)
                 if stopped:
