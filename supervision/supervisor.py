@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import structlog
@@ -242,13 +243,7 @@ class Supervisor:
             self._watch(child, child.generation, status), name=f"{self.name}/{child.spec.name}"
         )
         child.task = task
-        up = asyncio.create_task(status.event.wait())
-        stop = asyncio.create_task(self._stopping.wait())
-        try:
-            await asyncio.wait({task, up, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            up.cancel()
-            stop.cancel()
+        await self._until_stop(status.event.wait(), task)
         if status.event.is_set() and child.state == "starting":
             child.state = "running"
         return status.event.is_set()
@@ -297,7 +292,9 @@ class Supervisor:
         for member in group:
             member.state = "restarting"
         child.state = "unavailable" if isinstance(error, Unavailable) else "restarting"
-        if not await self._backoff_unless_stopped(delay):
+        # A stop during the backoff ends it: it waited the backoff out, up to its maximum.
+        await self._until_stop(self.clock.sleep(delay))
+        if self._stopping.is_set():
             return  # run() sees the stop next, and stops what is left
         for member in group:
             if member is not child and member.spec.restart is Restart.TEMPORARY:
@@ -318,18 +315,16 @@ class Supervisor:
             )
         # run() starts the group again, in order, each after the one before it is up.
 
-    async def _backoff_unless_stopped(self, delay: float) -> bool:
-        """Wait ``delay`` before a restart, unless :meth:`request_stop` comes first: the stop
-        waited out the backoff, up to its maximum (a SIGTERM during a long outage took that much
-        longer). True when the whole delay passed."""
-        sleep = asyncio.ensure_future(self.clock.sleep(delay))
+    async def _until_stop(self, wait: Awaitable[Any], *also: asyncio.Task[None]) -> None:
+        """Until ``wait`` ends, :meth:`request_stop` is called, or one of ``also`` (tasks left
+        running) ends."""
+        waiting = asyncio.ensure_future(wait)
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({sleep, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiting, stop, *also}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            sleep.cancel()
+            waiting.cancel()
             stop.cancel()
-        return not self._stopping.is_set()
 
     def _crash(self, child: _Running, error: BaseException | None, tracker: RestartIntensity) -> float:
         """A crash (or a normal exit of a permanent child): counted; the delay before the restart."""
