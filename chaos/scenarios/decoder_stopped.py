@@ -7,22 +7,19 @@ change arrives, in order."""
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 
 import psutil
 
 from chaos.runner import RunContext
-from chaos.scenarios.rig import mariadb_rig, postgres_rig, wait_for
+from chaos.scenarios.rig import seeded_rig, wait_for
 
 BOUND_S = {"mysql": 10 + 10, "postgres": 2 + 10}  # the stream's silence bound + the slack
 
 
 def run(ctx: RunContext) -> None:
-    kind = random.Random(ctx.seed).choice(["mysql", "postgres"])
-    ctx.figures["source"] = kind
-    rig_of = mariadb_rig if kind == "mysql" else postgres_rig
-    with rig_of(ctx) as rig:
+    kind, rig_cm = seeded_rig(ctx)
+    with rig_cm as rig:
         serve = rig.start(source={} if kind == "mysql" else {"receiver_timeout_ms": 2000})
         rig.workload.start()
         rig.progress(100)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -346,6 +347,14 @@ def mariadb_rig(ctx: RunContext) -> Iterator[Rig]:
         stack.enter_context(rig.stack)
         with _running(rig):
             yield rig
+
+
+def seeded_rig(ctx: RunContext) -> tuple[str, contextlib.AbstractContextManager[Rig]]:
+    """MariaDB or PostgreSQL as the source, chosen by the seed (``mysql`` or ``postgres``, also
+    in the figures), and its rig."""
+    kind = random.Random(ctx.seed).choice(["mysql", "postgres"])
+    ctx.figures["source"] = kind
+    return kind, mariadb_rig(ctx) if kind == "mysql" else postgres_rig(ctx)
 
 
 @dataclass

@@ -7,14 +7,13 @@ at once. The server resumed, ``serve`` started again delivers every change, in o
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 
 import psutil
 
 from chaos.runner import RunContext
-from chaos.scenarios.rig import Rig, mariadb_rig, postgres_rig, wait_for
+from chaos.scenarios.rig import Rig, seeded_rig, wait_for
 
 STOP_S = 15.0
 """How soon a stop must end: the drain's grace for a read in progress (5 s) and the source's
@@ -22,17 +21,14 @@ close, with room; before, a MariaDB stop took 58 s (30 s of drain, then the ques
 
 
 def _server(rig: Rig) -> psutil.Process:
-    if rig.mariadb is not None:
-        assert rig.mariadb.proc is not None
-        return psutil.Process(rig.mariadb.proc.pid)
-    return psutil.Process(int((rig.pg.data / "postmaster.pid").read_text().split()[0]))
+    pid = rig.mariadb.proc.pid if rig.mariadb is not None and rig.mariadb.proc else rig.pg.server_pid()
+    assert pid is not None
+    return psutil.Process(pid)
 
 
 def run(ctx: RunContext) -> None:
-    kind = random.Random(ctx.seed).choice(["mysql", "postgres"])
-    ctx.figures["source"] = kind
-    rig_of = mariadb_rig if kind == "mysql" else postgres_rig
-    with rig_of(ctx) as rig:
+    kind, rig_cm = seeded_rig(ctx)
+    with rig_cm as rig:
         serve = rig.start(source={} if kind == "mysql" else {"receiver_timeout_ms": 3000})
         rig.workload.start()
         rig.progress(100)

@@ -120,13 +120,18 @@ class Postgres(ServerProcess):
         """Over the server's unix socket (no network between)."""
         return f"postgresql://postgres@/{db}?host={self.dir}&port={self.port}"
 
+    def server_pid(self) -> int | None:
+        """The postmaster's pid (pg_ctl starts it: it is not this process's child), or None when
+        the server is not running."""
+        pid_file = self.data / "postmaster.pid"
+        return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+
     def stop(self) -> None:
         try:
             self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
         except RuntimeError:
-            pid_file = self.data / "postmaster.pid"
-            if pid_file.exists():
-                os.kill(int(pid_file.read_text().split()[0]), 9)
+            if (pid := self.server_pid()) is not None:
+                os.kill(pid, 9)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
