@@ -183,10 +183,12 @@ class Rig:
         batch: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         file: dict[str, Any] | None = None,
+        opened: bool = True,
         **extra: Any,
     ) -> Serve:
         """Write the pipeline (``source``: more source settings; ``file``: more file sink settings;
-        ``extra``: more of the spec) and start serve on it."""
+        ``extra``: more of the spec) and start serve on it; with ``opened``, return once the
+        source is open."""
         if self.mariadb is not None:
             dsn = self.mariadb.dsn("shop").replace(f":{self.mariadb.port}", f":{port_of(self.source_proxy)}")
             entry = {
@@ -216,7 +218,8 @@ class Rig:
         }  # fmt: skip
         self.ctx.pipeline(PIPELINE, spec)
         serve = self.launch()
-        serve.wait_source_open(PIPELINE)  # no snapshot yet: rows written before that are not captured
+        if opened:  # no snapshot yet: rows written before that are not captured
+            serve.wait_source_open(PIPELINE)
         return serve
 
     def launch(self, spawned: Callable[[Serve], None] | None = None) -> Serve:

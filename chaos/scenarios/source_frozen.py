@@ -10,20 +10,19 @@ from __future__ import annotations
 import signal
 import time
 
-import psutil
-
 from chaos.runner import RunContext
 from chaos.scenarios.rig import Rig, seeded_rig, wait_for
+from tests.servers.base import paused
 
 STOP_S = 15.0
 """How soon a stop must end: the drain's grace for a read in progress (5 s) and the source's
 close, with room; before, a MariaDB stop took 58 s (30 s of drain, then the question's thread)."""
 
 
-def _server(rig: Rig) -> psutil.Process:
+def _server(rig: Rig) -> int:
     pid = rig.mariadb.proc.pid if rig.mariadb is not None and rig.mariadb.proc else rig.pg.server_pid()
     assert pid is not None
-    return psutil.Process(pid)
+    return pid
 
 
 def run(ctx: RunContext) -> None:
@@ -32,20 +31,13 @@ def run(ctx: RunContext) -> None:
         serve = rig.start(source={} if kind == "mysql" else {"receiver_timeout_ms": 3000})
         rig.workload.start()
         rig.progress(100)
-        server = _server(rig)
-        frozen = [server, *server.children(recursive=True)]
-        for p in frozen:
-            p.suspend()
-        try:
+        with paused(_server(rig)):
             said = wait_for(rig.degraded, 90, "/health degraded (the source answers nothing)")
             ctx.figures["degraded_after_s"] = round(said, 1)
             began = time.monotonic()
             serve.proc.send_signal(signal.SIGTERM)
             code = serve.proc.wait(120)
             took = time.monotonic() - began
-        finally:
-            for p in frozen:
-                p.resume()
         ctx.figures["stopped_after_s"] = round(took, 1)
         ctx.expect("serve exit code at the stop", code, 0)
         ctx.expect(f"stopped within {STOP_S:g} s", took < STOP_S, True)

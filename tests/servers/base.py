@@ -18,11 +18,31 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Self
 
+import psutil
+
 from tests.serve_proc import free_port
+
+
+@contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """Process ``pid`` and every process under it stopped (SIGSTOP, what the cgroup freezer behind
+    ``docker pause`` does to a container: alive, its kernel answering TCP, nothing else) for the
+    ``with`` block, then resumed."""
+    top = psutil.Process(pid)
+    stopped = [top, *top.children(recursive=True)]
+    for p in stopped:
+        p.suspend()
+    try:
+        yield
+    finally:
+        for p in stopped:
+            with suppress(psutil.NoSuchProcess):  # one on its way out, reaped once its parent ran
+                p.resume()
 
 
 class PortTaken(RuntimeError):

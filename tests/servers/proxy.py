@@ -36,6 +36,8 @@ class TcpProxy:
         """Each open connection's last byte (either way) and its two ends."""
         self.forgotten = 0
         """Connections frozen for idling (``forget_idle``)."""
+        self.accepted = 0
+        """Connections taken, since the start."""
 
     def _call(self, coro: object) -> None:
         fut: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -99,6 +101,7 @@ class TcpProxy:
             pipe.cancel()  # each pipe's copies stop reading; their sockets stay open (in _held)
 
     async def _pipe_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:

@@ -5,7 +5,8 @@ asyncpg has no keepalive and no statement timeout unless given one: a connection
 went silent for good (the server's host vanished, a NAT forgot it) answered nothing and closed
 nothing, and whatever asked on it waited for ever. Each question is bounded by ``query_timeout_s``,
 but for the few that may rightly take hours (``slot.DECODING_S``); those are ended by TCP
-keepalive (``tcpkeepalive.py``) when the server's host stops answering."""
+keepalive (``tcpkeepalive.py``) when the server's host stops answering, and by a watch from
+another connection (``watched.py``) when the server is paused or the connection silent."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import contextlib
 import struct
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 import structlog
@@ -25,10 +25,14 @@ from deltaforge.sources.postgres.names import quote_table
 from deltaforge.sources.postgres.pgoutput import format_lsn, parse_lsn
 from deltaforge.sources.postgres.position import PgPosition
 
-_END_WALSENDER = (
+if TYPE_CHECKING:
+    from deltaforge.sources.postgres.watched import Watched
+
+END_BACKEND = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2"
 )
-"""Ends a walsender by its pid and start: a pid alone may be another backend's by then."""
+"""Ends a backend (a walsender, a question's) by its pid and start: a pid alone may be another
+backend's by then."""
 
 T = TypeVar("T")
 
@@ -44,15 +48,18 @@ one decodes the WAL in between. Every other question on the control connection i
 ``query_timeout_s`` (its ``command_timeout``)."""
 
 
-async def create(conn: asyncpg.Connection, slot: str, publication: str, tables: list[str], who: str) -> None:
+async def create(
+    conn: asyncpg.Connection, slot: str, publication: str, tables: list[str], long: Watched
+) -> None:
     """The publication (of ``tables``; none listed: all tables) unless it exists, and the slot."""
     if not await conn.fetchval("SELECT 1 FROM pg_publication WHERE pubname = $1", publication):
         target = "FOR TABLE " + ", ".join(quote_table(t) for t in tables) if tables else "FOR ALL TABLES"
         await refuse_without_identity(
-            conn, tables or None, f"creating publication {publication!r} {target}", who
+            conn, tables or None, f"creating publication {publication!r} {target}", long.who
         )
         await conn.execute(f'CREATE PUBLICATION "{publication}" {target}')
-    await conn.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot, timeout=DECODING_S)
+    make = "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
+    await long.ask(conn, lambda: conn.execute(make, slot, timeout=DECODING_S), f"creating slot {slot!r}")
 
 
 WAL_END = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text"
@@ -101,7 +108,12 @@ _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 async def check_same_commit(
-    conn: asyncpg.Connection, slot: str, publication: str, checkpoint: PgPosition, confirmed: int, who: str
+    conn: asyncpg.Connection,
+    slot: str,
+    publication: str,
+    checkpoint: PgPosition,
+    confirmed: int,
+    long: Watched,
 ) -> None:
     """Raise :class:`PositionLost` when the WAL at the checkpoint's transaction holds another one.
 
@@ -125,15 +137,19 @@ async def check_same_commit(
     at, ts = last
     upto = checkpoint.lsn if checkpoint.quiet else at + 1
     rows = await _unheld(
-        lambda: conn.fetch(
-            COMMITS_FROM,
-            slot,
-            format_lsn(upto),
-            f'"{publication}"',
-            at.to_bytes(8, "big"),
-            timeout=DECODING_S,
+        lambda: long.ask(
+            conn,
+            lambda: conn.fetch(
+                COMMITS_FROM,
+                slot,
+                format_lsn(upto),
+                f'"{publication}"',
+                at.to_bytes(8, "big"),
+                timeout=DECODING_S,
+            ),
+            f"reading slot {slot!r} at the checkpoint",
         ),
-        who,
+        long.who,
     )
     commits = [_COMMIT.unpack(bytes(r[0])) for r in rows]
     if after := [c for c in commits if c[0] > at]:
@@ -185,10 +201,15 @@ async def name_durability_risks(conn: asyncpg.Connection, who: str) -> None:
         )
 
 
-async def advance(conn: asyncpg.Connection, slot: str, lsn: int, who: str) -> None:
+async def advance(conn: asyncpg.Connection, slot: str, lsn: int, long: Watched) -> None:
     """Move the slot to ``lsn`` while no stream of ours holds it (before the decoder starts)."""
     advance = "SELECT pg_replication_slot_advance($1, $2)"
-    await _unheld(lambda: conn.execute(advance, slot, lsn, timeout=DECODING_S), who)
+    await _unheld(
+        lambda: long.ask(
+            conn, lambda: conn.execute(advance, slot, lsn, timeout=DECODING_S), f"moving slot {slot!r}"
+        ),
+        long.who,
+    )
 
 
 async def released(conn: asyncpg.Connection, slot: str) -> bool:
@@ -243,10 +264,19 @@ async def forget(
     )
 
 
-async def end_stale(conn: asyncpg.Connection, slot: str, stale: Walsender | None, who: str) -> None:
-    """End ``stale``, the walsender of this source's stream from before, if it still holds
-    ``slot``, and wait (at most ``STALE_END_S``) until it lets go. One the source's role may not
-    end is left to the server's own timeout, said.
+STALE_STREAM = (
+    "the walsender of this source's stream from before still held the slot: its connection went silent "
+    "(a vanished host, a NAT that forgot it) and the server had not noticed"
+)
+
+
+async def end_stale(
+    conn: asyncpg.Connection, slot: str, stale: Walsender | None, who: str, reason: str = STALE_STREAM
+) -> None:
+    """End ``stale``, the walsender of this source's stream from before (or, as ``reason`` says,
+    another backend of this source's given up), if it still holds ``slot``, and wait (at most
+    ``STALE_END_S``) until it lets go. One the source's role may not end is left to the server's
+    own timeout, said.
 
     A walsender blocked on its silent connection's full socket spends the first SIGTERM on
     sending that connection its "terminating connection" error, and stays blocked there, no
@@ -257,21 +287,17 @@ async def end_stale(conn: asyncpg.Connection, slot: str, stale: Walsender | None
         return
     log = structlog.get_logger().bind(actor="PostgresSource", source=who, slot=slot, pid=stale[0])
     try:
-        await conn.execute(_END_WALSENDER, *stale)
+        await conn.execute(END_BACKEND, *stale)
     except asyncpg.PostgresError as exc:
         log.warning("stale_walsender_left", reason=redact(f"{type(exc).__name__}: {exc}"))
         return
-    log.warning(
-        "stale_walsender_ended",
-        reason="the walsender of this source's stream from before still held the slot: its connection "
-        "went silent (a vanished host, a NAT that forgot it) and the server had not noticed",
-    )
+    log.warning("stale_walsender_ended", reason=reason)
     loop = asyncio.get_running_loop()
     signalled = loop.time()
     deadline = signalled + STALE_END_S
     while await _holds(conn, slot, stale) and loop.time() < deadline:
         if loop.time() - signalled >= STALE_SIGNAL_EVERY_S:
-            await conn.execute(_END_WALSENDER, *stale)
+            await conn.execute(END_BACKEND, *stale)
             signalled = loop.time()
         await asyncio.sleep(0.05)  # the server has no notification for a backend's exit
 

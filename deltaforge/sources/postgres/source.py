@@ -52,6 +52,7 @@ from deltaforge.sources.postgres.pgoutput import format_lsn
 from deltaforge.sources.postgres.position import END, PgPosition
 from deltaforge.sources.postgres.publication_watch import PublicationWatch
 from deltaforge.sources.postgres.retention import SlotRetention
+from deltaforge.sources.postgres.watched import BACKEND, Watched
 
 if TYPE_CHECKING:  # the decoder module imports psycopg, which only its child process needs (70 ms)
     from deltaforge.sources.postgres.decoder import DecoderSettings
@@ -83,6 +84,8 @@ class PostgresSource(Source):
         self._silence = config.receiver_timeout_ms / 1000
         self._silence_bound = config.silence_bound_s
         self.query_timeout = config.query_timeout_s
+        self.long = Watched(self._connection, self.query_timeout, self.who)
+        """The control connection's long questions, watched from another (watched.py)."""
         self._walsender: Walsender | None = None  # of the last stream started: see holder.py
         self.given_up: dict[tuple[int, str], int] = {}
         """Backends of snapshot reads given up for not answering, with how often each was ended
@@ -194,7 +197,9 @@ class PostgresSource(Source):
             raise SourceError(f"{self.who}: cannot connect: {exc}") from None
         self._conn = conn
         await slot_ops.end_stale(conn, self.slot, self._walsender, self.who)
-        self.txs.db = str(await conn.fetchval("SELECT current_database()"))
+        await self.long.end_given_up(conn, self.slot)
+        db, pid, started = await conn.fetchrow(BACKEND)
+        self.txs.db, self.long.backend = str(db), (pid, started)  # the latter for the watch
         level = await conn.fetchval("SHOW wal_level")
         if level != "logical":
             raise SourceMisconfigured(f"{self.who}: wal_level is {level}; set wal_level=logical")
@@ -215,7 +220,7 @@ class PostgresSource(Source):
                 raise SourceMisconfigured(
                     f"replication slot {self.slot!r} does not exist and create is false"
                 )
-            await self._create()
+            await slot_ops.create(conn, self.slot, self.publication, self._listed(), self.long)
             slot = await conn.fetchrow(
                 "SELECT confirmed_flush_lsn, plugin, database FROM pg_replication_slots WHERE slot_name = $1",
                 self.slot,
@@ -246,7 +251,7 @@ class PostgresSource(Source):
             else:
                 await slot_ops.check_within_wal(conn, safe)
                 await slot_ops.check_same_commit(conn, self.slot, self.publication, resume, self._confirmed,
-                                                 self.who)  # fmt: skip
+                                                 self.long)  # fmt: skip
                 await self._advance(safe)
             # A checkpoint inside a transaction (respect_source_tx: false) has delivered only part
             # of it: read that transaction again (sinks skip what they hold, by order).
@@ -295,10 +300,6 @@ class PostgresSource(Source):
         rides along only when tables are listed (all tables include it)."""
         return [*self.tables, *([self.signal_table] if self.signal_table else [])] if self.tables else []
 
-    async def _create(self) -> None:
-        assert self._conn is not None
-        await slot_ops.create(self._conn, self.slot, self.publication, self._listed(), self.who)
-
     async def close(self) -> None:
         decoder, self._decoder = self._decoder, None
         if decoder is not None:
@@ -333,7 +334,7 @@ class PostgresSource(Source):
         """Move the slot while no stream holds it (before the decoder starts)."""
         if lsn <= self._confirmed or self._conn is None:
             return
-        await slot_ops.advance(self._conn, self.slot, lsn, self.who)
+        await slot_ops.advance(self._conn, self.slot, lsn, self.long)
         self._confirmed = lsn
 
     def take_rewritten(self) -> list[ColumnsRewritten]:
