@@ -389,6 +389,35 @@ async def test_a_pipeline_whose_source_is_down_can_be_paused_and_reads_nothing_u
     await task
 
 
+async def test_a_stop_between_two_attempts_at_a_source_that_is_down_says_so_not_a_failed_drain() -> None:
+    """A stop while the reader waits for its next attempt at a source that is down: the actors
+    of its restart group are down and hold nothing, so the drain is skipped and says why
+    (``pipeline_drain_skipped``), at once. Before, it said ``pipeline_drain_incomplete`` ("actor
+    'SourceReader' is not running"), a warning, as if something were left undelivered."""
+    from structlog.testing import capture_logs
+
+    from deltaforge.pipeline.runner import PipelineRunner
+    from deltaforge.state.checkpoints import MemoryCheckpointStore
+    from supervision import Unavailable
+    from tests.helpers import wait_until
+    from tests.kit import ScriptedSink, SyntheticSource, config, sink_doc
+
+    class Down(SyntheticSource):
+        async def open(self, resume_after: Any) -> None:
+            raise Unavailable("connection refused")
+
+    clock = GateClock()
+    runner = PipelineRunner(config(sinks=[sink_doc("a")]), store=MemoryCheckpointStore(), source=Down(10),
+                            sinks={"a": ScriptedSink("a")}, clock=clock)  # fmt: skip
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        await wait_until(lambda: clock.sleeping > 0, what="the reader down, waiting for its next attempt")
+        await asyncio.wait_for(runner.drain(), 10)
+        await asyncio.wait_for(task, 10)
+    said = [e["event"] for e in logs if str(e["event"]).startswith("pipeline_drain")]
+    assert said == ["pipeline_drain_skipped"], said
+
+
 async def test_a_snapshot_asked_for_while_the_source_is_down_is_refused_as_unavailable() -> None:
     """POST /snapshots while the reader waits for its source's next restart: 503 ``unavailable``
     naming the source's error, nothing started; once the source is back the same request is

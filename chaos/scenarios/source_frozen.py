@@ -43,7 +43,9 @@ def run(ctx: RunContext) -> None:
         ctx.expect(f"stopped within {STOP_S:g} s", took < STOP_S, True)
         log = (ctx.workdir / "log.jsonl").read_text()
         # Drained, or, with the reader down between two attempts (its group restarting, nothing
-        # held), incomplete by design: either way nothing read is lost, the next start reads it.
-        ctx.figures["drain"] = "drained" if '"pipeline_drained"' in log else "incomplete"
+        # held), skipped: either way nothing read is lost, the next start reads it.
+        said = [e for e in ("drained", "drain_skipped", "drain_incomplete") if f'"pipeline_{e}"' in log]
+        ctx.figures["drain"] = ", ".join(said)
+        ctx.expect("pipeline_drain_incomplete logged", "drain_incomplete" in said, False)
         rig.launch()
         rig.verify()

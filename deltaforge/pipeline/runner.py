@@ -273,7 +273,11 @@ class PipelineRunner:
                     await tree.reader.ask(ReleaseHeld(), timeout=timeout)
             last = self.ctx.stats.last_checkpoint
             self.log.info("pipeline_drained", checkpoint=last.to_doc() if last else None)
-        except (TimeoutError, ActorStopped) as exc:
+        except ActorStopped as exc:
+            # Between two attempts the restarted actors are down; what they held, uncheckpointed, is read again.
+            self.log.info("pipeline_drain_skipped", reason=f"{exc}: the pipeline is between two attempts; "
+                          "the next start reads on from the last checkpoint")  # fmt: skip
+        except TimeoutError as exc:
             self.log.warning("pipeline_drain_incomplete", reason=str(exc))
         self.supervisor.request_stop()
 
@@ -365,20 +369,9 @@ class PipelineRunner:
         """What each reconciliation found (failovers, lost positions), oldest first."""
         return list(self.ctx.reconcile_records)
 
-    async def _read_store(self, work: Callable[[CheckpointStore], Awaitable[T]]) -> T:
-        """``work`` on the live store or, once the pipeline has stopped and closed it (a halt is
-        when its records matter most), on a short-lived one over the same storage."""
-        try:
-            return await work(self.store)
-        except RuntimeError:  # not open
-            if not self._own_store:
-                raise
-        store = open_store(self.config.storage.type, self.config.storage.path)
-        await store.open()
-        try:
-            return await work(store)
-        finally:
-            await store.close()
+    def _read_store(self, work: Callable[[CheckpointStore], Awaitable[T]]) -> Awaitable[T]:
+        """``work`` on the store, open or closed (:func:`stored.read_on`)."""
+        return stored.read_on(self.store, self.config.storage if self._own_store else None, work)
 
     async def schemas(self) -> dict[str, Any]:
         """Each captured table's current schema: its latest recorded version."""

@@ -3,7 +3,8 @@ tables' schema histories), and what deleting it with its checkpoints forgets."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from deltaforge.pipeline.heldends import held_key
 from deltaforge.pipeline.owner import owner_key
@@ -12,7 +13,12 @@ from deltaforge.pipeline.sinkids import sinks_key
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.listed import listed_key
 from deltaforge.snapshot.progress import progress_key
-from deltaforge.state.checkpoints import CheckpointStore, set_back_key, set_back_note, sink_key
+from deltaforge.state.checkpoints import CheckpointStore, open_store, set_back_key, set_back_note, sink_key
+
+if TYPE_CHECKING:
+    from deltaforge.sections import StorageConfig
+
+T = TypeVar("T")
 
 
 class StoredCheckpoint(TypedDict):
@@ -63,3 +69,22 @@ async def forget(store: CheckpointStore, source_id: str, sinks: list[str]) -> No
     keys += [held_key(source_id, sid) for sid in sinks]
     await store.delete_keys(keys)
     await store.put_many({set_back_key(source_id, sid): set_back_note("deleted") for sid in sinks})
+
+
+async def read_on(
+    store: CheckpointStore, storage: StorageConfig | None, work: Callable[[CheckpointStore], Awaitable[T]]
+) -> T:
+    """``work`` on the live ``store`` or, once the pipeline has stopped and closed it (a halt is
+    when its records matter most), on a short-lived one over the same ``storage`` (None: the
+    store is the caller's, not opened again)."""
+    try:
+        return await work(store)
+    except RuntimeError:  # not open
+        if storage is None:
+            raise
+    again = open_store(storage.type, storage.path)
+    await again.open()
+    try:
+        return await work(again)
+    finally:
+        await again.close()
