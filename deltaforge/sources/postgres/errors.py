@@ -11,7 +11,7 @@ from deltaforge.sources.base import SourceError
 
 def is_unavailable(exc: BaseException) -> bool:
     """Refused, reset, timed out, shutting down, starting up or recovering, connection lost, at its
-    connection limit."""
+    connection limit or another configured limit."""
     return isinstance(
         exc,
         OSError
@@ -21,7 +21,10 @@ def is_unavailable(exc: BaseException) -> bool:
         | asyncpg.AdminShutdownError
         | asyncpg.CrashShutdownError
         | asyncpg.ConnectionDoesNotExistError
-        | asyncpg.TooManyConnectionsError,  # at max_connections: it takes one once others close
+        | asyncpg.TooManyConnectionsError  # at max_connections: it takes one once others close
+        # "all replication slots are in use" (max_replication_slots), and the server's other
+        # configured limits (53400): one is freed, or the limit raised, and the source gets in
+        | asyncpg.ConfigurationLimitExceededError,
     )
 
 
