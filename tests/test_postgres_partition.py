@@ -68,7 +68,9 @@ async def test_an_opening_whose_server_host_vanishes_while_the_slot_is_made_is_a
     running = local.transaction()
     await running.start()
     await local.fetchval("SELECT txid_current()")  # a transaction the slot's creation waits for
-    src = source(far_postgres, db, tables=["public.t"], query_timeout_s=3)
+    # Past keepalive's bound here (3 s): the question's watch from another connection
+    # (watched.py), which asks every query_timeout_s, would otherwise be first to notice.
+    src = source(far_postgres, db, tables=["public.t"], query_timeout_s=30)
     opening = asyncio.ensure_future(src.open(None))
     making = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event IS NOT NULL"
