@@ -8,6 +8,7 @@ import asyncio
 
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.source import PostgresSource
@@ -73,13 +74,16 @@ async def _opening_behind(
 async def test_a_slot_creation_waiting_on_a_long_transaction_is_waited_for(postgres: Postgres) -> None:
     """Creating a slot waits for every transaction running then: legitimately for as long as the
     longest runs. Its watch, asking every ``query_timeout_s`` on another connection, finds its
-    backend working, and the opening goes on waiting, past many checks, then opens."""
-    with TcpProxy(postgres.port) as proxy:
+    backend working, and the opening goes on waiting, past many checks, then opens. The watch
+    names the transaction it waits for, once: the pipeline says only ``starting`` meanwhile."""
+    with TcpProxy(postgres.port) as proxy, capture_logs() as logs:
         conn, src = await _behind(postgres, proxy, 0.5)
         opening, _ = await _opening_behind(conn, src)
         before = proxy.accepted
         await wait_until(lambda: proxy.accepted >= before + 4, timeout=30, what="four checks by the watch")
         assert not opening.done(), opening
+        said = [e for e in logs if e["event"] == "waiting_for_transactions"]
+        assert [[t["pid"] for t in e["transactions"]] for e in said] == [[conn.get_server_pid()]], said
         await conn.execute("COMMIT")
         await asyncio.wait_for(opening, 30)
         await _reads(conn, src)

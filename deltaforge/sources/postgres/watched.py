@@ -26,11 +26,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import asyncpg
+import structlog
 
 from deltaforge.sources.base import SourceUnavailable
 from deltaforge.sources.postgres.slot import END_BACKEND, end_stale
 
 T = TypeVar("T")
+log = structlog.get_logger()
 
 Connect = Callable[[], contextlib.AbstractAsyncContextManager[asyncpg.Connection]]
 """A short connection to the same server (``connections.short``): unreachable or silent, it
@@ -43,8 +45,12 @@ BACKEND = (
 later."""
 
 _WORKING = (
-    "SELECT state = 'active' AND coalesce(wait_event, '') NOT IN ('ClientRead', 'ClientWrite') "
-    "FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2"
+    "SELECT state = 'active' AND coalesce(wait_event, '') NOT IN ('ClientRead', 'ClientWrite'), "
+    "pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2"
+)
+_BLOCKERS = (
+    "SELECT pid, application_name, client_addr::text, xact_start::text FROM pg_stat_activity "
+    "WHERE pid = ANY($1::int[]) ORDER BY xact_start"
 )
 GIVEN_UP = (
     "the backend of a question the last opening gave up (its server paused, or its connection silent) "
@@ -74,6 +80,7 @@ class Watched:
         cannot be reached meanwhile, or ``conn`` went silent (then ``conn`` is dropped)."""
         task = asyncio.ensure_future(call())
         stalled = 0
+        said = False
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.every)
@@ -83,8 +90,11 @@ class Watched:
                     continue  # nothing to ask about: the day's bound alone, as before
                 try:
                     async with self.connect() as watch:
-                        working = await watch.fetchval(_WORKING, *self.backend)
+                        row = await watch.fetchrow(_WORKING, *self.backend)
+                        working = None if row is None else bool(row[0])
                         stalled = 0 if working else stalled + 1
+                        if row is not None and row[1] and not said:
+                            said = await self._say_waiting(watch, list(row[1]), what)
                         if (working is None or stalled >= STALLED_CHECKS) and not task.done():
                             # It may hold the slot, and would until the server noticed the silence.
                             await watch.execute(END_BACKEND, *self.backend)
@@ -105,6 +115,23 @@ class Watched:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _say_waiting(self, watch: asyncpg.Connection, pids: list[int], what: str) -> bool:
+        """Log (once a question) the transactions it waits for: creating a slot waits for every
+        transaction running then, and only a warning tells why the pipeline is still starting."""
+        rows = await watch.fetch(_BLOCKERS, pids)
+        log.warning(
+            "waiting_for_transactions",
+            actor="PostgresSource",
+            source=self.who,
+            question=what,
+            transactions=[
+                {"pid": r[0], "application": r[1] or None, "client": r[2], "since": r[3]} for r in rows
+            ],
+            reason="it starts only once no transaction running when it was asked is left: end them, "
+            "or wait for them",
+        )
+        return True
 
     async def end_given_up(self, conn: asyncpg.Connection, slot: str) -> None:
         """End the backend of the question given up last, if it still holds ``slot``."""
