@@ -84,7 +84,7 @@ class PostgresSource(Source):
         self._silence = config.receiver_timeout_ms / 1000
         self._silence_bound = config.silence_bound_s
         self.query_timeout = config.query_timeout_s
-        self.long = Watched(self._connection, self.query_timeout, self.who)
+        self.long = Watched(self._connection, self.query_timeout, self.who, self.id)
         """The control connection's long questions, watched from another (watched.py)."""
         self._walsender: Walsender | None = None  # of the last stream started: see holder.py
         self.given_up: dict[tuple[int, str], int] = {}

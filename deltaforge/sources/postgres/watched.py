@@ -65,10 +65,11 @@ class Watched:
     """The control connection's long questions, each watched from ``connect`` every ``every``
     seconds while it runs (see the module's docstring)."""
 
-    def __init__(self, connect: Connect, every: float, who: str) -> None:
+    def __init__(self, connect: Connect, every: float, who: str, source: str) -> None:
         self.connect = connect
         self.every = every
         self.who = who
+        self.source = source
         self.backend: tuple[int, str] | None = None
         """The control connection's backend (:data:`BACKEND`), noted when it opens."""
         self.given_up: tuple[int, str] | None = None
@@ -99,6 +100,8 @@ class Watched:
                             # It may hold the slot, and would until the server noticed the silence.
                             await watch.execute(END_BACKEND, *self.backend)
                 except SourceUnavailable as exc:
+                    if task.done():
+                        return task.result()
                     self._give_up(conn)
                     raise SourceUnavailable(f"{exc}, while {what} waited") from None
                 if task.done():
@@ -123,7 +126,7 @@ class Watched:
         log.warning(
             "waiting_for_transactions",
             actor="PostgresSource",
-            source=self.who,
+            source=self.source,
             question=what,
             transactions=[
                 {"pid": r[0], "application": r[1] or None, "client": r[2], "since": r[3]} for r in rows
