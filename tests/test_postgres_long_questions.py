@@ -90,6 +90,36 @@ async def test_a_slot_creation_waiting_on_a_long_transaction_is_waited_for(postg
     await conn.close()
 
 
+async def test_a_slot_creation_outlasting_the_databases_statement_timeout_is_waited_for(
+    postgres: Postgres,
+) -> None:
+    """A database (or role) with a ``statement_timeout``, common in production: the slot's
+    creation, waiting for a transaction longer than that, was cancelled ("canceling statement due
+    to statement timeout"), a crash at each attempt until the pipeline failed. The source's
+    sessions turn the server's bounds off (deltaforge has its own), and it waits, then opens."""
+    db = await fresh_db(postgres)
+    conn = await _tables(postgres.dsn(db))
+    await conn.execute(f"ALTER DATABASE \"{db}\" SET statement_timeout = '200ms'")
+    await conn.execute(f"ALTER DATABASE \"{db}\" SET lock_timeout = '200ms'")
+    await conn.close()
+    conn = await asyncpg.connect(postgres.dsn(db))  # under the database's settings, as any client
+    assert await conn.fetchval("SHOW statement_timeout") == "200ms"
+    src = source(postgres, db, tables=["public.t"])
+    opening, pid = await _opening_behind(conn, src)
+    # Until the question has waited well past the timeout (asked afresh each time: outside a
+    # transaction, on a connection of its own).
+    look = await asyncpg.connect(postgres.dsn(db))
+    waited = "SELECT clock_timestamp() - query_start > interval '1 s' FROM pg_stat_activity WHERE pid = $1"
+    while not opening.done() and not await look.fetchval(waited, pid):
+        await asyncio.sleep(0.05)
+    await look.close()
+    assert not opening.done(), opening
+    await conn.execute("COMMIT")
+    await asyncio.wait_for(opening, 30)
+    await _reads(conn, src)
+    await conn.close()
+
+
 async def test_a_slot_creation_whose_connection_went_silent_is_given_up_and_its_backend_ended(
     postgres: Postgres,
 ) -> None:

@@ -660,6 +660,40 @@ def test_a_connection_lost_inside_a_chunk_read_is_unavailable_not_a_failure(post
     assert isinstance(raised, SourceUnavailable), repr(raised)
 
 
+def test_a_chunk_read_outlasting_the_databases_lock_and_statement_timeouts_is_waited_for(
+    postgres: Postgres,
+) -> None:
+    """A database with ``lock_timeout`` and ``statement_timeout`` (common in production): a chunk
+    read waiting behind an ``ALTER``'s lock longer than that was cancelled, an error. The
+    snapshot's sessions turn the server's bounds off (``query_timeout_s`` is deltaforge's own),
+    and the read waits for the lock, then reads."""
+
+    async def run() -> list[Any]:
+        async with chunk_reader_on(postgres, "(1, 'a'), (2, 'b')") as (db, conn, reader, ref):
+            for setting in ("lock_timeout", "statement_timeout"):
+                await conn.execute(f"ALTER DATABASE \"{db}\" SET {setting} = '200ms'")
+            await reader.close()
+            await reader.open(1)  # its connections made under the database's settings now
+            locker = await asyncpg.connect(postgres.dsn(db))
+            tx = locker.transaction()
+            await tx.start()
+            await locker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+            read = asyncio.ensure_future(reader.chunk(ref, None, 10))
+            waited = (
+                "SELECT clock_timestamp() - query_start > interval '1 s' FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = $1"
+            )
+            while not read.done() and not await conn.fetchval(waited, db):
+                await asyncio.sleep(0.05)
+            assert not read.done(), read
+            await tx.rollback()
+            await locker.close()
+            rows, _, _ = await asyncio.wait_for(read, 30)
+            return [r["id"] for r in rows]
+
+    assert asyncio.run(run()) == [1, 2]
+
+
 def test_a_connection_gone_silent_as_the_pool_takes_it_back_is_given_up(postgres: Postgres) -> None:
     """The pool takes a connection back by resetting it with a query of its own: a connection
     gone silent just after a chunk's answer (the proxy frozen between the two) held the

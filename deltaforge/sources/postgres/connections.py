@@ -17,6 +17,7 @@ import asyncpg
 
 from deltaforge.sources.base import SourceUnavailable, unanswered
 from deltaforge.sources.postgres.errors import describe, is_unavailable
+from deltaforge.sources.postgres.values import OWN_BOUNDS
 from deltaforge.tcpkeepalive import keep_asyncpg_alive
 
 CONNECT_S = 10.0
@@ -27,7 +28,9 @@ async def connect(dsn: str, query_timeout: float, who: str) -> asyncpg.Connectio
     ``command_timeout``: past it a question raises :class:`TimeoutError`), reached within
     :data:`CONNECT_S`, or the server is unavailable."""
     try:
-        conn = await asyncpg.connect(dsn, timeout=CONNECT_S, command_timeout=query_timeout)
+        conn = await asyncpg.connect(
+            dsn, timeout=CONNECT_S, command_timeout=query_timeout, server_settings=OWN_BOUNDS
+        )
     except TimeoutError:
         raise SourceUnavailable(f"{who}: no connection within {CONNECT_S:g} s") from None
     keep_asyncpg_alive(conn)

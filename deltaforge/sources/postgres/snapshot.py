@@ -33,7 +33,7 @@ from deltaforge.snapshot.window import TableRef
 from deltaforge.sources.base import SourceUnavailable, unanswered
 from deltaforge.sources.postgres.errors import describe, is_unavailable
 from deltaforge.sources.postgres.names import PRIMARY_KEY, qualified, quote_ident, quote_table
-from deltaforge.sources.postgres.values import SESSION, TYPES, Types
+from deltaforge.sources.postgres.values import OWN_BOUNDS, SESSION, TYPES, Types
 
 if TYPE_CHECKING:
     from deltaforge.sources.postgres.source import PostgresSource
@@ -237,7 +237,7 @@ class PostgresChunks(ChunkReader):
                 min_size=1,
                 max_size=parallel,
                 timeout=10,
-                server_settings=SESSION,
+                server_settings={**SESSION, **OWN_BOUNDS},
                 init=self._met,
             )
         except Exception as exc:

@@ -23,6 +23,15 @@ SESSION = {
     "bytea_output": "hex",
 }
 
+OWN_BOUNDS = {"statement_timeout": "0", "lock_timeout": "0"}
+"""A role's or database's ``statement_timeout`` (common in production) cancelled the slot's
+creation while it waited for a long transaction, a crash at each attempt until the pipeline
+failed, and would cancel any chunk read or slot move longer than it; a ``lock_timeout`` a chunk
+read waiting behind an ``ALTER``. deltaforge bounds its own questions (``query_timeout_s``; the
+slot's long ones watched from another connection, ``watched.py``), so the source's own sessions
+and the snapshot's turn the server's bounds off for themselves. (The stream's replication commands
+are not subject to them: probed, a database's 200 ms ``statement_timeout`` left it streaming.)"""
+
 
 def _bool(s: str) -> bool:
     return s == "t"
