@@ -44,8 +44,8 @@ def run(ctx: RunContext) -> None:
         log = (ctx.workdir / "log.jsonl").read_text()
         # Drained, or, with the reader down between two attempts (its group restarting, nothing
         # held), skipped: either way nothing read is lost, the next start reads it.
-        said = [e for e in ("drained", "drain_skipped", "drain_incomplete") if f'"pipeline_{e}"' in log]
-        ctx.figures["drain"] = ", ".join(said)
-        ctx.expect("pipeline_drain_incomplete logged", "drain_incomplete" in said, False)
+        drain = [e for e in ("drained", "drain_skipped", "drain_incomplete") if f'"pipeline_{e}"' in log]
+        ctx.figures["drain"] = ", ".join(drain)
+        ctx.expect("pipeline_drain_incomplete logged", "drain_incomplete" in drain, False)
         rig.launch()
         rig.verify()
