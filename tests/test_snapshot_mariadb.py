@@ -19,8 +19,10 @@ from deltaforge.envelopes import row_key
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
 from deltaforge.snapshot.chunks import SnapshotRefused
+from deltaforge.sources.mysql.config import MySQLSourceConfig
 from deltaforge.sources.mysql.retention import BinlogRetention
 from deltaforge.sources.mysql.snapshot import MySQLChunks
+from deltaforge.sources.mysql.source import MySQLSource
 from deltaforge.state.checkpoints import MemoryCheckpointStore, sink_key
 from tests.helpers import jsonl, stored_checkpoint, wait_until, wait_until_sync
 from tests.kit import NeverDurable, ScriptedSink
@@ -490,3 +492,41 @@ async def test_a_table_a_snapshot_cannot_read_is_refused_by_name_and_never_left_
             assert [t.name for t in await reader.tables([f"{db}.ok"])] == [f"{db}.ok"]
         finally:
             await reader.close()
+
+
+async def test_a_chunk_read_outlasting_the_users_max_statement_time_is_waited_for(mariadb: MariaDB) -> None:
+    """A user with a ``MAX_STATEMENT_TIME`` (or a server's ``max_statement_time``): a chunk read
+    longer than it, here behind a ``LOCK TABLES``, was interrupted (error 1969) at each attempt.
+    The chunk connections turn it off for themselves (``query_timeout_s`` bounds the reads), and
+    the read waits for the lock, then reads."""
+    db = fresh_db(mariadb)
+    user = f"slow_{db}"
+    with mariadb.root(db) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
+        cur.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+        cur.execute(f"GRANT ALL ON {db}.* TO '{user}'@'%' WITH MAX_STATEMENT_TIME 0.2")
+    config = MySQLSourceConfig(id="my", dsn=mariadb.dsn(user=user, password="pw"), tables=[f"{db}.t"])
+    reader = MySQLChunks(MySQLSource(config, tenant="acme"), f"{db}.signal")
+    await reader.open(1)
+    try:
+        (ref,) = await reader.tables([f"{db}.t"])
+        with mariadb.root(db) as locker, locker.cursor() as lock:
+            lock.execute("LOCK TABLES t WRITE")
+            read = asyncio.ensure_future(reader.chunk(ref, None, 10))
+            waited = f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{user}' AND TIME_MS > 1000"
+            with mariadb.root() as c, c.cursor() as look:
+
+                def long_waited() -> bool:
+                    look.execute(waited)
+                    return bool(look.fetchone()[0])
+
+                await wait_until(
+                    lambda: read.done() or long_waited(), timeout=30, what="the read waiting 1 s"
+                )
+            assert not read.done(), read
+            lock.execute("UNLOCK TABLES")
+        rows, _, _ = await asyncio.wait_for(read, 30)
+        assert [r["id"] for r in rows] == [1, 2]
+    finally:
+        await reader.close()

@@ -40,7 +40,12 @@ OPEN, CLOSE = "snapshot-window-open", "snapshot-window-close"
 UNKNOWN_COLUMN = 1054
 # UTC: see the module. group_concat_max_len also bounds JSON_ARRAYAGG (json_chunks): at its
 # default, 1 MiB, a chunk of 10,000 rows of 100 bytes would come back cut short.
-INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295"
+INIT = "SET time_zone = '+00:00', group_concat_max_len = 4294967295 /*M!, max_statement_time = 0 */"
+"""Each chunk connection's session. MariaDB's ``max_statement_time`` (a user's, ``GRANT ... WITH
+MAX_STATEMENT_TIME``, or the server's) interrupted a chunk read longer than it, waiting behind a
+``LOCK TABLES`` or reading a large chunk, error 1969 at each attempt: the reads are bounded by
+``query_timeout_s``, so it is turned off for them, in a comment only MariaDB executes (MySQL's
+``max_execution_time`` is not set: not tried against a MySQL server here)."""
 
 
 class _Table:
