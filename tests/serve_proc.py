@@ -25,7 +25,8 @@ _pick = random.SystemRandom()
 _LOWEST = 10000  # below: ports that services here listen on by default (3306, 5432, 6379, 9092, …)
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' source ports)."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -41,7 +42,7 @@ def free_port() -> int:
     in use``). A port below the range is only ever taken by another bind. The harnesses still start
     a server again on another port when its port was taken (``Serve.wait_api``,
     ``ServerProcess.start``)."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     for _ in range(200):
         port = _pick.randrange(_LOWEST, low) if low - _LOWEST >= 1000 else 0
         with socket.socket() as s:

@@ -76,3 +76,17 @@ def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connec
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # still free: nothing was left holding it
+
+
+def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another() -> None:
+    """A Redis Cluster node binds its port plus 10,000 too (the cluster bus). Taken by another
+    listener, the node exited and the harness said only "redis did not start" (seen in CI); it now
+    sees the bus port held and starts on another port, whose bus port lies below the ephemeral
+    range, where no outgoing connection lands."""
+    node = Redis(cluster=True)
+    taken = node.port
+    assert taken + 10_000 < int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    with listening(taken + 10_000), node:
+        assert node.port != taken
+        assert node.proc is not None and server_pid(node) == node.proc.pid
+        assert node.client().info("cluster")["cluster_enabled"] == 1

@@ -125,7 +125,7 @@ class ServerProcess:
                 self.kill()
                 if not movable:
                     raise
-                self.port = free_port()
+                self.port = self.new_port()
                 continue
             self.started = True
             return self
@@ -137,12 +137,20 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while not (self._holds_port() and ready()):  # never asks another server
             if self.proc is not None and self.proc.poll() is not None:
-                if _listeners(self.port):
-                    raise PortTaken(f"{self.name}: port {self.port} is held by another process")
+                if held := [p for p in self.ports() if _listeners(p)]:
+                    raise PortTaken(f"{self.name}: port {held[0]} is held by another process")
                 raise RuntimeError(f"{self.name} did not start {self.failure_detail()}".rstrip())
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not start {self.failure_detail()}".rstrip())
             time.sleep(0.05)
+
+    def ports(self) -> list[int]:
+        """Every port the server binds (one unless a subclass says more)."""
+        return [self.port]
+
+    def new_port(self) -> int:
+        """A port for a start again after this one was taken."""
+        return free_port()
 
     def _holds_port(self) -> bool:
         return self.proc is None or holds_port(self.proc.pid, self.port)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import redis
 
 from tests.helpers import wait_until_sync
+from tests.serve_proc import ephemeral_low, free_port
 from tests.servers.base import ServerProcess
+
+BUS_OFFSET = 10_000
+"""A Redis Cluster node's bus port is its port plus this."""
 
 
 class Redis(ServerProcess):
@@ -18,6 +23,28 @@ class Redis(ServerProcess):
         super().__init__()
         self.password = password
         self.cluster = cluster
+        if cluster:
+            self.port = self.new_port()
+
+    def ports(self) -> list[int]:
+        return [self.port, self.port + BUS_OFFSET] if self.cluster else [self.port]
+
+    def new_port(self) -> int:
+        """A cluster node binds its port and that plus 10,000 (the cluster bus): both free, and
+        both below the kernel's ephemeral range, where only another bind can take them (a
+        node whose bus port was taken exited, and the test failed: seen in CI)."""
+        if not self.cluster:
+            return free_port()
+        while True:
+            port = free_port()
+            if port + BUS_OFFSET >= ephemeral_low():
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + BUS_OFFSET))
+                except OSError:
+                    continue
+            return port
 
     def command(self) -> list[str]:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
