@@ -35,7 +35,7 @@ class Redis(ServerProcess):
         node whose bus port was taken exited, and the test failed: seen in CI)."""
         if not self.cluster:
             return free_port()
-        while True:
+        for _ in range(200):
             port = free_port()
             if port + BUS_OFFSET >= ephemeral_low():
                 continue
@@ -45,6 +45,7 @@ class Redis(ServerProcess):
                 except OSError:
                     continue
             return port
+        raise RuntimeError("no cluster port whose bus port is free below the ephemeral range in 200 tries")
 
     def command(self) -> list[str]:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
