@@ -164,12 +164,17 @@ def snapshot_rows_in(path: Path) -> int:
     return path.read_bytes().count(b'"op":"r"') if path.exists() else 0
 
 
-def frozen_mid_snapshot(tmp: Path, spec: dict[str, Any], rows: int, port: int, **config: Any) -> None:
+def frozen_mid_snapshot(
+    tmp: Path, spec: dict[str, Any], rows: int, port: int, streams: Callable[[], set[int]], **config: Any
+) -> None:
     """``serve`` on ``spec``, its source reached through a proxy in front of the server on
     ``port`` (``config`` added to the source's), until a tenth of ``rows`` is delivered; then
-    every open connection to the source goes silent for good (the proxy's ``freeze``: its host
-    vanished, or a NAT forgot them; new connections pass). The snapshot must give the silent
-    ones up after ``query_timeout_s`` (3 s here), saying so, and finish by itself."""
+    every open connection to the source but the change stream's goes silent for good (the
+    proxy's ``freeze``: its host vanished, or a NAT forgot them; new connections pass). The
+    stream's own silence has its own rule and tests, and, frozen too, it spoke first whenever
+    the snapshot was between two reads (waiting on a watermark); its connections' ports, as the
+    server sees them, are ``streams()``. The snapshot must give the silent ones up after
+    ``query_timeout_s`` (3 s here), saying so, and finish by itself."""
     log = tmp / "log.jsonl"
     source = spec["source"]["config"]
     with TcpProxy(port) as proxy:
@@ -178,7 +183,9 @@ def frozen_mid_snapshot(tmp: Path, spec: dict[str, Any], rows: int, port: int, *
             wait_until_sync(
                 lambda: snapshot_rows_in(tmp / "events.jsonl") > rows // 10, timeout=120, what="rows"
             )
-            proxy.freeze()
+            spared = streams()
+            assert spared, "no change stream connected"
+            proxy.freeze(spare=spared)
 
             def said() -> str | None:
                 return next(

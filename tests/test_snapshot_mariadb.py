@@ -97,6 +97,13 @@ def finish(serve: Serve, tmp: Path, server: MariaDB, work: Writer) -> None:
     wait_until_sync(lambda: caught_up(tmp, server), timeout=120, what="sink caught up")
 
 
+def binlog_dumps(mariadb: MariaDB) -> set[int]:
+    """The client ports of the server's binlog dump connections (the replicas' streams)."""
+    with mariadb.root() as conn, conn.cursor() as cur:
+        cur.execute("SELECT HOST FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'")
+        return {int(host.rpartition(":")[2]) for (host,) in cur.fetchall()}
+
+
 def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
     mariadb: MariaDB, tmp_path: Path
 ) -> None:
@@ -105,7 +112,7 @@ def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
     rows = 50_000
     db = prepare(mariadb, rows)
     doc = spec(tmp_path, mariadb, db, chunk_size=1000)
-    frozen_mid_snapshot(tmp_path, doc, rows, mariadb.port)
+    frozen_mid_snapshot(tmp_path, doc, rows, mariadb.port, lambda: binlog_dumps(mariadb))
     check_handoff(tmp_path / "events.jsonl", table_state(mariadb, db), crashes=True)
 
 

@@ -165,6 +165,12 @@ def test_snapshot_killed_mid_way_resumes_from_the_next_chunk(postgres: Postgres,
     assert snapshot_rows < ROWS + kills * 10 * 5000, snapshot_rows
 
 
+def walsenders(postgres: Postgres) -> set[int]:
+    """The client ports of the server's replication connections (the streams)."""
+    with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        return {port for (port,) in conn.execute("SELECT client_port FROM pg_stat_replication")}
+
+
 def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
     postgres: Postgres, tmp_path: Path
 ) -> None:
@@ -173,8 +179,7 @@ def test_a_snapshot_whose_connections_go_silent_gives_them_up_and_finishes(
     rows = 50_000
     db = prepare(postgres, rows)
     doc = spec(tmp_path, postgres, db, chunk_size=1000)
-    # The stream's own rule gives up its own silent connection: receiver_timeout_ms.
-    frozen_mid_snapshot(tmp_path, doc, rows, postgres.port, receiver_timeout_ms=3000)
+    frozen_mid_snapshot(tmp_path, doc, rows, postgres.port, lambda: walsenders(postgres))
     check_handoff(tmp_path / "events.jsonl", table_state(postgres, db), crashes=True)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+from collections.abc import Collection
 from concurrent.futures import Future
 
 from tests.serve_proc import free_port
@@ -28,7 +29,6 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._pipes: set[asyncio.Future[tuple[None, None]]] = set()
         self._held: set[asyncio.StreamWriter] = set()
         self._links: dict[
             asyncio.Future[tuple[None, None]], tuple[list[float], set[asyncio.StreamWriter]]
@@ -54,9 +54,12 @@ class TcpProxy:
     def down(self) -> None:
         self._call(self._close())
 
-    def freeze(self) -> None:
-        """Every open connection, from now on, silent both ways and left open."""
-        self._call(self._freeze())
+    def freeze(self, spare: Collection[int] = ()) -> None:
+        """Every open connection, from now on, silent both ways and left open; but those whose
+        port, as the server sees it (``client_port`` in ``pg_stat_replication``, ``HOST`` in
+        MariaDB's process list), is in ``spare``: a test that stages the silence of one kind of
+        connection leaves the others, with their own rules for it, alone."""
+        self._call(self._freeze(frozenset(spare)))
 
     def forget_idle(self, idle_s: float) -> None:
         """From now on, freeze each connection as soon as it has passed nothing for ``idle_s``."""
@@ -94,11 +97,13 @@ class TcpProxy:
         self._writers.clear()
         self._held.clear()
 
-    async def _freeze(self) -> None:
-        self._held |= self._writers
-        self._writers.clear()
-        for pipe in list(self._pipes):
-            pipe.cancel()  # each pipe's copies stop reading; their sockets stay open (in _held)
+    async def _freeze(self, spare: frozenset[int]) -> None:
+        for pipe, (_, ends) in list(self._links.items()):
+            if not spare & {w.get_extra_info("sockname")[1] for w in ends}:
+                self._held |= ends
+                self._writers -= ends
+                self._links.pop(pipe, None)
+                pipe.cancel()  # its copies stop reading; its sockets stay open (in _held)
 
     async def _pipe_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -110,14 +115,12 @@ class TcpProxy:
         self._writers |= {writer, up_writer}
         last = [self._loop.time()]
         pipe = asyncio.gather(self._copy(reader, up_writer, last), self._copy(up_reader, writer, last))
-        self._pipes.add(pipe)
         self._links[pipe] = (last, {writer, up_writer})
         try:
             await pipe
         except asyncio.CancelledError:
             pass  # frozen
         finally:
-            self._pipes.discard(pipe)
             self._links.pop(pipe, None)
 
     async def _copy(
