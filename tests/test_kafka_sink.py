@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 import threading
 import time
@@ -248,6 +249,42 @@ async def test_a_batch_whose_records_fail_never_writes_its_position(
     await sink.close()
     assert consume(tansu.bootstrap, "deltaforge.offsets", 0, committed_only=False, timeout=3) == []
     assert await sink.stored_position() is None
+
+
+async def test_each_transaction_opens_with_the_committed_position_and_an_aborted_one_says_no_more(
+    tansu: Tansu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exactly_once: each batch's transaction after the first writes the position record already
+    committed before its records, so the offsets topic's partition joins the transaction with
+    theirs (a round trip less before each commit). That record must say only what is committed:
+    Tansu shows aborted records to read_committed readers (its bug), and an aborted batch's copy
+    is then read back as the position; a copy of anything newer would skip the aborted batch."""
+    from deltaforge.sinks import kafka_names
+    from deltaforge.sinks.base import SinkError
+
+    monkeypatch.setattr(kafka_names, "topic_problem", lambda name: None)  # as in the test above
+    tansu.create_topic("cdc.t")
+    tansu.create_topic("deltaforge.offsets", partitions=1)
+    sink = KafkaSink(
+        parse_pipeline(kafka_doc(tansu.bootstrap, exactly_once=True, timeout_s=2), env={}).sinks[0]
+    )
+    await sink.open()
+    first, second = [make_event(i) for i in range(1, 4)], [make_event(i) for i in range(4, 7)]
+    await sink.deliver(first, first[-1].checkpoint)
+    await sink.deliver(second, second[-1].checkpoint)
+    refused = [dataclasses.replace(e, source=dataclasses.replace(e.source, table="bad table!")) for e in
+               (make_event(i) for i in range(7, 10))]  # fmt: skip
+    with pytest.raises(SinkError):
+        await sink.deliver(refused, refused[-1].checkpoint)
+    await sink.close()
+    written = consume(tansu.bootstrap, "deltaforge.offsets", 4, committed_only=False, timeout=10)
+    # the first batch's record; the second's copy of it, then its own; the refused batch's copy
+    assert [r[2]["position"] for r in written] == [doc(first), doc(first), doc(second), doc(second)]
+    assert await sink.stored_position() == doc(second)
+
+
+def doc(batch: list[Event]) -> Any:
+    return batch[-1].checkpoint.to_doc()
 
 
 async def test_a_batch_with_a_value_that_cannot_be_encoded_sends_none_of_itself(tansu: Tansu) -> None:

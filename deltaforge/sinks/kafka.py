@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from actors import Begun, BlockingRunner
 from deltaforge.configmodel import SinkConfig
-from deltaforge.envelopes import encode, encoder
+from deltaforge.envelopes import encoder
 from deltaforge.events import Event
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
@@ -45,10 +45,15 @@ from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_errors import POISON, Reports, classify
 from deltaforge.sinks.kafka_metadata import ask, learn
 from deltaforge.sinks.kafka_names import topic_renderer
-from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, read_position
+from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, position_record, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent, queue
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, RecordMaker, check_sizes
-from deltaforge.sinks.kafka_settings import KafkaSinkConfig, ProducerValue, connection_settings
+from deltaforge.sinks.kafka_settings import (
+    KafkaSinkConfig,
+    ProducerValue,
+    connection_settings,
+    producer_settings,
+)
 from deltaforge.sinks.templates import compile_template
 from supervision import Fatal
 
@@ -88,6 +93,8 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         """Topics the current producer was asked the metadata of (see kafka_metadata.learn)."""
         self._own_topics = {cfg.offsets_topic} if self.exactly_once else set()
         self.commits = 0
+        self._committed: bytes | None = None
+        """exactly_once: the position record of this sink's last commit, while nothing failed since."""
         self.aborts = 0
         self._reopened = False
         self.ends = PartitionEnds(self.id, self.timeout)
@@ -147,24 +154,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         return producer, ahead
 
     def _made(self) -> Producer:
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.brokers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            # Java's partitioner (murmur2), as Debezium and Kafka Streams use: a row's records land
-            # where a Java client puts its key, not where librdkafka's CRC32 default would.
-            "partitioner": "murmur2_random",
-            "message.timeout.ms": int(self.timeout * 1000),
-            "log_level": 3,
-            "client.id": f"deltaforge-{self.pipeline}-{self.id}",
-            "logger": LIBRDKAFKA_LOG,  # JSON lines (logsetup), not bare text on stderr
-            # Success reports would cost a Python callback (and a Message object) per record:
-            # only failures are reported; flush()/commit_transaction() confirm the rest.
-            "delivery.report.only.error": True,
-            "compression.type": self.settings.compression,
-            **self.extra,
-        }
+        conf = producer_settings(self.settings, f"deltaforge-{self.pipeline}-{self.id}")
         self.ends.conf = {**self.reach, "client.id": conf["client.id"]}
         conf["error_cb"] = self.heard.hear
         if self.exactly_once:
@@ -206,6 +196,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
 
     async def close(self) -> None:
         self._reopened = True  # a fence right after the next init is our own old epoch's, once
+        self._committed = None
         opening, self._opening = self._opening, None
         self._ahead = None
         if opening is not None:
@@ -277,10 +268,20 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         check_sizes(records, self.max_bytes, self.id)
         if not self.exactly_once:
             self.lost_acknowledged += self.ends.check()
+        held: bytes | None = None
+        committed, self._committed = self._committed, None  # known again only once this commits
         try:
             try:
                 if self.exactly_once:
                     producer.begin_transaction()
+                    if committed is not None and (position is not None or rewind):
+                        # The committed record again, first: the offsets topic's partition joins
+                        # the transaction with the batch's, a round trip less before the commit
+                        # (docs/performance.md). Shown though aborted (Tansu 0.6), it says only
+                        # what is committed already.
+                        producer.produce(
+                            self.settings.offsets_topic, committed, self.position_key, on_delivery=on_delivery
+                        )
                 queue(producer, records, on_delivery)
                 topics = {rec[0] for rec in records}
                 # an exactly_once producer's offsets topic too: its position record follows
@@ -299,15 +300,12 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                                     f"kafka sink {self.id!r}: records not acknowledged in time{self.heard.said()}"
                                 )
                             )
-                        held = encode(
-                            {"position": position.to_doc(), "order": list(position.order)}
-                            if position is not None
-                            else {"position": None, "order": None}  # read back as no record
-                        )
+                        held = position_record(position)
                         producer.produce(
                             self.settings.offsets_topic, held, self.position_key, on_delivery=on_delivery
                         )
                     self._commit(producer)
+                    self._committed = held or committed
                     self.commits += 1
                 else:
                     left = producer.flush(self.timeout)

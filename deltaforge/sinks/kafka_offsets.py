@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from deltaforge.position import PositionDoc
+from deltaforge.envelopes import encode
+from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import RetryableSinkError
 
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
@@ -25,6 +26,14 @@ _WAIT_S = 0.01
 """How long one ``consume`` call waits: it returns early only with all 500 records it may take,
 so the wait is paid on every call that gets fewer (0.2 s had paced a restart's first
 exactly_once batch by about 200 ms per call; docs/performance.md)."""
+
+
+def position_record(position: Position | None) -> bytes:
+    """The record value saying where a batch left the source (a null position: read back as no
+    record, what a rewind to the start writes)."""
+    if position is None:
+        return encode({"position": None, "order": None})
+    return encode({"position": position.to_doc(), "order": list(position.order)})
 
 
 def read_position(reach: Mapping[str, Any], topic: str, key: bytes, timeout: float) -> PositionDoc | None:

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field
 
 from deltaforge.configmodel import Bool, Brokers, PositiveNumber, SinkSettings, Text, fail
 from deltaforge.sinks.kafka_names import TopicTemplate
+from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
 from deltaforge.sinks.templates import Template
 
 ProducerValue = str | int | float | bool
@@ -67,6 +68,29 @@ ProducerSettings = Annotated[dict[str, ProducerValue], AfterValidator(_check)]
 
 _CONNECTION = ("security.", "ssl.", "ssl_", "sasl.", "enable.ssl.", "enable.sasl.", "socket.", "broker.",
                "client.dns.", "api.version.", "https.")  # fmt: skip
+
+
+def producer_settings(cfg: KafkaSinkConfig, client_id: str) -> dict[str, Any]:
+    """The producer's librdkafka settings: deltaforge's, then the ``producer`` ones given (checked
+    as the config was read)."""
+    return {
+        "bootstrap.servers": cfg.brokers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        # Java's partitioner (murmur2), as Debezium and Kafka Streams use: a row's records land
+        # where a Java client puts its key, not where librdkafka's CRC32 default would.
+        "partitioner": "murmur2_random",
+        "message.timeout.ms": int(cfg.timeout_s * 1000),
+        "log_level": 3,
+        "client.id": client_id,
+        "logger": LIBRDKAFKA_LOG,  # JSON lines (logsetup), not bare text on stderr
+        # Success reports would cost a Python callback (and a Message object) per record:
+        # only failures are reported; flush()/commit_transaction() confirm the rest.
+        "delivery.report.only.error": True,
+        "compression.type": cfg.compression,
+        **cfg.producer,
+    }
 
 
 def connection_settings(settings: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
