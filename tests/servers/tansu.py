@@ -49,3 +49,12 @@ class Tansu(ServerProcess):
         )  # fmt: skip
         if r.returncode != 0 and "already exists" not in r.stderr + r.stdout:
             raise RuntimeError(f"tansu topic create {name} failed: {r.stderr[-500:]}")
+
+    def delete_topic(self, name: str) -> None:
+        """Delete ``name`` and the records it holds (memory storage keeps every record until then)."""
+        r = subprocess.run(
+            [tansu_binary(), "topic", "delete", "--broker", f"tcp://127.0.0.1:{self.port}", name],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise RuntimeError(f"tansu topic delete {name} failed: {r.stderr[-500:]}")
