@@ -763,8 +763,16 @@ def test_a_chunk_read_given_up_has_its_backend_ended_by_the_next_read(postgres: 
         try:
             (ref,) = await reader.tables(["public.t"])
             read = asyncio.ensure_future(reader.chunk(ref, None, 4000))
+            while await conn.fetchrow(reading, db) is None:
+                if read.done():  # read whole before a look found it running: read it again
+                    read = asyncio.ensure_future(reader.chunk(ref, None, 4000))
+                await asyncio.sleep(0.01)  # the server has no notification for a backend's state
+            # Read whole, the chunk left the backend waiting on its socket only now and then, and
+            # a quick reader could take it all between two looks (a CI run, 5 Dec): from now on
+            # nothing reads what the backend sends, and it waits there for certain.
+            proxy.hold()
             while (blocked := await conn.fetchrow(reading, db)) is None or blocked[1] != "ClientWrite":
-                await asyncio.sleep(0.01)  # the server has no notification for a backend's wait
+                await asyncio.sleep(0.01)  # as above: no notification for a backend's wait
             proxy.freeze()
             raised = None
             try:

@@ -34,6 +34,8 @@ class TcpProxy:
             asyncio.Future[tuple[None, None]], tuple[list[float], set[asyncio.StreamWriter]]
         ] = {}
         """Each open connection's last byte (either way) and its two ends."""
+        self._replies: dict[asyncio.Future[tuple[None, None]], asyncio.Future[None]] = {}
+        """Each open connection's copy of what the server sends (see :meth:`hold`)."""
         self.forgotten = 0
         """Connections frozen for idling (``forget_idle``)."""
         self.accepted = 0
@@ -60,6 +62,17 @@ class TcpProxy:
         MariaDB's process list), is in ``spare``: a test that stages the silence of one kind of
         connection leaves the others, with their own rules for it, alone."""
         self._call(self._freeze(frozenset(spare)))
+
+    def hold(self) -> None:
+        """Every open connection, from now on, passes nothing more from the server to the client
+        (a client that stopped reading), while what the client sends still reaches the server:
+        a question asked now is answered into buffers nobody empties, and a server writing a
+        long answer waits on its socket (``ClientWrite``), for certain."""
+        self._call(self._hold())
+
+    async def _hold(self) -> None:
+        for replies in self._replies.values():
+            replies.cancel()  # its copy stops reading; the socket stays open
 
     def forget_idle(self, idle_s: float) -> None:
         """From now on, freeze each connection as soon as it has passed nothing for ``idle_s``."""
@@ -114,14 +127,17 @@ class TcpProxy:
             return
         self._writers |= {writer, up_writer}
         last = [self._loop.time()]
-        pipe = asyncio.gather(self._copy(reader, up_writer, last), self._copy(up_reader, writer, last))
+        replies = asyncio.ensure_future(self._copy(up_reader, writer, last))
+        pipe = asyncio.gather(self._copy(reader, up_writer, last), replies)
         self._links[pipe] = (last, {writer, up_writer})
+        self._replies[pipe] = replies
         try:
             await pipe
         except asyncio.CancelledError:
             pass  # frozen
         finally:
             self._links.pop(pipe, None)
+            self._replies.pop(pipe, None)
 
     async def _copy(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, last: list[float]
