@@ -616,6 +616,81 @@ async def test_a_broker_refusing_connections_is_listed_unavailable_before_the_ba
             task.cancel()
 
 
+class CommitHeld:
+    """A producer whose commit, once ``armed``, finds its records acknowledged and then every
+    answer held by the proxy: the coordinator never answers that commit while the proxy is up."""
+
+    def __init__(self, producer: Producer, proxy: TcpProxy, armed: threading.Event) -> None:
+        self._producer, self.proxy, self.armed = producer, proxy, armed
+        self.asked: int | None = None
+        """What the proxy had passed to the broker when the answers were held."""
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._producer, name)
+        if name != "commit_transaction":
+            return attr
+
+        def commit(timeout: float) -> Any:
+            if self.armed.is_set():
+                self.armed.clear()
+                # The position record acknowledged first: nothing is left for the commit's own
+                # flush, which serves the producer's reports; its wait for the answer serves none.
+                assert self._producer.flush(30) == 0
+                self.proxy.hold()
+                self.asked = self.proxy.asked
+            return attr(timeout)
+
+        return commit
+
+
+async def test_a_broker_gone_while_a_commit_waits_for_its_answer_is_listed_unavailable_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka serves no report while ``commit_transaction`` waits for the coordinator's
+    answer. A broker gone then was heard ("all brokers down") only when the commit gave up,
+    ``timeout_s`` later, and meanwhile the sink was listed as unanswered (the test above failed so,
+    about one run in twenty beside three others). The commit waits in slices now, with the
+    reports served between them."""
+    proxy_port = free_port()
+    made, armed, producers = kafka_module.Producer, threading.Event(), []
+
+    def producer(conf: dict[str, Any]) -> CommitHeld:
+        producers.append(CommitHeld(made(conf), proxy, armed))
+        return producers[-1]
+
+    monkeypatch.setattr(kafka_module, "Producer", producer)
+    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
+        broker.create_topic("cdc.t")
+        broker.create_topic("deltaforge.offsets", partitions=1)
+        doc = kafka_doc(f"127.0.0.1:{proxy_port}", exactly_once=True, timeout_s=30)
+        runner = PipelineRunner(
+            parse_pipeline(doc, env={}),
+            store=MemoryCheckpointStore(),
+            source=PacedSource(10_000_000, chunk=200),
+        )
+        stats, availability = runner.ctx.stats, runner.ctx.availability
+        with capture_logs():
+            task = asyncio.create_task(runner.run())
+            await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
+            armed.set()
+            await wait_until(lambda: producers[-1].asked is not None, what="a commit's answers held")
+            asked = producers[-1].asked
+            await wait_until(lambda: proxy.asked > asked, what="the commit asked the coordinator")
+            proxy.down()
+            await wait_until(lambda: "sink:k" in availability.view(), timeout=60, what="listed unavailable")
+            reason = availability.view()["sink:k"]["last_error"]
+            assert stats.commit_failures == 0, reason  # the commit still waits
+            assert "no server reachable" in reason and "librdkafka last said" in reason, reason
+            proxy.up()
+            await wait_until(lambda: "sink:k" not in availability.view(), timeout=90, what="listed back")
+            await progress(stats, 600)
+            await runner.drain()
+            task.cancel()
+
+
 def test_a_stop_does_not_wait_for_a_position_read_from_a_broker_that_is_away() -> None:
     """An ``exactly_once`` sink reads its position record back after a failed batch; with the
     broker away that read waits up to ``timeout_s``. A stop cancels it, but it ran in a worker

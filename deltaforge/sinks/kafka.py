@@ -42,7 +42,7 @@ from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import NonRetryableSinkError, RetryableSinkError, Sink, SinkError
 from deltaforge.sinks.durability import KafkaTopics
 from deltaforge.sinks.kafka_ends import PartitionEnds
-from deltaforge.sinks.kafka_errors import POISON, Reports, classify
+from deltaforge.sinks.kafka_errors import POISON, Reports, classify, resumed
 from deltaforge.sinks.kafka_metadata import ask, learn
 from deltaforge.sinks.kafka_names import topic_renderer
 from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, position_record, read_position
@@ -174,7 +174,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
                 # longer in 5 of 22 restarts (librdkafka's id-request timer, as in learn, by its
                 # length; not seen in its logs)
                 ask(producer, None, self.timeout)
-                producer.init_transactions(self.timeout)
+                resumed(producer, producer.init_transactions, self.timeout)
             except KafkaException as exc:
                 producer.poll(0)  # serves the reports of why (error_cb) queued meanwhile
                 raise self._classify(exc.args[0]) from None
@@ -364,7 +364,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         deadline = time.monotonic() + max(4 * self.timeout, COMMIT_RETRY_S)
         while True:
             try:
-                producer.commit_transaction(self.timeout)
+                resumed(producer, producer.commit_transaction, self.timeout)
                 self._reopened = False
                 return
             except KafkaException as exc:

@@ -1,13 +1,15 @@
 """What a librdkafka error means for a Kafka sink's batch: the event's fault (to the DLQ), a
 refusal no retry fixes, a stop (another producer took over), or a retry, with a new producer
-when the one that failed is finished."""
+when the one that failed is finished; and the reports of why heard while a transactional call
+waits."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError
 from supervision import Fatal
@@ -61,6 +63,29 @@ class Reports:
 
     def clear(self) -> None:
         self.last = None
+
+
+SLICE_S = 1.0
+"""How long a transactional call waits before the producer's reports are served (:func:`resumed`)."""
+
+
+def resumed(producer: Producer, call: Callable[[float], object], timeout: float) -> None:
+    """``call`` (``init_transactions``, ``commit_transaction``: librdkafka resumes either where a
+    timeout left it) for up to ``timeout`` seconds, in slices of :data:`SLICE_S` with the
+    producer's reports served between them. Such a call serves none while it waits for the
+    broker's answer: a broker gone during a commit was heard ("all brokers down") only once the
+    whole ``timeout`` had passed, and the sink listed as unanswered instead of unreachable
+    meanwhile. The last slice's error is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            call(min(SLICE_S, max(left, 0.0)))
+            return
+        except KafkaException as exc:
+            producer.poll(0)
+            if exc.args[0].code() != KafkaError._TIMED_OUT or left <= SLICE_S:
+                raise
 
 
 @dataclass(frozen=True)

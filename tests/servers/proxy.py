@@ -40,6 +40,9 @@ class TcpProxy:
         """Connections frozen for idling (``forget_idle``)."""
         self.accepted = 0
         """Connections taken, since the start."""
+        self.asked = 0
+        """Reads passed from a client to the server, since the start: a question asked after
+        :meth:`hold` shows here, though its answer never comes."""
 
     def _call(self, coro: object) -> None:
         fut: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -128,7 +131,7 @@ class TcpProxy:
         self._writers |= {writer, up_writer}
         last = [self._loop.time()]
         replies = asyncio.ensure_future(self._copy(up_reader, writer, last))
-        pipe = asyncio.gather(self._copy(reader, up_writer, last), replies)
+        pipe = asyncio.gather(self._copy(reader, up_writer, last, asks=True), replies)
         self._links[pipe] = (last, {writer, up_writer})
         self._replies[pipe] = replies
         try:
@@ -140,11 +143,16 @@ class TcpProxy:
             self._replies.pop(pipe, None)
 
     async def _copy(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, last: list[float]
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        last: list[float],
+        asks: bool = False,
     ) -> None:
         try:
             while data := await reader.read(65536):
                 last[0] = self._loop.time()
+                self.asked += asks
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
