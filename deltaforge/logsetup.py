@@ -130,9 +130,9 @@ def _serialize(obj: Any, **kw: Any) -> str:
 
 class _Libraries(logging.Handler):
     """What libraries log with the standard ``logging`` module (aiokafka, asyncpg, uvicorn,
-    librdkafka through confluent-kafka's ``logger`` setting), as deltaforge's JSON lines with the
-    library's logger as ``actor``: otherwise Python prints them as bare text on stderr, among the
-    JSON lines, where ``deltaforge logs`` cannot filter them. A line said again and again is
+    librdkafka through confluent-kafka's ``logger`` setting) or warn of (``py.warnings``), as
+    deltaforge's JSON lines with the library's logger as ``actor``: otherwise Python prints them
+    as bare text on stderr, among the JSON lines, where ``deltaforge logs`` cannot filter them. A line said again and again is
     logged once a minute, with ``repeated``: how many were held back (``logrepeats``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -140,6 +140,8 @@ class _Libraries(logging.Handler):
             message = record.getMessage()
         except (TypeError, ValueError):  # a library's bad format string must not lose the line
             message = str(record.msg)
+        if record.name == "py.warnings":  # "file:line: Category: text", then the source line: noise
+            message = message.partition("\n")[0]
         extra: dict[str, Any] = {"exc_info": record.exc_info} if record.exc_info else {}
         # at ERROR and up an error, else a warning: the handler takes those and up
         log_library_line(
@@ -168,6 +170,8 @@ def configure(level: str = "info", log_file: str | Path | None = None, stderr: b
         logger_factory=_TeeFactory(streams),
         cache_logger_on_first_use=False,
     )
+    # A library's warnings.warn (aiomysql passes on the server's warnings so) as a JSON line too
+    logging.captureWarnings(True)
     root = logging.getLogger()
     if not any(isinstance(h, _Libraries) for h in root.handlers):
         root.addHandler(_Libraries(logging.WARNING))

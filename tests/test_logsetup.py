@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -223,3 +225,20 @@ def test_repeats_are_counted_per_kind_and_the_oldest_kinds_forgotten(monkeypatch
     assert r.admit("kafka", "error", "port 5 refused") == 1
     r.forget()
     assert r.admit("kafka", "error", "port 6 refused") == 0
+
+
+def test_a_python_warning_is_a_json_line_too(tmp_path: Path) -> None:
+    """aiomysql passes a server's warnings on with ``warnings.warn``, which Python printed as bare
+    text on stderr, over two lines (where, then the source line), among ``serve``'s JSON lines."""
+    script = tmp_path / "warns.py"
+    script.write_text(
+        "import warnings\nfrom deltaforge import logsetup\nlogsetup.configure('info')\n"
+        "warnings.warn(\"Table 'signal' already exists\", Warning)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    docs = [orjson.loads(line) for line in done.stderr.splitlines()]  # each line JSON, or this fails
+    [doc] = docs
+    assert doc["event"] == "library_warning" and doc["actor"] == "py.warnings", doc
+    assert doc["message"] == f"{script}:4: Warning: Table 'signal' already exists", doc

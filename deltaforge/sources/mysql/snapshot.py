@@ -141,10 +141,13 @@ class MySQLChunks(ChunkReader):
             return
         db, _, table = self.signal.partition(".")
         try:
-            await self._run(lambda cur: cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {quote_ident(db)}.{quote_ident(table)} "
-                "(id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048) NULL)"
-            ))  # fmt: skip
+            # Looked up first: CREATE TABLE IF NOT EXISTS of a table there leaves the server's note,
+            # which aiomysql raises as a Python warning ("already exists") at every start.
+            if not await self._run(lambda cur: _exists(cur, db, table)):
+                await self._run(lambda cur: cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {quote_ident(db)}.{quote_ident(table)} "
+                    "(id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048) NULL)"
+                ))  # fmt: skip
         except pymysql.err.MySQLError as exc:
             raise SnapshotRefused(
                 f"snapshots write watermarks to the signal table {self.signal!r}, and creating it failed "
@@ -371,3 +374,10 @@ def _json_key(value: Any) -> Any:
     if isinstance(value, int | str | float) or value is None:
         return value
     return str(value)
+
+
+async def _exists(cur: aiomysql.Cursor, db: str, table: str) -> bool:
+    await cur.execute(
+        "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (db, table)
+    )
+    return bool(await cur.fetchall())
