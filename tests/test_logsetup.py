@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from deltaforge import cli, logrepeats, logsetup
 from deltaforge.logrepeats import LIBRARIES, log_library_line, say_overdue
-from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
+from deltaforge.sinks.kafka_settings import LIBRDKAFKA_LOG
 from tests.helpers import file_size_limit, wait_until
 from tests.serve_proc import free_port
 

@@ -45,7 +45,7 @@ from deltaforge.sinks.kafka_ends import PartitionEnds
 from deltaforge.sinks.kafka_errors import POISON, Reports, classify, resumed
 from deltaforge.sinks.kafka_metadata import ask, learn
 from deltaforge.sinks.kafka_names import topic_renderer
-from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG, position_record, read_position
+from deltaforge.sinks.kafka_offsets import position_record, read_position
 from deltaforge.sinks.kafka_queue import discard, drop_unsent, queue
 from deltaforge.sinks.kafka_records import MESSAGE_MAX_BYTES, RecordMaker, check_sizes
 from deltaforge.sinks.kafka_settings import (
@@ -106,8 +106,7 @@ class KafkaSink(Sink[KafkaSinkConfig]):
         self.acked_ends = None if self.exactly_once else self.ends.acked
         # exactly_once: the position record kept between runs is compared only in the same topic
         self.target = f"{self.brokers} {cfg.offsets_topic}" if self.exactly_once else self.brokers
-        self.reach: dict[str, Any] = {"bootstrap.servers": self.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG,
-                                      **connection_settings(self.extra)}  # fmt: skip
+        self.reach = connection_settings(cfg)
         """What the sink's other clients (reading back its position, its partitions' ends) connect with."""
 
     @property

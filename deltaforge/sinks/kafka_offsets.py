@@ -7,7 +7,6 @@ record, read with ``read_committed``, is what the topic truly holds.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,9 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from deltaforge.envelopes import encode
 from deltaforge.position import Position, PositionDoc
 from deltaforge.sinks.base import RetryableSinkError
-
-LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
-
+from deltaforge.sinks.kafka_settings import LIBRDKAFKA_LOG
 
 _WAIT_S = 0.01
 """How long one ``consume`` call waits: it returns early only with all 500 records it may take,

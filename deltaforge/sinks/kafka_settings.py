@@ -9,14 +9,17 @@ a retry would write: refused when the config is read, naming it.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
 from deltaforge.configmodel import Bool, Brokers, PositiveNumber, SinkSettings, Text, fail
 from deltaforge.sinks.kafka_names import TopicTemplate
-from deltaforge.sinks.kafka_offsets import LIBRDKAFKA_LOG
 from deltaforge.sinks.templates import Template
+
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+"""Where every librdkafka client of a Kafka sink logs (its ``logger`` setting): JSON lines (logsetup)."""
 
 ProducerValue = str | int | float | bool
 
@@ -93,15 +96,17 @@ def producer_settings(cfg: KafkaSinkConfig, client_id: str) -> dict[str, Any]:
     }
 
 
-def connection_settings(settings: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
-    """Of ``producer``, what the sink's other clients need to reach the same brokers (security,
-    sockets): the consumer reading its position record back, the client reading its partitions'
-    ends. Not the producer's own settings, which a consumer would log as ignored.
+def connection_settings(cfg: KafkaSinkConfig) -> dict[str, Any]:
+    """What the sink's other clients need to reach the same brokers: the consumer reading its
+    position record back, the client reading its partitions' ends. Of ``producer``, the security
+    and socket settings only; not the producer's own, which a consumer would log as ignored.
 
-    >>> connection_settings({"security.protocol": "SASL_SSL", "sasl.username": "u", "linger.ms": 20})
-    {'security.protocol': 'SASL_SSL', 'sasl.username': 'u'}
+    >>> cfg = KafkaSinkConfig(id="k", brokers="b:9092", topic="t", producer={"security.protocol": "SSL", "linger.ms": 20})
+    >>> {k: v for k, v in connection_settings(cfg).items() if k != "logger"}
+    {'bootstrap.servers': 'b:9092', 'log_level': 3, 'security.protocol': 'SSL'}
     """
-    return {k: v for k, v in settings.items() if k.startswith(_CONNECTION)}
+    chosen = {k: v for k, v in cfg.producer.items() if k.startswith(_CONNECTION)}
+    return {"bootstrap.servers": cfg.brokers, "log_level": 3, "logger": LIBRDKAFKA_LOG, **chosen}
 
 
 class KafkaSinkConfig(SinkSettings):
