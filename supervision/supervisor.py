@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import random
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -18,66 +17,11 @@ from supervision.backoff import Backoff
 from supervision.clock import Clock, MonotonicClock
 from supervision.errors import Fatal, SupervisorFailed, Unavailable
 from supervision.intensity import Intensity, RestartIntensity
+from supervision.running import Exited, Running, Started, describe, reason_kind
 from supervision.spec import ChildSpec, Restart, Strategy
 
-
-@dataclass(eq=False)
-class _Running:
-    """The supervisor's bookkeeping for one child."""
-
-    spec: ChildSpec
-    task: asyncio.Task[None] | None = None
-    generation: int = 0
-    stopping: bool = False
-    state: str = "new"
-    restarts: int = 0
-    started_at: float = 0.0
-    outage_since: float | None = None
-    """When the child's current run of :class:`Unavailable` exits began."""
-    outage_attempts: int = 0
-    done: bool = False
-    """Ended and, by its restart type, not to be started again."""
-    last_error: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
-    restart_reasons: dict[str, int] = field(default_factory=dict)
-    """Restarts by why (a short, stable label: see :func:`_reason_kind`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Exited:
-    running: _Running
-    generation: int
-    error: BaseException | None
-
-
 _STOP = object()
-
-
-def _describe(exc: BaseException | None) -> str | None:
-    if exc is None:
-        return None
-    if isinstance(exc, Fatal):
-        return f"fatal: {exc.reason}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _reason_kind(exc: BaseException | None) -> str:
-    """Why a child restarted, as a metric label: few values, none with a message in it."""
-    if exc is None:
-        return "exit"
-    if isinstance(exc, Unavailable):
-        return "unavailable"
-    return type(exc).__name__
-
-
-class _Started:
-    """The ``task_status`` handed to a child: ``started()`` is its "I am up"."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def started(self, value: None = None) -> None:
-        self.event.set()
+"""Put in the exits queue by :meth:`Supervisor.request_stop`."""
 
 
 class Supervisor:
@@ -145,8 +89,8 @@ class Supervisor:
         self.healthy_after = healthy_after
         self.state = "new"
         self.last_error: str | None = None
-        self._children = [_Running(spec) for spec in self.specs]
-        self._exits: asyncio.Queue[_Exited | object] | None = None
+        self._children = [Running(spec) for spec in self.specs]
+        self._exits: asyncio.Queue[Exited | object] | None = None
         self._stopping = asyncio.Event()
         self.log = structlog.get_logger().bind(supervisor=name)
 
@@ -171,14 +115,14 @@ class Supervisor:
                 item = await self._exits.get()
                 if item is _STOP:
                     break
-                assert isinstance(item, _Exited)
+                assert isinstance(item, Exited)
                 if item.generation != item.running.generation or item.running.stopping:
                     continue  # a stale report from an incarnation already replaced
                 await self._on_exit(item, tracker)
             if self.state == "running":
                 self.state = "stopped"
         except Fatal as exc:
-            self.state, self.last_error = "fatal", _describe(exc)
+            self.state, self.last_error = "fatal", describe(exc)
             raise
         except SupervisorFailed as exc:
             self.state, self.last_error = "failed", str(exc)
@@ -233,12 +177,12 @@ class Supervisor:
                 return False
         return True
 
-    async def _start(self, child: _Running) -> bool:
+    async def _start(self, child: Running) -> bool:
         child.generation += 1
         child.stopping = False
         child.state = "starting"
         child.started_at = self.clock.now()
-        status = _Started()
+        status = Started()
         task = asyncio.create_task(
             self._watch(child, child.generation, status), name=f"{self.name}/{child.spec.name}"
         )
@@ -248,7 +192,7 @@ class Supervisor:
             child.state = "running"
         return status.event.is_set()
 
-    async def _watch(self, child: _Running, generation: int, status: _Started) -> None:
+    async def _watch(self, child: Running, generation: int, status: Started) -> None:
         error: BaseException | None = None
         try:
             await child.spec.child.run(status)
@@ -260,13 +204,13 @@ class Supervisor:
         except BaseException as exc:  # noqa: BLE001 - a supervisor must see every failure
             error = exc
         if not child.stopping and self._exits is not None:
-            self._exits.put_nowait(_Exited(child, generation, error))
+            self._exits.put_nowait(Exited(child, generation, error))
 
-    async def _on_exit(self, item: _Exited, tracker: RestartIntensity) -> None:
+    async def _on_exit(self, item: Exited, tracker: RestartIntensity) -> None:
         child, error = item.running, item.error
         child.task = None
         name = child.spec.name
-        reason = _describe(error)
+        reason = describe(error)
         if error is not None:
             child.last_error = reason
         if isinstance(error, Fatal):
@@ -302,7 +246,7 @@ class Supervisor:
                 member.done = True
                 continue
             member.restarts += 1
-            kind = _reason_kind(error) if member is child else "group"
+            kind = reason_kind(error) if member is child else "group"
             member.restart_reasons[kind] = member.restart_reasons.get(kind, 0) + 1
             self.log.warning(
                 "child_restarted",
@@ -326,10 +270,10 @@ class Supervisor:
             waiting.cancel()
             stop.cancel()
 
-    def _crash(self, child: _Running, error: BaseException | None, tracker: RestartIntensity) -> float:
+    def _crash(self, child: Running, error: BaseException | None, tracker: RestartIntensity) -> float:
         """A crash (or a normal exit of a permanent child): counted; the delay before the restart."""
         name = child.spec.name
-        reason = _describe(error)
+        reason = describe(error)
         child.outage_since = None
         if not tracker.record(self.clock.now()):
             child.state = "failed"
@@ -344,7 +288,7 @@ class Supervisor:
             raise SupervisorFailed(self.name, name, error) from error
         return self.backoff.delay(tracker.recent, self.rng)
 
-    def _outage(self, child: _Running, error: Unavailable) -> float:
+    def _outage(self, child: Running, error: Unavailable) -> float:
         """What the child needs is down: not counted; the delay before the next attempt."""
         now = self.clock.now()
         if child.outage_since is None or now - child.started_at >= self.healthy_after:
@@ -356,7 +300,7 @@ class Supervisor:
             self.log.error(
                 "supervisor_gave_up_waiting",
                 actor=child.spec.name,
-                reason=_describe(error),
+                reason=describe(error),
                 unavailable_s=round(down_for, 3),
                 max_unavailable_s=self.max_unavailable,
             )
@@ -368,14 +312,14 @@ class Supervisor:
         self.log.warning(
             "child_unavailable",
             actor=child.spec.name,
-            reason=_describe(error),
+            reason=describe(error),
             attempts=child.outage_attempts,
             unavailable_s=round(down_for, 3),
             retry_in_s=round(delay, 3),
         )
         return delay
 
-    def _restart_group(self, failed: _Running) -> list[_Running]:
+    def _restart_group(self, failed: Running) -> list[Running]:
         if self.strategy is Strategy.ONE_FOR_ONE:
             return [failed]
         if self.strategy is Strategy.ONE_FOR_ALL:
@@ -383,7 +327,7 @@ class Supervisor:
         idx = self._children.index(failed)
         return [c for c in self._children[idx:] if c.task is not None or c is failed]
 
-    async def _stop_child(self, child: _Running) -> None:
+    async def _stop_child(self, child: Running) -> None:
         task = child.task
         child.task = None
         if task is None:
