@@ -132,8 +132,9 @@ class _Libraries(logging.Handler):
     """What libraries log with the standard ``logging`` module (aiokafka, asyncpg, uvicorn,
     librdkafka through confluent-kafka's ``logger`` setting) or warn of (``py.warnings``), as
     deltaforge's JSON lines with the library's logger as ``actor``: otherwise Python prints them
-    as bare text on stderr, among the JSON lines, where ``deltaforge logs`` cannot filter them. A line said again and again is
-    logged once a minute, with ``repeated``: how many were held back (``logrepeats``)."""
+    as bare text on stderr, among the JSON lines, where ``deltaforge logs`` cannot filter them.
+    A line said again and again is logged once a minute, with ``repeated``: how many were held
+    back (``logrepeats``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
