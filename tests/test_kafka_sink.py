@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ssl
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -581,15 +583,10 @@ async def test_exactly_once_survives_a_checkpoint_left_behind_its_kafka_commit(t
     assert sorted(ids) == list(range(1, n + 501))  # each change exactly once for read_committed
 
 
-@pytest.mark.parametrize("exactly_once", [False, True])
-async def test_a_broker_refusing_connections_is_listed_unavailable_before_the_batch_times_out(
-    exactly_once: bool,
-) -> None:
-    """librdkafka retries inside the sink's call until its timeout (``timeout_s``, 30 s here),
-    and the delivery worker listed the sink unavailable only when the batch failed, or when its
-    watch ran out (``UNANSWERED_S``): a broker refusing every connection left ``/health`` ok
-    for 30 s. librdkafka says "all brokers down" within moments; the sink passes that on, and
-    the sink is listed at once, with what librdkafka last said, before any attempt failed."""
+@contextlib.asynccontextmanager
+async def delivering_through_a_proxy(exactly_once: bool) -> AsyncIterator[tuple[TcpProxy, PipelineRunner]]:
+    """A pipeline delivering to Tansu through a proxy (``timeout_s`` 30), some of it delivered;
+    drained at the end."""
     proxy_port = free_port()
     with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
         broker.create_topic("cdc.t")
@@ -600,28 +597,48 @@ async def test_a_broker_refusing_connections_is_listed_unavailable_before_the_ba
             store=MemoryCheckpointStore(),
             source=PacedSource(10_000_000, chunk=200),
         )
-        stats, availability = runner.ctx.stats, runner.ctx.availability
         with capture_logs():
             task = asyncio.create_task(runner.run())
-            await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
-            proxy.down()
-            await wait_until(lambda: "sink:k" in availability.view(), timeout=60, what="listed unavailable")
-            reason = availability.view()["sink:k"]["last_error"]
-            assert stats.commit_failures == 0, reason  # no attempt had failed yet
-            assert "no server reachable" in reason and "librdkafka last said" in reason, reason
-            proxy.up()
-            await wait_until(lambda: "sink:k" not in availability.view(), timeout=90, what="listed back")
-            await progress(stats, 600)
+            await wait_until(lambda: runner.ctx.stats.events_committed > 1000, what="some delivered")
+            yield proxy, runner
             await runner.drain()
             task.cancel()
 
 
+async def down_listed_at_once_and_back(proxy: TcpProxy, runner: PipelineRunner) -> None:
+    """The broker taken down: the sink listed as reaching no server, with what librdkafka last
+    said, before any attempt failed; brought back: listed back, and delivering."""
+    stats, availability = runner.ctx.stats, runner.ctx.availability
+    proxy.down()
+    await wait_until(lambda: "sink:k" in availability.view(), timeout=60, what="listed unavailable")
+    reason = availability.view()["sink:k"]["last_error"]
+    assert stats.commit_failures == 0, reason  # no attempt had failed yet
+    assert "no server reachable" in reason and "librdkafka last said" in reason, reason
+    proxy.up()
+    await wait_until(lambda: "sink:k" not in availability.view(), timeout=90, what="listed back")
+    await progress(stats, 600)
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_broker_refusing_connections_is_listed_unavailable_before_the_batch_times_out(
+    exactly_once: bool,
+) -> None:
+    """librdkafka retries inside the sink's call until its timeout (``timeout_s``, 30 s here),
+    and the delivery worker listed the sink unavailable only when the batch failed, or when its
+    watch ran out (``UNANSWERED_S``): a broker refusing every connection left ``/health`` ok
+    for 30 s. librdkafka says "all brokers down" within moments; the sink passes that on, and
+    the sink is listed at once, with what librdkafka last said, before any attempt failed."""
+    async with delivering_through_a_proxy(exactly_once) as (proxy, runner):
+        await down_listed_at_once_and_back(proxy, runner)
+
+
 class CommitHeld:
     """A producer whose commit, once ``armed``, finds its records acknowledged and then every
-    answer held by the proxy: the coordinator never answers that commit while the proxy is up."""
+    answer held by the proxy (``proxies[0]``): the coordinator never answers that commit while
+    the proxy is up."""
 
-    def __init__(self, producer: Producer, proxy: TcpProxy, armed: threading.Event) -> None:
-        self._producer, self.proxy, self.armed = producer, proxy, armed
+    def __init__(self, producer: Producer, proxies: list[TcpProxy], armed: threading.Event) -> None:
+        self._producer, self.proxies, self.armed = producer, proxies, armed
         self.asked: int | None = None
         """What the proxy had passed to the broker when the answers were held."""
 
@@ -639,8 +656,8 @@ class CommitHeld:
                 # The position record acknowledged first: nothing is left for the commit's own
                 # flush, which serves the producer's reports; its wait for the answer serves none.
                 assert self._producer.flush(30) == 0
-                self.proxy.hold()
-                self.asked = self.proxy.asked
+                self.proxies[0].hold()
+                self.asked = self.proxies[0].asked
             return attr(timeout)
 
         return commit
@@ -654,41 +671,22 @@ async def test_a_broker_gone_while_a_commit_waits_for_its_answer_is_listed_unava
     ``timeout_s`` later, and meanwhile the sink was listed as unanswered (the test above failed so,
     about one run in twenty beside three others). The commit waits in slices now, with the
     reports served between them."""
-    proxy_port = free_port()
-    made, armed, producers = kafka_module.Producer, threading.Event(), []
+    made, armed = kafka_module.Producer, threading.Event()
+    producers: list[CommitHeld] = []
+    proxies: list[TcpProxy] = []
 
     def producer(conf: dict[str, Any]) -> CommitHeld:
-        producers.append(CommitHeld(made(conf), proxy, armed))
+        producers.append(CommitHeld(made(conf), proxies, armed))
         return producers[-1]
 
     monkeypatch.setattr(kafka_module, "Producer", producer)
-    with Tansu(advertise=proxy_port) as broker, TcpProxy(broker.port, proxy_port) as proxy:
-        broker.create_topic("cdc.t")
-        broker.create_topic("deltaforge.offsets", partitions=1)
-        doc = kafka_doc(f"127.0.0.1:{proxy_port}", exactly_once=True, timeout_s=30)
-        runner = PipelineRunner(
-            parse_pipeline(doc, env={}),
-            store=MemoryCheckpointStore(),
-            source=PacedSource(10_000_000, chunk=200),
-        )
-        stats, availability = runner.ctx.stats, runner.ctx.availability
-        with capture_logs():
-            task = asyncio.create_task(runner.run())
-            await wait_until(lambda: stats.events_committed > 1000, what="some delivered")
-            armed.set()
-            await wait_until(lambda: producers[-1].asked is not None, what="a commit's answers held")
-            asked = producers[-1].asked
-            await wait_until(lambda: proxy.asked > asked, what="the commit asked the coordinator")
-            proxy.down()
-            await wait_until(lambda: "sink:k" in availability.view(), timeout=60, what="listed unavailable")
-            reason = availability.view()["sink:k"]["last_error"]
-            assert stats.commit_failures == 0, reason  # the commit still waits
-            assert "no server reachable" in reason and "librdkafka last said" in reason, reason
-            proxy.up()
-            await wait_until(lambda: "sink:k" not in availability.view(), timeout=90, what="listed back")
-            await progress(stats, 600)
-            await runner.drain()
-            task.cancel()
+    async with delivering_through_a_proxy(exactly_once=True) as (proxy, runner):
+        proxies.append(proxy)
+        armed.set()
+        await wait_until(lambda: producers[-1].asked is not None, what="a commit's answers held")
+        asked = producers[-1].asked
+        await wait_until(lambda: proxy.asked > asked, what="the commit asked the coordinator")
+        await down_listed_at_once_and_back(proxy, runner)  # the commit still waits, unfailed
 
 
 def test_a_stop_does_not_wait_for_a_position_read_from_a_broker_that_is_away() -> None:
