@@ -248,7 +248,7 @@ def _template(
 
     The function returned gives an event's envelope, or None for one that differs from ``ev`` in
     more than those two (a chunk's last row ends its transaction). Generated code, as
-    :func:`deltaforge.events._slot_constructor`. None when the stand-ins do not come out as
+    :func:`deltaforge.slots.slot_constructor`. None when the stand-ins do not come out as
     expected (a name holding one), or ``ev`` has a ``before``: no template."""
     if ev.before is not None:
         return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deltaforge.position import Position
+from deltaforge.slots import slot_constructor
 
 Row = dict[str, Any]
 
@@ -87,37 +88,8 @@ class Event:
         return self.source.table
 
 
-def _slot_constructor(
-    cls: type[Any], given: tuple[str, ...] | None = None, reset: tuple[str, ...] = ()
-) -> Any:
-    """A function building an instance of the frozen, slotted dataclass ``cls`` without its
-    frozen ``__init__``: what sources build per row, and processors per kept event. It takes
-    every field in order (the last of them, ``reset``, optional: None), or, with ``given``, an
-    instance to copy and those fields to replace, ``reset`` set to None.
-
-    The frozen ``__init__`` sets each field through ``object.__setattr__``, a call per field.
-    This builds an instance of a twin class with the same slots and no frozen ``__setattr__``,
-    whose plain attribute stores CPython specialises for slots, then makes it a ``cls``
-    (``__class__`` may change between classes of one layout). Generated code, as ``dataclasses``
-    itself does; tests/test_transform_types.py checks it against the constructor."""
-    names = cls.__slots__
-    twin = type(f"_{cls.__name__}Slots", (), {"__slots__": names})
-    ns: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    params = (
-        [*(n for n in names if n not in reset), *(f"{n}=None" for n in reset)]
-        if given is None
-        else ["old", *given]
-    )
-    values = ["None" if given is not None and n in reset else n if given is None or n in given else f"old.{n}"
-              for n in names]  # fmt: skip
-    body = "".join(f"    new.{n} = {v}\n" for n, v in zip(names, values, strict=True))
-    head = f"def build({', '.join(params)}):\n    new = _new(_twin)\n"
-    exec(f"{head}{body}    new.__class__ = _cls\n    return new\n", ns)
-    return ns["build"]
-
-
 new_source_info: Callable[[str, str, str, Position, int, str | None, tuple[str, ...]], SourceInfo] = (
-    _slot_constructor(SourceInfo)
+    slot_constructor(SourceInfo)
 )
 """``SourceInfo(...)``, every field given positionally, without a call per field."""
 
@@ -141,12 +113,12 @@ class _NewEvent(Protocol):
     ) -> Event: ...
 
 
-new_event: _NewEvent = _slot_constructor(Event, reset=("made",))
+new_event: _NewEvent = slot_constructor(Event, reset=("made",))
 """``Event(...)``, every field given positionally (``made`` may be left out), without a call per
 field: what sources build per row."""
 
 
-with_images: Callable[[Event, str, Row | None, Row | None], Event] = _slot_constructor(
+with_images: Callable[[Event, str, Row | None, Row | None], Event] = slot_constructor(
     Event, ("op", "before", "after"), reset=("made",)
 )
 """``with_images(e, op, before, after)``: ``e`` with another ``op`` and row images, what

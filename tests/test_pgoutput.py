@@ -20,6 +20,7 @@ from deltaforge.sources.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
+from deltaforge.sources.postgres.rows import row, row_builder
 from deltaforge.sources.postgres.values import Types, converter, parse_array
 
 
@@ -102,6 +103,30 @@ def test_fuzz_mutated_messages_never_crash(msg: bytes, data: st.DataObject) -> N
         decode(bytes(buf), 7)
     except DecodeError:
         pass
+
+
+NAMES = st.sampled_from(
+    ["id", "v", "a b", "'", '"', "values", "v0", "_k0", "_c1", "_T", "_row", "build", "é"]
+)
+CONVERSIONS = st.sampled_from([None, str.upper, len, lambda s: s[::-1]])
+VALUES = st.one_of(st.none(), st.just(UNCHANGED_TOAST), st.text(max_size=5), st.binary(max_size=3))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(NAMES, CONVERSIONS), max_size=6, unique_by=lambda c: c[0]), st.data())
+def test_a_relations_row_builder_makes_the_rows_the_generic_loop_makes(
+    columns: list[tuple[str, object]], data: st.DataObject
+) -> None:
+    """The decoder makes each relation's rows with code written for its columns (once per Relation
+    message): for any names (the generated code's own among them), conversions and values (null,
+    unchanged TOAST, text, binary), and a tuple of another length, the rows are the loop's."""
+    names, convs = [c[0] for c in columns], [c[1] for c in columns]
+    build = row_builder(names, convs)
+    n = data.draw(st.sampled_from([len(names), len(names), max(0, len(names) - 1), len(names) + 1]))
+    values = data.draw(st.lists(VALUES, min_size=n, max_size=n))
+    assert build(values) == row(names, convs, values)
+    toast = [name for name, v in zip(names, values, strict=False) if v is UNCHANGED_TOAST]
+    assert all(build(values)[name] is not build(values)[name] for name in toast)  # a marker each, not shared
 
 
 def test_text_values_convert_by_type() -> None:

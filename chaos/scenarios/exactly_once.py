@@ -2,7 +2,9 @@
 once, a PostgreSQL if_newer target ends equal to the source, and Kafka exactly_once loses nothing
 and keeps order, whatever the crash points. (Kafka's duplicates are not counted here: Tansu 0.6
 hands aborted records to read_committed consumers; tests/test_kafka_sink.py proves the
-exactly-once commit across a crash.)"""
+exactly-once commit across a crash.) The Kafka sink sends the native envelope, so the PostgreSQL
+decoder child makes each change's record (frames.py): after every crash, serve never finds one
+other than its own."""
 
 from __future__ import annotations
 
@@ -25,3 +27,5 @@ def run(ctx: RunContext) -> None:
             time.sleep(rng.uniform(0.5, 3.0))  # the crash point: random, by design
             rig.restart()
         rig.verify()
+        said = (ctx.workdir / "log.jsonl").read_text()
+        ctx.expect("child records other than serve's", said.count('"child_envelope_mismatch"'), 0)

@@ -1,22 +1,41 @@
 """Records a decoder child made (``Event.made``), checked where ``serve`` receives them.
 
-The MySQL/MariaDB decoder child makes each change's native envelope, record key and idempotency
-key from the events ``serve`` makes of the same frame, with the same code and the same opening
-(txevents.py), so they agree. (PostgreSQL's child does not: making them there was slower,
-docs/performance.md.) Were they ever not to (a bug in keeping the two sides alike), the first
-change of every frame, checked against ``serve``'s own making, finds it: that source then stops
-asking for them, and the frame's events go on without, the sinks making their own. No change is
-lost either way.
+The decoder children (MySQL/MariaDB and PostgreSQL) make each change's native envelope, record
+key and idempotency key from the events ``serve`` makes of the same frame, with the same code and
+the same opening (mysql/txevents.py, postgres/frames.py), so they agree. Were they ever not to (a
+bug in keeping the two sides alike), the first change of every frame, checked against ``serve``'s
+own making, finds it: that source then stops asking for them, and the frame's events go on
+without, the sinks making their own. No change is lost either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import structlog
 
-from deltaforge.envelopes import encode, native, row_key
-from deltaforge.events import Event, with_images
+from deltaforge.envelopes import encode, encoder, native, row_key
+from deltaforge.events import Event, Made, with_images
 
 log = structlog.get_logger()
+
+
+def maker() -> Callable[[Event], Made | None]:
+    """What a decoder child makes of each event it sends: its native envelope, record key and
+    idempotency key; None for a heartbeat, and for a change whose envelope or key cannot be
+    encoded (the sink's own encoding then says why)."""
+    envelope = encoder("native")
+
+    def made_or_none(e: Event) -> Made | None:
+        if e.op == "h":
+            return None
+        try:
+            return envelope(e), row_key(e), e.idempotency_key.encode()
+        except TypeError:  # a value JSON cannot hold (orjson's errors are TypeErrors)
+            return None
+
+    return made_or_none
 
 
 def agree(source: str, events: list[Event]) -> bool:
@@ -42,3 +61,24 @@ def agree(source: str, events: list[Event]) -> bool:
 def without_made(events: list[Event]) -> list[Event]:
     """The same events with nothing made elsewhere: the sinks make their own."""
     return [with_images(e, e.op, e.before, e.after) for e in events]
+
+
+class ChildRecords:
+    """A source's side of the records its decoder child makes: whether to ask for them (``ok``:
+    until one disagrees), and each ``txs`` frame's events with them, checked."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.ok = True
+
+    def events(
+        self, frame: tuple[Any, ...], make: Callable[[list[Any], list[Made | None] | None], list[Event]]
+    ) -> list[Event]:
+        """The events ``make`` makes of the frame's transactions, with what the child made (the
+        frame's third item) when it agrees with ``serve``'s own making; without, from then on."""
+        made = frame[2] if len(frame) > 2 and self.ok else None
+        events = make(frame[1], made)
+        if made is not None and not agree(self.source, events):
+            self.ok = False  # not again in this process: serve makes every record
+            return without_made(events)
+        return events

@@ -37,7 +37,7 @@ from deltaforge.sources.base import (
     own_position,
 )
 from deltaforge.sources.childproc import ChildDecoder
-from deltaforge.sources.made import agree, without_made
+from deltaforge.sources.made import ChildRecords
 from deltaforge.sources.mysql import failover
 from deltaforge.sources.mysql.binlog import DecoderSettings
 from deltaforge.sources.mysql.checks import (
@@ -85,7 +85,7 @@ class MySQLSource(Source):
         self._decoder: ChildDecoder | None = None
         self._gen = 0  # failovers and resets before this opening: leads its positions
         self._txs = TxEvents(self.connector, tenant, 0, "", {})
-        self._made_ok = True  # envelopes the decoder child makes agree with serve's (sources/made.py)
+        self._records = ChildRecords(self.id)  # what the decoder child makes (sources/made.py)
         self._schema_changes: list[SchemaChange] = []
         self._lock = threading.Lock()
         self._threads = BlockingRunner(1)
@@ -173,7 +173,7 @@ class MySQLSource(Source):
             "chunk": self.chunk,
             "fold_case": info.names_fold_case,
             "envelopes": {"connector": self.connector, "tenant": self.tenant, "gen": self._gen}
-            if self.native_envelopes and self._made_ok
+            if self.native_envelopes and self._records.ok
             else None,
         }
         decoder.start(cfg)
@@ -334,12 +334,7 @@ class MySQLSource(Source):
     def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
         kind = frame[0]
         if kind == "txs":
-            made = frame[2] if len(frame) > 2 and self._made_ok else None
-            events = self._txs(frame[1], made)
-            if made is not None and not agree(self.id, events):
-                self._made_ok = False  # not again in this process: serve makes every envelope
-                return without_made(events)
-            return events
+            return self._records.events(frame, self._txs)
         if kind == "moved":
             log.warning(
                 "captured_table_renamed" if frame[2] else "captured_table_dropped", source=self.id,

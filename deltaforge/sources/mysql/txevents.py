@@ -107,18 +107,10 @@ def frame_sender(
     columns, as the child's schema frames have told ``serve`` so far (the decoder keeps it)."""
     if not made:
         return lambda pending: write_frame(out, ("txs", pending))
-    from deltaforge.envelopes import encoder, row_key
+    from deltaforge.sources.made import maker
 
     events = TxEvents(made["connector"], made["tenant"], made["gen"], committed, keys)
-    envelope = encoder("native")
-
-    def made_or_none(e: Event) -> Made | None:
-        if e.op == "h":
-            return None
-        try:
-            return envelope(e), row_key(e), e.idempotency_key.encode()
-        except TypeError:  # a value JSON cannot hold (orjson's errors are TypeErrors)
-            return None
+    made_or_none = maker()
 
     def send(pending: list[Any]) -> None:
         write_frame(out, ("txs", pending, [made_or_none(e) for e in events(pending)]))

@@ -34,10 +34,10 @@ from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childframes import read_frame, write_frame
 from deltaforge.sources.childproc import child_setup, log_crash
 from deltaforge.sources.postgres.catalog import Catalog
+from deltaforge.sources.postgres.frames import frame_sender
 from deltaforge.sources.postgres.holder import busy, walsender
 from deltaforge.sources.postgres.names import PRIMARY_KEY
 from deltaforge.sources.postgres.pgoutput import (
-    UNCHANGED_TOAST,
     Begin,
     Change,
     Commit,
@@ -50,22 +50,11 @@ from deltaforge.sources.postgres.pgoutput import (
 )
 from deltaforge.sources.postgres.position import PgPosition
 from deltaforge.sources.postgres.replication import LogicalStream, StreamError
+from deltaforge.sources.postgres.rows import RowBuilder, row_builder
 from deltaforge.sources.postgres.values import SESSION, TYPES, Types
 
 NOT_LOGGED = "__not_logged__"
 """The key of the marker ``{"__not_logged__": True}``: a value the change does not carry."""
-
-
-def row(names: list[str], convs: list[Any], values: list[Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, conv, value in zip(names, convs, values, strict=False):
-        if value is None or (conv is None and value is not UNCHANGED_TOAST):
-            out[name] = value
-        elif value is UNCHANGED_TOAST:
-            out[name] = {"__unchanged_toast__": True}
-        else:
-            out[name] = conv(value) if isinstance(value, str) else value
-    return out
 
 
 Tx = tuple[int, int, int | None, int, int, list[tuple[Any, ...]], int]
@@ -102,7 +91,8 @@ class TxDecoder:
         self.last_commit = last_commit
         self.safe = safe
         """End of the last complete transaction (or heartbeat): where the slot may be advanced to."""
-        self.relations: dict[int, tuple[Relation, list[str], list[Any]]] = {}
+        self.relations: dict[int, tuple[Relation, RowBuilder]] = {}
+        """Each relation's last Relation message, with the function making its rows' dicts."""
         self.keys: dict[int, list[str]] = {}
         """Each relation's primary-key columns (one list, shared by its changes)."""
         self.not_key: dict[int, list[str]] = {}
@@ -145,14 +135,14 @@ class TxDecoder:
             elif self.skipping or self.begin is None:
                 continue
             elif isinstance(msg, Change):
-                rel, names, convs = self._relation(msg.relid, lsn)
-                before = row(names, convs, msg.old) if msg.old is not None else None
+                rel, build = self._relation(msg.relid, lsn)
+                before = build(msg.old) if msg.old is not None else None
                 if msg.key_only and before is not None:
                     # The replica identity's key only (REPLICA IDENTITY DEFAULT or USING INDEX): the
                     # other columns come as null, which they need not be. Say they were not sent.
                     for name in self.not_key[msg.relid]:
                         before[name] = {NOT_LOGGED: True}
-                after = row(names, convs, msg.new) if msg.new is not None else None
+                after = build(msg.new) if msg.new is not None else None
                 self.changes.append((msg.op, rel.namespace, rel.name, before, after, self.keys[msg.relid]))
                 if len(self.changes) > self.piece:
                     self._hand_out_piece(txs)
@@ -180,7 +170,7 @@ class TxDecoder:
                 self.types.learn(need, self.lookup(need))
         convs = [None if (f := self.types.converter(c.type_oid)) is str else f for c in msg.columns]
         known = self.relations.get(msg.relid)
-        self.relations[msg.relid] = (msg, [c.name for c in msg.columns], convs)
+        self.relations[msg.relid] = (msg, row_builder([c.name for c in msg.columns], convs))
         if known is not None and known[0] == msg:
             return  # the same relation again: its key is known
         # Versioned from the transaction it arrives in (pgoutput sends it before the first change).
@@ -196,7 +186,7 @@ class TxDecoder:
         self.not_key[msg.relid] = [c.name for c in msg.columns if not c.key]
         self.unresolved.add(msg.relid)
 
-    def _relation(self, relid: int, lsn: int) -> tuple[Relation, list[str], list[Any]]:
+    def _relation(self, relid: int, lsn: int) -> tuple[Relation, RowBuilder]:
         hit = self.relations.get(relid)
         if hit is None:
             raise DecodeError(lsn, f"change for relation {relid} before its Relation message")
@@ -216,6 +206,9 @@ class DecoderSettings(TypedDict):
     catalog_idle_s: float
     """How long the catalog connection may idle, or leave a question unanswered (``Catalog``)."""
     last_commit: int
+    envelopes: dict[str, Any] | None
+    """``Transactions.opening()`` when this child makes each change's native envelope, record key
+    and idempotency key too (``Event.made``; frames.py, sources/made.py)."""
     seen: tuple[int, int, int] | None
     """``(lsn, commit LSN, commit time)``: the last transaction the stream sends before ``lsn``, as
     the checkpoint opened from says; used when the stream starts at ``lsn`` (the slot was moved
@@ -264,6 +257,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         int(cfg["last_commit"]), start, chunk, known[1:] if known and known[0] == start else None,
         lambda oids: catalog.rows(TYPES, (oids,)),
     )  # fmt: skip
+    send = frame_sender(cfg["envelopes"], out)
     last_heartbeat = asked_at = time.monotonic()
     while not confirmations.closed:
         repl.confirm(confirmations.lsn)
@@ -284,7 +278,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
             write_frame(out, ("schema", table, cols, at))
         tx.schemas.clear()
         if txs:
-            write_frame(out, ("txs", txs))
+            send(txs)
         if rows or tx.in_transaction:
             continue
         now = time.monotonic()

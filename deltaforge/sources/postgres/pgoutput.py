@@ -8,8 +8,11 @@ raises :class:`DecodeError` naming the LSN, never anything else.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from deltaforge.slots import slot_constructor
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -104,6 +107,10 @@ class LogicalMessage:
     prefix: str
     content: bytes
 
+
+new_change: Callable[[str, int, list[Any] | None, list[Any] | None, bool], Change] = slot_constructor(Change)
+"""``Change(...)``, every field given: one per row decoded, where the frozen ``__init__`` took more
+than a tenth of the decoder's time per change (docs/performance.md)."""
 
 Message = Begin | Commit | Relation | Change | Truncate | Other | LogicalMessage
 
@@ -254,7 +261,7 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
         values, end = tuple_data(buf, 6, lsn)
         if end != len(buf):
             raise DecodeError(lsn, f"{len(buf) - end} unexpected trailing bytes")
-        return Change("c", int(_U32.unpack_from(buf, 1)[0]), None, values)
+        return new_change("c", int(_U32.unpack_from(buf, 1)[0]), None, values, False)
     elif tag == 0x55:  # U
         relid = r.u32()
         kind = r.u8()
@@ -264,13 +271,13 @@ def decode(buf: bytes, lsn: int = 0) -> Message:
             kind = r.u8()
         if kind != 0x4E:
             raise DecodeError(lsn, "update without a new tuple")
-        msg = Change("u", relid, old, r.tuple_data(), key_only)
+        msg = new_change("u", relid, old, r.tuple_data(), key_only)
     elif tag == 0x44:  # D
         relid = r.u32()
         kind = r.u8()
         if kind not in (0x4B, 0x4F):
             raise DecodeError(lsn, "delete without a key or old tuple")
-        msg = Change("d", relid, r.tuple_data(), None, kind == 0x4B)
+        msg = new_change("d", relid, r.tuple_data(), None, kind == 0x4B)
     elif tag == 0x54:  # T
         n = r.i32()
         if n < 0 or n > len(buf):

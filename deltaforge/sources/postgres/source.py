@@ -41,6 +41,7 @@ from deltaforge.sources.base import (
     unanswered,
 )
 from deltaforge.sources.childproc import ChildDecoder
+from deltaforge.sources.made import ChildRecords
 from deltaforge.sources.postgres import connections, failover
 from deltaforge.sources.postgres import slot as slot_ops
 from deltaforge.sources.postgres.config import PostgresSourceConfig
@@ -100,6 +101,7 @@ class PostgresSource(Source):
         self._decoder: ChildDecoder | None = None
         self._threads = BlockingRunner(1)
         self._failover = False  # set by reconcile(): the next open must not advance the slot
+        self._records = ChildRecords(self.id)  # what the decoder child makes (sources/made.py)
 
     @property
     def db(self) -> str:
@@ -182,6 +184,7 @@ class PostgresSource(Source):
             "silence_s": self._silence,
             "catalog_idle_s": self._silence_bound,
             "last_commit": self.txs.last_commit,
+            "envelopes": self.txs.opening() if self.native_envelopes and self._records.ok else None,
             "seen": self._seen,
         }
         decoder.start(cfg)
@@ -368,7 +371,7 @@ class PostgresSource(Source):
     def _handle(self, frame: tuple[Any, ...]) -> list[Event] | None:
         kind = frame[0]
         if kind == "txs":
-            return self.txs.events(frame[1])
+            return self._records.events(frame, self.txs.events)
         if kind == "schema":
             with self._lock:
                 self._schema_changes.append(
