@@ -160,8 +160,8 @@ _SHAPES_OF: dict[str, Callable[[Event, dict[str, Any]], dict[str, Any]]] = {
 def row_key(e: Event) -> bytes | str | None:
     """A change's record key: the row's primary key as JSON, Debezium's shape (``{"id": 1}``),
     from the after image or, for a delete, the before image; a table without a known key falls
-    back to its first column. Here, not with the Kafka sink, because the MySQL decoder child makes
-    it too (``Event.made``) and imports nothing of the sinks."""
+    back to its first column. Here, not with the Kafka sink, because the decoder children make it
+    too (``Event.made``) and import nothing of the sinks."""
     row = e.after if e.after is not None else e.before
     if not row:
         return None

@@ -107,12 +107,6 @@ def frame_sender(
     columns, as the child's schema frames have told ``serve`` so far (the decoder keeps it)."""
     if not made:
         return lambda pending: write_frame(out, ("txs", pending))
-    from deltaforge.sources.made import maker
+    from deltaforge.sources.made import txs_sender  # the records' code: only a child that makes them
 
-    events = TxEvents(made["connector"], made["tenant"], made["gen"], committed, keys)
-    made_or_none = maker()
-
-    def send(pending: list[Any]) -> None:
-        write_frame(out, ("txs", pending, [made_or_none(e) for e in events(pending)]))
-
-    return send
+    return txs_sender(out, TxEvents(made["connector"], made["tenant"], made["gen"], committed, keys))

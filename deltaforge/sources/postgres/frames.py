@@ -109,13 +109,8 @@ def frame_sender(opening: dict[str, Any] | None, out: IO[bytes]) -> Callable[[li
     as much less, where its one GIL bound the drain (docs/performance.md)."""
     if not opening:
         return lambda txs: write_frame(out, ("txs", txs))
-    from deltaforge.sources.made import maker
+    from deltaforge.sources.made import txs_sender  # the records' code: only a child that makes them
 
     events = Transactions(opening["connector"], opening["tenant"])
     events.db, events.resets = opening["db"], opening["resets"]
-    made_or_none = maker()
-
-    def send(txs: list[Any]) -> None:
-        write_frame(out, ("txs", txs, [made_or_none(e) for e in events.events(txs)]))
-
-    return send
+    return txs_sender(out, events.events)
