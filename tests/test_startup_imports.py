@@ -52,6 +52,24 @@ def test_the_cli_and_the_sources_load_none_of_what_comes_later(tmp_path: Path) -
     assert out.stdout.strip() == "[]"
 
 
+def test_a_decoder_child_that_makes_kafka_records_loads_no_logging_library(tmp_path: Path) -> None:
+    """A child making each change's record (a Kafka sink with the native envelope) imports what
+    makes them when its settings arrive, on the way to the first event: structlog, imported with
+    the serve-side check beside them, took 100 ms of that."""
+    code = (
+        "import io, sys\n"
+        "from deltaforge.sources.mysql.txevents import frame_sender as my\n"
+        "from deltaforge.sources.postgres.frames import Transactions, frame_sender as pg\n"
+        "my({'connector': 'mysql', 'tenant': 't', 'gen': 0}, '', io.BytesIO(), {})\n"
+        "pg(Transactions('postgres', 't').opening(), io.BytesIO())\n"
+        "print(sorted(m for m in ('structlog', 'rich', 'deltaforge.sources.making') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert out.stdout.strip() == "['deltaforge.sources.making']"
+
+
 def _mariadb_pipeline(server: MariaDB, tmp: Path) -> tuple[dict[str, Any], Callable[[str], None]]:
     db = my_fresh_db(server)
     with server.root(db) as c, c.cursor() as cur:

@@ -107,6 +107,6 @@ def frame_sender(
     columns, as the child's schema frames have told ``serve`` so far (the decoder keeps it)."""
     if not made:
         return lambda pending: write_frame(out, ("txs", pending))
-    from deltaforge.sources.made import txs_sender  # the records' code: only a child that makes them
+    from deltaforge.sources.making import txs_sender  # the records' code: only a child that makes them
 
     return txs_sender(out, TxEvents(made["connector"], made["tenant"], made["gen"], committed, keys))

@@ -109,7 +109,7 @@ def frame_sender(opening: dict[str, Any] | None, out: IO[bytes]) -> Callable[[li
     as much less, where its one GIL bound the drain (docs/performance.md)."""
     if not opening:
         return lambda txs: write_frame(out, ("txs", txs))
-    from deltaforge.sources.made import txs_sender  # the records' code: only a child that makes them
+    from deltaforge.sources.making import txs_sender  # the records' code: only a child that makes them
 
     events = Transactions(opening["connector"], opening["tenant"])
     events.db, events.resets = opening["db"], opening["resets"]
