@@ -1,8 +1,8 @@
 """In a decoder child: each change's Kafka record parts (``Event.made``), made beside its frame.
 
 What ``serve`` does with them, and why they agree with its own: ``made.py``. Apart from it so that
-a child imports no logging library (structlog took 100 ms of a child's start, on the way to the
-first event).
+a child imports no logging library (structlog took 100 ms of a child's CPU when its settings
+arrived; the first event after a restart did not wait for it, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ class LogicalMessage:
 
 
 new_change: Callable[[str, int, list[Any] | None, list[Any] | None, bool], Change] = slot_constructor(Change)
-"""``Change(...)``, every field given: one per row decoded, where the frozen ``__init__`` took more
-than a tenth of the decoder's time per change (docs/performance.md)."""
+"""``Change(...)``, every field given: one per row decoded, without the frozen ``__init__`` (0.61
+against 0.15 µs a change; docs/performance.md)."""
 
 Message = Begin | Commit | Relation | Change | Truncate | Other | LogicalMessage
 
