@@ -261,7 +261,7 @@ async def test_each_transaction_opens_with_the_committed_position_and_an_aborted
     theirs (a round trip less before each commit). That record must say only what is committed:
     Tansu shows aborted records to read_committed readers (its bug), and an aborted batch's copy
     is then read back as the position; a copy of anything newer would skip the aborted batch."""
-    from deltaforge.sinks import kafka_names
+    from deltaforge.sinks import kafka_names, kafka_queue
     from deltaforge.sinks.base import SinkError
 
     monkeypatch.setattr(kafka_names, "topic_problem", lambda name: None)  # as in the test above
@@ -276,6 +276,16 @@ async def test_each_transaction_opens_with_the_committed_position_and_an_aborted
     await sink.deliver(second, second[-1].checkpoint)
     refused = [dataclasses.replace(e, source=dataclasses.replace(e.source, table="bad table!")) for e in
                (make_event(i) for i in range(7, 10))]  # fmt: skip
+    # The refused batch's copy must reach the broker before the refusal's abort, or the abort
+    # drops it unsent and there is nothing to check (librdkafka refuses the topic locally as soon
+    # as its metadata knows it, and CI saw that race once): flushed before the records go.
+    from deltaforge.sinks import kafka as kafka_module
+
+    def queue_after_the_copy_is_sent(producer: Any, records: Any, on_delivery: Any) -> None:
+        assert producer.flush(10) == 0
+        kafka_queue.queue(producer, records, on_delivery)
+
+    monkeypatch.setattr(kafka_module, "queue", queue_after_the_copy_is_sent)
     with pytest.raises(SinkError):
         await sink.deliver(refused, refused[-1].checkpoint)
     await sink.close()
