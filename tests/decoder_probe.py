@@ -3,7 +3,8 @@ settings say (``crash``: an exception nothing catches; ``print``: bare text, exi
 ``sigint``/``sighup``: the signal Ctrl-C / a closed terminal sends the whole process group,
 then one more frame; ``pid``: a
 frame with its process id; ``idle``: nothing more, for ever, as on a quiet server; ``repeat``:
-one library error five times over, its numbers changing, then exit code 0)."""
+one library error five times over, its numbers changing, then exit code 0; ``big``: a frame
+of 900 kB, then exit code 0)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def main() -> None:
     if cfg["then"] == "repeat":
         for port in range(9092, 9097):
             logging.getLogger("some.library").error("connect to port %d failed", port)
+    if cfg["then"] == "big":
+        write_frame(out, ("big", b"x" * 900_000))
     if cfg["then"] == "idle":
         threading.Event().wait()
     if cfg["then"] == "print":

@@ -4,6 +4,7 @@ ahead (``serve`` starts them before its pipelines) are taken by the first decode
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -157,6 +158,25 @@ def test_children_no_decoder_took_are_stopped_and_reaped(prestarted: None) -> No
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left behind
     assert probe_pid() not in ahead
+
+
+def test_a_child_writes_a_frame_of_900_kb_without_waiting_for_the_parent_to_read() -> None:
+    """A backlog's frames (a 1,000-change transaction with its Kafka records) are several times
+    the kernel's default 64 KiB pipe: the child waited at each 64 KiB for serve's reader. Its
+    output pipe holds 1 MiB: here nothing reads until the child has written 900 kB and exited."""
+    proc = childproc._popen(PROBE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        childframes.write_frame(proc.stdin, {"then": "big"})
+        assert proc.wait(timeout=30) == 0  # with 64 KiB it waits here, blocked in its write
+        frames: list[Any] = []
+        with contextlib.suppress(EOFError):
+            while True:
+                frames.append(childframes.read_frame(proc.stdout))
+        assert [f for f in frames if f != childframes.ALIVE] == [("said",), ("big", b"x" * 900_000)]
+    finally:
+        childproc._kill(proc)
+        childproc._close_pipes(proc)
 
 
 def test_a_frame_damaged_in_transit_is_refused_not_unpickled() -> None:

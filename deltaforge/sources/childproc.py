@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import importlib
 import json
 import logging
@@ -117,14 +118,27 @@ _started: dict[str, list[subprocess.Popen[bytes]]] = {}
 """Children started ahead of their decoders (:func:`prestart`), by module, not yet taken."""
 
 
+PIPE_BYTES = 1 << 20
+"""What the kernel holds of a child's frames before the child's write waits for ``serve`` to read
+(Linux's default: 64 KiB). A backlog's frame, one source transaction of 1,000 changes with their
+Kafka records, is several times that: the child waited at each 64 KiB of it for ``serve``'s
+reader to be scheduled, and decoded nothing meanwhile (docs/performance.md)."""
+
+
 def _popen(module: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         bufsize=1 << 20,
     )
+    if proc.stdout is not None:
+        # Refused above /proc/sys/fs/pipe-max-size (1 MiB unless lowered) or past the user's pipe
+        # quota: the default stays, only slower.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    return proc
 
 
 def prestart(module: str, count: int = 1) -> list[int]:
