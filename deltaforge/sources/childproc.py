@@ -133,11 +133,12 @@ def _popen(module: str) -> subprocess.Popen[bytes]:
         stderr=subprocess.PIPE,
         bufsize=1 << 20,
     )
-    if proc.stdout is not None:
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux's alone
+    if proc.stdout is not None and set_size is not None:
         # Refused above /proc/sys/fs/pipe-max-size (1 MiB unless lowered) or past the user's pipe
         # quota: the default stays, only slower.
         with contextlib.suppress(OSError):
-            fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(proc.stdout.fileno(), set_size, PIPE_BYTES)
     return proc
 
 
