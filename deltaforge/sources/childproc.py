@@ -121,7 +121,7 @@ _started: dict[str, list[subprocess.Popen[bytes]]] = {}
 PIPE_BYTES = 1 << 20
 """What the kernel holds of a child's frames before the child's write waits for ``serve`` to read
 (Linux's default: 64 KiB). A backlog's frame, one source transaction of 1,000 changes with their
-Kafka records, is several times that: the child waited at each 64 KiB of it for ``serve``'s
+Kafka records, is about 500 kB: the child waited at each 64 KiB of it for ``serve``'s
 reader to be scheduled, and decoded nothing meanwhile (docs/performance.md)."""
 
 
