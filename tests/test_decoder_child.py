@@ -161,8 +161,8 @@ def test_children_no_decoder_took_are_stopped_and_reaped(prestarted: None) -> No
 
 
 def test_a_child_writes_a_frame_of_900_kb_without_waiting_for_the_parent_to_read() -> None:
-    """A backlog's frames (a 1,000-change transaction with its Kafka records) are several times
-    the kernel's default 64 KiB pipe: the child waited at each 64 KiB for serve's reader. Its
+    """A backlog's frames (a 1,000-change transaction with its Kafka records: about 500 kB) are
+    larger than the kernel's default 64 KiB pipe: the child waited at each 64 KiB for serve's reader. Its
     output pipe holds 1 MiB: here nothing reads until the child has written 900 kB and exited."""
     proc = childproc._popen(PROBE)
     assert proc.stdin is not None and proc.stdout is not None
