@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import resource
 import signal
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -18,9 +22,34 @@ from deltaforge.sinks.file import FileSink
 from tests.kit import make_event, sink_pipeline
 
 
-def file_sink(path: Path) -> FileSink:
-    cfg = parse_pipeline(sink_pipeline("f", "file", {"id": "f", "path": str(path)}), env={})
+def file_sink(path: Path, **settings: Any) -> FileSink:
+    cfg = parse_pipeline(sink_pipeline("f", "file", {"id": "f", "path": str(path), **settings}), env={})
     return FileSink(cfg.sinks[0])
+
+
+def pages_cached(path: Path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages it has), by mincore(2) on a mapping of it,
+    which reads nothing in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    int_ = ctypes.c_int
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, int_, int_, int_, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture
@@ -117,3 +146,24 @@ async def test_a_folder_that_cannot_be_made_is_waited_for_not_a_crash(tmp_path: 
     await sink.deliver([make_event(1)])
     await sink.close()
     assert (tmp_path / "out" / "events.jsonl").read_bytes().count(b"\n") == 1
+
+
+@pytest.mark.parametrize("page_cache", ["drop", "keep"])
+async def test_a_fsynced_batch_leaves_the_page_cache_unless_told_to_keep_it(page_cache: str) -> None:
+    """Output written once filled the page cache as it was written (evicting what the machine
+    reads, a database's cache), and each batch took memory the kernel had not used lately (on
+    this virtual machine 20 times slower to write into: docs/performance.md). Once fsynced, a
+    batch's pages are dropped, each batch's first page included, which the one before had
+    partly written; ``keep`` keeps them, for a reader tailing the file here. In /var/tmp: a
+    tmpfs keeps its pages whatever it is told."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        path = Path(tmp) / "out.jsonl"
+        sink = file_sink(path, page_cache=page_cache)
+        await sink.open()
+        for start in (1, 101, 201):  # lines across page boundaries: batches share pages
+            await sink.deliver([make_event(i, payload="p" * 333) for i in range(start, start + 100)])
+        await sink.close()
+        cached, pages = pages_cached(path)
+        assert pages >= 20
+        assert cached == (0 if page_cache == "drop" else pages)
+        assert len(path.read_bytes().splitlines()) == 300  # and every line is there

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from io import FileIO
 from pathlib import Path
+from typing import Literal
 
 import anyio.to_thread
 from pydantic import Field
@@ -21,6 +23,12 @@ class FileSinkConfig(SinkSettings):
 
     path: Text = Field(description="The file (its folder is created).")
     fsync: Bool = Field(True, description="fsync after each batch (the batch is durable only then).")
+    page_cache: Literal["drop", "keep"] = Field(
+        "drop",
+        description="drop: a batch's pages leave the page cache once fsynced (written once, read "
+        "elsewhere: they evict nothing, and the next batch reuses their memory); keep: for a "
+        "reader tailing the file on this machine. With fsync false, pages are kept.",
+    )
 
 
 class FileSink(Sink[FileSinkConfig]):
@@ -30,6 +38,7 @@ class FileSink(Sink[FileSinkConfig]):
         super().__init__(config)
         self.path = Path(self.settings.path)
         self.fsync = self.settings.fsync
+        self.drop_pages = self.fsync and self.settings.page_cache == "drop"
         self._file: FileIO | None = None
 
     async def open(self) -> None:
@@ -77,6 +86,8 @@ class FileSink(Sink[FileSinkConfig]):
                 view = view[f.write(view) or 0 :]
             if self.fsync:
                 os.fsync(f.fileno())
+                if self.drop_pages:
+                    _drop_pages(f.fileno(), start)
         except OSError:
             # A batch is all or nothing: cut what this attempt wrote, so the retry (which
             # writes the whole batch again) leaves neither duplicates nor a torn line.
@@ -101,6 +112,20 @@ class FileSink(Sink[FileSinkConfig]):
         if self._file is not None:
             f, self._file = self._file, None
             await anyio.to_thread.run_sync(f.close)
+
+
+def _drop_pages(fd: int, start: int) -> None:
+    """Drop the file's pages from ``start``'s page to its end from the page cache: clean once
+    fsynced, nobody here reads them again. Kept, a drain fills memory with output written
+    once, evicting what the machine does read (a database's own cache); and each batch takes
+    pages the kernel has not used lately, which on a virtual machine that hands free memory
+    back to its host cost a fault in the host each (docs/performance.md). From the whole first
+    page: the kernel keeps a range's partial pages. An advice refused (a pipe, a platform
+    without it) changes nothing."""
+    try:
+        os.posix_fadvise(fd, start - start % mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
 
 
 def _fsync_dir(path: Path) -> None:
