@@ -152,7 +152,7 @@ async def test_a_folder_that_cannot_be_made_is_waited_for_not_a_crash(tmp_path: 
 async def test_a_fsynced_batch_leaves_the_page_cache_unless_told_to_keep_it(page_cache: str) -> None:
     """Output written once filled the page cache as it was written (evicting what the machine
     reads, a database's cache), and each batch took memory the kernel had not used lately (on
-    this virtual machine 20 times slower to write into: docs/performance.md). Once fsynced, a
+    a virtual machine, much slower to write into: docs/performance.md). Once fsynced, a
     batch's pages are dropped, each batch's first page included, which the one before had
     partly written; ``keep`` keeps them, for a reader tailing the file here. In /var/tmp: a
     tmpfs keeps its pages whatever it is told."""
