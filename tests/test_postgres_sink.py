@@ -248,6 +248,40 @@ async def test_a_session_given_up_mid_transaction_is_ended_so_its_locks_hold_not
     assert await rows(postgres.dsn(db), "SELECT id, seq FROM t") == [(5, 296)]
 
 
+async def test_a_statement_given_up_inside_its_transaction_gives_the_connection_up_at_once(
+    postgres: Postgres,
+) -> None:
+    """The connection went silent while a batch's upsert waited inside its transaction. The
+    statement is given up after ``query_timeout_s`` and so is the connection, with no ROLLBACK
+    sent on it: asyncpg's cancel of the statement, refused here, ends the connection, and a
+    ROLLBACK then failed as ``connection is closed``, taken for an ordinary refusal, so the
+    next opening left the silent session, and the row lock its upsert took, in place."""
+    db = await target(postgres, "CREATE TABLE t (id int PRIMARY KEY, seq int, _df_position text)")
+    holder = await asyncpg.connect(postgres.dsn(db))
+    with TcpProxy(postgres.port) as proxy:
+        through = postgres.dsn(db).replace(f":{postgres.port}/", f":{proxy.port}/")
+        sink = PostgresSink(parse_pipeline(pg_doc(through, query_timeout_s=2), env={}).sinks[0])
+        await sink.deliver([make_event(97 * 3 + 6)])  # the target read: the next batch goes to its upsert
+        assert sink._backend is not None
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("INSERT INTO t VALUES (5, 0, NULL)")  # id 5's row lock, held
+        delivering = asyncio.ensure_future(sink.deliver([make_event(97 * 3 + 5)]))
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+        while not await holder.fetchval(waiting, sink._backend[0]):
+            await asyncio.sleep(0.01)
+        proxy.freeze()
+        proxy.refuse()
+        with pytest.raises(RetryableSinkError, match="no answer for 2 s"):
+            await delivering
+        await held.rollback()  # the silent session's upsert now takes id 5's lock, and keeps it
+        proxy.up()
+        await sink.deliver([make_event(97 * 3 + 5)])  # on a new connection, the silent session ended
+        await sink.close()
+    await holder.close()
+    assert await rows(postgres.dsn(db), "SELECT id, seq FROM t ORDER BY id") == [(5, 296), (6, 297)]
+
+
 def into_target(name: str, source: dict[str, Any], target_dsn: str, **sink: Any) -> dict[str, Any]:
     """A pipeline from ``source`` to an if_newer PostgreSQL sink writing ``target_dsn``."""
     config = {"id": "t", "dsn": target_dsn, "upsert_strategy": "if_newer", **sink}

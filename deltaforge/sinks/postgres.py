@@ -301,6 +301,27 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         self._target_keys.clear()
         self._sql.clear()
 
+    @staticmethod
+    async def _apply(conn: asyncpg.Connection, runs: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """``runs`` in one transaction. A statement given up (``TimeoutError``) gives the
+        connection up without a ROLLBACK: on a connection that answers nothing that waited as
+        long again, and asyncpg, ending the connection meanwhile for its unanswered cancel, could
+        fail it as ``connection is closed``, taken for an ordinary refusal."""
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            for sql, rows in runs:
+                if rows == [()]:
+                    await conn.execute(sql)
+                else:
+                    await conn.executemany(sql, rows)
+        except TimeoutError:
+            raise  # the connection is given up (deliver): the server ends the transaction with it
+        except BaseException:
+            await tx.rollback()
+            raise
+        await tx.commit()
+
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         if self._conn is None or self._conn.is_closed():
             await self.open()
@@ -308,13 +329,7 @@ class PostgresSink(Sink[PostgresSinkConfig]):
         assert conn is not None
         try:
             await self._learn(conn, events)
-            runs = self._runs(events)
-            async with conn.transaction():
-                for sql, rows in runs:
-                    if rows == [()]:
-                        await conn.execute(sql)
-                    else:
-                        await conn.executemany(sql, rows)
+            await self._apply(conn, self._runs(events))
         except TimeoutError:  # asyncpg's command_timeout: see open()
             self._forget()
             raise self._unanswered() from None

@@ -59,6 +59,16 @@ class TcpProxy:
     def down(self) -> None:
         self._call(self._close())
 
+    def refuse(self) -> None:
+        """The listening socket closed, every open connection left as it is (frozen or not): a
+        new connection is refused at once, :meth:`up` takes them again."""
+        self._call(self._refuse())
+
+    async def _refuse(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
     def freeze(self, spare: Collection[int] = ()) -> None:
         """Every open connection, from now on, silent both ways and left open; but those whose
         port, as the server sees it (``client_port`` in ``pg_stat_replication``, ``HOST`` in
