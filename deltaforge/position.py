@@ -67,6 +67,11 @@ def after_resets(resets: int, order: tuple[int, ...]) -> tuple[int, ...]:
     return (RESET_BASE + resets, *order) if resets else order
 
 
+def position_text(order: tuple[int, ...]) -> str:
+    """A source position as text that sorts like the tuple (fixed-width hex per part)."""
+    return ".".join(f"{p:016x}" for p in order)
+
+
 def as_int(doc: PositionDoc, key: str, default: int = 0) -> int:
     """An integer field of a stored position (``default`` when an older version left it out)."""
     value = doc.get(key, default)

@@ -25,12 +25,11 @@ from pydantic import BeforeValidator, Field
 from deltaforge.configmodel import Hint, PositiveNumber, PostgresDsn, SinkConfig, SinkSettings, Text, fail
 from deltaforge.connectfail import host_of, why
 from deltaforge.events import Event, not_carried
-from deltaforge.position import Position
+from deltaforge.position import Position, position_text
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink
 from deltaforge.sinks.pgpartial import partial_change
 from deltaforge.sinks.pgtypes import NATIVE_FORM, ColumnForm, column_forms, primary_key
 from deltaforge.sinks.pgtypes import quoted as _q
-from deltaforge.sinks.redis import position_text
 from deltaforge.sinks.templates import Template, compile_template
 
 _PERMANENT = (
