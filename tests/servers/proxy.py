@@ -3,7 +3,8 @@ outage of a server that cannot be restarted without losing its data (Tansu keeps
 memory). Down means: listening socket closed, every open connection reset. Frozen means: every
 open connection passes nothing more and is never closed, while new ones pass as before (what a
 client sees of a server whose host vanished, or of a connection a NAT forgot, once the name
-leads to a server that answers). ``forget_idle(s)`` does that to each connection idle for ``s``,
+leads to a server that answers). Refusing means: listening socket closed, open connections left
+as they are (with a freeze: a host whose connections went silent and whose port now refuses). ``forget_idle(s)`` does that to each connection idle for ``s``,
 as a NAT or firewall forgets an idle connection: a question asked on it later waits for ever. With ``tls``, clients
 talk TLS to the proxy and it talks plain TCP to the server (a server that cannot do TLS itself)."""
 
