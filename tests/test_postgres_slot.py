@@ -19,13 +19,13 @@ from chaos.harness import ProxyServer, port_of
 from deltaforge.config import parse_pipeline
 from deltaforge.events import Event
 from deltaforge.pipeline.runner import PipelineRunner
-from deltaforge.sources.base import PositionLost, SourceMisconfigured
+from deltaforge.sources.base import PositionLost, SourceMisconfigured, SourceUnavailable
 from deltaforge.sources.postgres import publication as pubcheck
 from deltaforge.sources.postgres.retention import SlotRetention
 from deltaforge.state.checkpoints import MemoryCheckpointStore
 from tests.helpers import jsonl, wait_until
 from tests.kit import ScriptedSink, config, sink_doc
-from tests.postgres_kit import fresh_db, read_n, slot_lsn, source
+from tests.postgres_kit import fresh_db, opened_on, read_n, slot_lsn, source
 from tests.servers.postgres import Postgres
 from tests.test_metrics import scrape, value
 from tests.test_postgres_sink import _reader_up
@@ -876,6 +876,31 @@ async def test_a_publication_check_that_fails_says_why_once(postgres: Postgres) 
         ("publication_check_failed", "RuntimeError: refused"),
         ("publication_check_failed", "RuntimeError: other"),
     ]
+
+
+async def test_a_check_whose_connection_closed_under_it_says_nothing_and_the_source_opens_again(
+    postgres: Postgres,
+) -> None:
+    """The control connection closed by the server after the source looked at it and before the
+    publication check's first question: asyncpg answers that question with ``InterfaceError:
+    connection is closed``, not a lost connection's error, and the check said it as a failing
+    check (``publication_check_failed``) before the next read opened the source again."""
+    _, src = await opened_on(postgres, "CREATE TABLE t (id int PRIMARY KEY)")
+    try:
+        with capture_logs() as logs:
+            src.watch._next = 0.0  # due now
+            src.watch.poll(src._conn)
+            task = src.watch._task
+            assert task is not None and src._conn is not None
+            src._conn.terminate()  # closed before the check's first question, as the server's close leaves it
+            failed = (await asyncio.gather(task, return_exceptions=True))[0]
+            assert isinstance(failed, asyncpg.InterfaceError), failed  # what the check met
+            src.watch.poll(src._conn)  # takes its outcome
+            with pytest.raises(SourceUnavailable, match="control connection was closed"):
+                await src.read()
+    finally:
+        await src.close()
+    assert [e for e in logs if e["event"] == "publication_check_failed"] == []
 
 
 async def test_a_control_connection_closed_under_the_source_is_opened_again_and_checks_go_on(

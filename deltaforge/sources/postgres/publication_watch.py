@@ -107,7 +107,7 @@ class PublicationWatch:
                 # is the stream's to notice). Raised: the source is opened again on a new one.
                 raise failed
             if failed is not None:
-                self._failed(failed)
+                self._failed(failed, conn)
             elif not task.cancelled():
                 self._failures.through()
             gone = None if task.cancelled() or failed is not None else task.result()
@@ -118,11 +118,14 @@ class PublicationWatch:
             if conn is not None and not conn.is_closed():
                 self._task = asyncio.get_running_loop().create_task(self._ask(conn))
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, conn: asyncpg.Connection | None) -> None:
         """A check that raised: the guarantees it keeps are not kept until one goes through, so say
         why, once per distinct error (every 5 s would drown the log). A lost connection is not
-        said: the stream's own reading notices it and reconnects."""
-        if is_unavailable(exc):
+        said: the stream's own reading notices it and reconnects. Nor is a connection closed
+        under the check (by the server, between the source's look at it and the check's first
+        question): asyncpg says ``InterfaceError: connection is closed`` there, and the next
+        read opens the source again."""
+        if is_unavailable(exc) or (conn is not None and conn.is_closed()):
             return
         if (error := self._failures.new(exc)) is not None:
             structlog.get_logger().warning(
