@@ -120,6 +120,12 @@ async def test_a_slot_creation_outlasting_the_databases_statement_timeout_is_wai
     await conn.close()
 
 
+async def _gone(conn: asyncpg.Connection, pid: int) -> None:
+    """Until the backend ``pid`` has exited."""
+    while await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+        await asyncio.sleep(0.01)
+
+
 async def test_a_slot_creation_whose_connection_went_silent_is_given_up_and_its_backend_ended(
     postgres: Postgres,
 ) -> None:
@@ -138,7 +144,8 @@ async def test_a_slot_creation_whose_connection_went_silent_is_given_up_and_its_
             SourceUnavailable, match=r"creating slot '[^']+': its backend is no longer working"
         ):
             await asyncio.wait_for(opening, 60)
-        assert not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+        # Signalled (pg_terminate_backend returns once it has sent the signal): its exit follows.
+        await asyncio.wait_for(_gone(conn, pid), 10)
         await asyncio.wait_for(src.close(), 30)
         await asyncio.wait_for(src.open(None), 30)
         await _reads(conn, src)
