@@ -67,6 +67,8 @@ class TcpProxy:
 
     async def _refuse(self) -> None:
         if self._server is not None:
+            # Not waited for: from Python 3.12, wait_closed waits for the open connections too,
+            # which a refusal leaves open (down() resets them, then waits).
             self._server.close()
             self._server = None
 
