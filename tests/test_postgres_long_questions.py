@@ -171,9 +171,13 @@ async def test_a_slot_creation_on_a_server_paused_is_an_outage_and_the_next_open
             await asyncio.wait_for(opening, 60)
         await asyncio.wait_for(src.close(), 30)
         reopening, _ = await _opening_behind(conn, src, begin=False, besides=first)
-        # Ended, before the transaction it waits on ends (the transaction's first look at
-        # pg_stat_activity: a later one would see the same snapshot).
-        assert not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", first)
+        # Ended, before the transaction it waits on ends: its exit (which follows the slot's
+        # release the reopening waited for) looked for on a connection of its own, since a
+        # transaction sees one snapshot of pg_stat_activity.
+        look = await asyncpg.connect(pg.dsn())
+        await asyncio.wait_for(_gone(look, first), 10)
+        await look.close()
+        assert not reopening.done(), reopening
         await conn.execute("COMMIT")
         await asyncio.wait_for(reopening, 30)
         await _reads(conn, src)
