@@ -11,19 +11,7 @@ lives in this sink's own worker thread and never blocks the event loop.
   consumers see a batch whole or not at all. A fenced producer is
   :class:`supervision.Fatal`: another instance took over, the pipeline stops.
 
-Message key: the ``key`` template when set, else the row's primary key as JSON
-(Debezium's key shape, ``{"id": 1}``; the delete's before image for a delete),
-so one row's changes, its delete included, stay in one partition, in order.
-With ``tombstones: true`` a delete is followed by a null-valued record with
-the same key, so log compaction forgets the row.
-
-An update that changes the primary key becomes two records, as Debezium makes
-it: a delete of the old key (in the old key's partition, header
-``__debezium.newkey``) and a create of the new one (header
-``__debezium.oldkey``). One record under the new key would put the old row's
-end in another partition than its beginning, and a reader of several
-partitions (a Kafka source feeding an ``if_newer`` upsert) could apply the
-delete before the insert it deletes, and keep the row.
+Records' keys, tombstones and primary-key moves: :mod:`deltaforge.sinks.kafka_records`.
 """
 
 from __future__ import annotations

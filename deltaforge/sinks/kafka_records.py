@@ -1,8 +1,19 @@
-"""What a Kafka record is made of: its key (the row's primary key as JSON, ``envelopes.row_key``,
-and whether an update moves it), and its size as librdkafka counts it against ``message.max.bytes``.
+"""What a Kafka record is made of: its key and whether an update moves it, and its size as
+librdkafka counts it against ``message.max.bytes``.
 
-One row's changes share a key, so they stay in one partition, in order; an update that
-changes the primary key is written as a delete and a create (``kafka.py``), each under its own key.
+Message key: the ``key`` template when set, else the row's primary key as JSON
+(Debezium's key shape, ``{"id": 1}``; the delete's before image for a delete),
+so one row's changes, its delete included, stay in one partition, in order.
+With ``tombstones: true`` a delete is followed by a null-valued record with
+the same key, so log compaction forgets the row.
+
+An update that changes the primary key becomes two records, as Debezium makes
+it: a delete of the old key (in the old key's partition, header
+``__debezium.newkey``) and a create of the new one (header
+``__debezium.oldkey``). One record under the new key would put the old row's
+end in another partition than its beginning, and a reader of several
+partitions (a Kafka source feeding an ``if_newer`` upsert) could apply the
+delete before the insert it deletes, and keep the row.
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ def moves_key(e: Event) -> bool:
 
 class RecordMaker:
     """What a batch's events become as records: one each, two for an update that moves its primary
-    key (see ``kafka.py``). A batch at a time, in one loop that builds each record inline, as
+    key (see above). A batch at a time, in one loop that builds each record inline, as
     :meth:`_record` builds a key move's two: calls per event to build its record cost more than
     its key does (docs/performance.md). A change that comes with its record made by the decoder
     child (``Event.made``) takes the key and idempotency key made there, unless the sink's own
