@@ -1,6 +1,7 @@
 """Snapshot a table: the pipeline (chunks between watermarks → file sink) vs a bare SELECT.
 
     python benchmarks/snapshot.py [--rows 1000000] [--chunk 10000] [--server postgres|mariadb|both]
+    python benchmarks/snapshot.py --floor   # PostgreSQL: the per-row floor, see postgres_floor
 
 Starts private servers (tests/servers), fills ``items(id, v, payload)``, then in the same run
 measures (1) one bare ``SELECT *`` of the table with the same driver the snapshot uses
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiomysql
 import asyncpg
+import orjson
 import structlog
 
 from benchmarks.drain import drain_rate
@@ -82,6 +84,46 @@ async def mariadb(rows: int, chunk: int, out: Path) -> tuple[float, float]:
         return bare, pipe
 
 
+async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
+    """What no per-row design beats: the table read in the snapshot's keyset chunks and each row
+    made into a native JSON line with nothing else (no events, batches, checkpoints or writes):
+    the envelope's fixed bytes around the row's JSON and its event id, as the file sink's template
+    makes them (deltaforge/envelopes.py). Three rounds, each after a bare SELECT: (bare, floor)."""
+    with Postgres() as pg:
+        conn = await asyncpg.connect(pg.dsn())
+        await conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint, payload text)")
+        await conn.execute(
+            "INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, $1::int) g", rows
+        )
+        await conn.execute("ANALYZE items")
+        await conn.close()
+        conn = await asyncpg.connect(pg.dsn(), server_settings=SESSION)
+        head, mid, key = (
+            b'{"op":"r","before":null,"after":',
+            b',"source":{"connector":"postgres","db":"bench","schema":"public","table":"items",'
+            b'"ts_ms":1,"lsn":"0/0"},"tx":{"id":"snapshot:1","end":false},"event_id":"',
+            b'","idempotency_key":"default|bench.items|snapshot:1|',
+        )
+        tail, dumps, out = b'","ts_ms":1}\n', orjson.dumps, []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            got = len(await conn.fetch("SELECT * FROM items"))
+            bare = got / (time.perf_counter() - t0)
+            t0, last = time.perf_counter(), 0
+            while records := await conn.fetch(
+                "SELECT * FROM items WHERE id > $1 ORDER BY id LIMIT $2", last, chunk
+            ):
+                lines = []
+                for r in records:
+                    i = f"r{r[0]}".encode()
+                    lines.append(b"".join((head, dumps(dict(r.items())), mid, i, key, i, tail)))
+                b"".join(lines)
+                last = records[-1][0]
+            out.append((bare, rows / (time.perf_counter() - t0)))
+        await conn.close()
+        return out
+
+
 def _doc(kind: str, source: dict[str, Any], out: Path) -> dict[str, Any]:
     return {
         "apiVersion": "deltaforge/v1",
@@ -101,7 +143,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=10_000, help="snapshot.chunk_size")
     ap.add_argument("--server", choices=["postgres", "mariadb", "both"], default="both")
+    ap.add_argument(
+        "--floor", action="store_true", help="PostgreSQL: chunks read and made into lines, nothing else"
+    )
     args = ap.parse_args()
+    if args.floor:
+        for bare, floor in asyncio.run(postgres_floor(args.rows, args.chunk)):
+            print(
+                f"postgres floor {floor:>9,.0f} rows/s | bare SELECT {bare:>9,.0f} rows/s | ratio {floor / bare:.0%}"
+            )
+        return
     runs = {"postgres": postgres, "mariadb": mariadb}
     for name in ["postgres", "mariadb"] if args.server == "both" else [args.server]:
         with tempfile.TemporaryDirectory() as tmp:
