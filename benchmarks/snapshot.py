@@ -8,6 +8,12 @@ measures (1) one bare ``SELECT *`` of the table with the same driver the snapsho
 (asyncpg, aiomysql), rows fetched into Python, and (2) the whole pipeline taking an initial
 snapshot and delivering every row to a JSONL file with checkpoints. The ratio is the figure
 (the issue's target: at least 50 %); absolute rates depend on the machine.
+
+Both run with ``serve``'s garbage-collector settings (:func:`deltaforge.gctune.tune`), the
+bare read too: under Python's defaults the collector runs over the growing list of a million
+records again and again, and the bare read of PostgreSQL slows to a third. It used to be read
+so when this script ran alone, and tuned inside ``python -m benchmarks``, whose first benchmark
+had tuned the process: two ratios for one pipeline (docs/performance.md, 6 Dec).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import orjson
 import structlog
 
 from benchmarks.drain import drain_rate
+from deltaforge import gctune
 from deltaforge.sources.postgres.values import SESSION
 from tests.servers.mariadb import CDC_USER, MariaDB
 from tests.servers.postgres import Postgres
@@ -48,6 +55,7 @@ async def postgres(rows: int, chunk: int, out: Path) -> tuple[float, float]:
         await conn.execute("ANALYZE items")
         await conn.close()
         conn = await asyncpg.connect(pg.dsn(), server_settings=SESSION)
+        gctune.tune()  # as the pipeline runs (the module)
         t0 = time.perf_counter()
         got = len(await conn.fetch("SELECT * FROM items"))
         bare = got / (time.perf_counter() - t0)
@@ -70,6 +78,7 @@ async def mariadb(rows: int, chunk: int, out: Path) -> tuple[float, float]:
             cur.execute(f"INSERT INTO bench.items SELECT seq, seq, repeat('x', 40) FROM seq_1_to_{rows}")
             cur.execute("ANALYZE TABLE bench.items")
         conn = await aiomysql.connect(host="127.0.0.1", port=my.port, user="root", password="", db="bench")
+        gctune.tune()  # as the pipeline runs (the module)
         t0 = time.perf_counter()
         async with conn.cursor(aiomysql.DictCursor) as cur:
             await cur.execute("SELECT * FROM items")
@@ -105,6 +114,7 @@ async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
             b'","idempotency_key":"default|bench.items|snapshot:1|',
         )
         tail, dumps, out = b'","ts_ms":1}\n', orjson.dumps, []
+        gctune.tune()  # as the pipeline runs (the module)
         for _ in range(3):
             t0 = time.perf_counter()
             got = len(await conn.fetch("SELECT * FROM items"))
