@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     from chaos.harness import ProxyServer
     from chaos.report import show, write_json
     from chaos.runner import run_one
-    from tests.servers.netns import forget_orphans
+    from tests.servers import base, netns
 
-    forget_orphans()  # host_vanishes' links left by a run that was killed
+    netns.forget_orphans()  # host_vanishes' links left by a run that was killed
+    base.forget_orphans()  # and the servers of one
     root = args.workdir or Path(tempfile.mkdtemp(prefix="deltaforge-chaos-"))
     proxies = ProxyServer()
     results = []

@@ -11,7 +11,7 @@ import pytest
 from chaos.harness import ProxyServer
 from deltaforge import logsetup
 from deltaforge.logrepeats import LIBRARIES
-from tests.servers import netns
+from tests.servers import base, netns
 from tests.servers.mariadb import MariaDB
 from tests.servers.nats import Nats, NatsCluster
 from tests.servers.postgres import Postgres
@@ -23,9 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """Logs as ``serve`` writes them (JSON lines, plain tracebacks). structlog's default console
     renderer draws every traceback with rich, locals included: under a loaded CI machine one
     restart's line took seconds, and a test of restart intensity ran out of time (seen once).
-    Network namespaces left by a test run that was killed are removed (``netns.py``)."""
+    Network namespaces and servers left by a test run that was killed are removed
+    (``netns.py``, ``servers/base.py``); once, not in each xdist worker."""
     logsetup.configure("info")
-    netns.forget_orphans()
+    if not hasattr(config, "workerinput"):
+        netns.forget_orphans()
+        base.forget_orphans()
 
 
 @pytest.fixture(autouse=True)

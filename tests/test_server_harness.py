@@ -8,16 +8,25 @@ against it (``tests/servers/base.py``).
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.serve_proc import free_port
-from tests.servers.base import PortTaken, holds_port
+from tests.servers.base import PortTaken, forget_orphans, holds_port
 from tests.servers.redis import Redis
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def server_pid(server: Redis) -> int:
@@ -90,3 +99,74 @@ def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another() -> None:
         assert node.port != taken
         assert node.proc is not None and server_pid(node) == node.proc.pid
         assert node.client().info("cluster")["cluster_enabled"] == 1
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture()
+def temp_root() -> Iterator[Path]:
+    """A temp dir of its own for a test process's servers (not pytest's: the postgres user may
+    not enter that one)."""
+    root = Path(tempfile.mkdtemp(prefix="df-harness-test-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_servers_of_a_test_process_killed_are_stopped_and_their_files_removed(temp_root: Path) -> None:
+    """A test run SIGKILLed runs no teardown: its servers ran on and their data stayed in the temp
+    dir until someone noticed. The next session's sweep stops them: Tansu (found by the pid its
+    folder noted: nothing of the folder is in its command line), PostgreSQL (pg_ctl started it,
+    no pid of it noted: found by its folder in its command line) and Redis (its pid noted; it
+    rewrites its command line)."""
+    code = (
+        "import sys\n"
+        "from tests.servers.postgres import Postgres\n"
+        "from tests.servers.redis import Redis\n"
+        "from tests.servers.tansu import Tansu\n"
+        "r, t, p = Redis().start(), Tansu().start(), Postgres().start()\n"
+        "print(r.proc.pid, t.proc.pid, p.server_pid(), r.dir, t.dir, p.dir, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    env = {**os.environ, "TMPDIR": str(temp_root)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline().split()
+        assert len(line) == 6, "the servers did not start"
+        pids, dirs = [int(p) for p in line[:3]], line[3:]
+        assert all(map(running, pids))
+        assert forget_orphans(temp_root) == [], "its owner still runs: nothing is an orphan yet"
+        assert all(map(running, pids))
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert all(map(running, pids)), "a killed owner's servers run on (what the sweep is for)"
+        assert sorted(forget_orphans(temp_root)) == sorted(Path(d) for d in dirs)
+        deadline = time.monotonic() + 10  # SIGKILL sent: each one's exit, bounded
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(running, pids))
+        assert not any(Path(d).exists() for d in dirs)
+    finally:
+        child.kill()
+        child.wait(10)
+        forget_orphans(temp_root)
+
+
+def test_a_server_whose_owner_runs_is_left_alone(tmp_path: Path) -> None:
+    with Redis() as server:
+        assert server.dir not in forget_orphans(server.dir.parent)
+        assert server.client().ping()
+        assert server.dir.exists()

@@ -7,6 +7,11 @@ A server is up only once its own process holds the listening socket: between ``f
 and the server's bind, another xdist worker's server can take the port, and a ``ready`` that
 only connects would then pass against that other server. A first start whose port was taken
 starts again on another free port (the port was the harness's choice, nobody holds it yet).
+
+Each server's directory names the process that made it and the processes it launched (its
+``owner`` file): a test run killed with SIGKILL runs no teardown, and :func:`forget_orphans`,
+at the next pytest session or chaos run, stops what such a run left running and removes its
+files, as ``netns.forget_orphans`` does for its network namespaces.
 """
 
 from __future__ import annotations
@@ -43,6 +48,69 @@ def paused(pid: int) -> Iterator[None]:
         for p in stopped:
             with suppress(psutil.NoSuchProcess):  # one on its way out, reaped once its parent ran
                 p.resume()
+
+
+OWNER = "owner"
+"""A server directory's file: ``<pid> <start time>`` of the process that made it, then one line
+for each process it launched."""
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (None: there is none), which tells a pid reused apart."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _same(pid: int, started: float) -> bool:
+    at = _started(pid)
+    return at is not None and abs(at - started) < 0.5
+
+
+def claim(folder: Path) -> None:
+    """Name this process as the maker of the server directory ``folder`` (:func:`forget_orphans`)."""
+    me = os.getpid()
+    (folder / OWNER).write_text(f"{me} {_started(me)}\n")
+
+
+def note_launched(folder: Path, pid: int) -> None:
+    """Note process ``pid`` in the ``owner`` file of the server directory ``folder``."""
+    with suppress(OSError), open(folder / OWNER, "a") as f:  # a folder removed: nothing to find
+        f.write(f"{pid} {_started(pid)}\n")
+
+
+def forget_orphans(root: Path | None = None) -> list[Path]:
+    """Stop the servers made by test processes that are gone (SIGKILLed: no teardown ran) and
+    remove their directories, in ``root`` (the temp dir); the servers of a process still running
+    are left alone. Stopped: every process the server launched that still runs (the same pid
+    and start time), and every process naming the directory in its command line (a PostgreSQL
+    that ``pg_ctl`` started). Returns the directories removed."""
+    removed = []
+    for owner in Path(root or tempfile.gettempdir()).glob(f"df-*/{OWNER}"):
+        try:
+            rows = [line.split() for line in owner.read_text().splitlines()]
+            pid, started = int(rows[0][0]), float(rows[0][1])
+            launched = [(int(p), float(at)) for p, at in rows[1:]]
+        except (OSError, ValueError, IndexError):
+            continue  # being written, or not ours
+        if _same(pid, started):
+            continue
+        where = f"{owner.parent}/"  # the folder itself, or a path in it: not a longer name
+        for p, at in launched:
+            if _same(p, at):
+                with suppress(ProcessLookupError):
+                    if os.getpgid(p) == p:  # a session of its own (Spark's): its children too
+                        os.killpg(p, signal.SIGKILL)
+                    else:
+                        os.kill(p, signal.SIGKILL)
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(where in f"{arg}/" for arg in proc.info["cmdline"] or ()):
+                with suppress(psutil.NoSuchProcess):
+                    proc.kill()
+        shutil.rmtree(owner.parent, ignore_errors=True)
+        removed.append(owner.parent)
+    return removed
 
 
 class PortTaken(RuntimeError):
@@ -90,6 +158,7 @@ class ServerProcess:
 
     def __init__(self, port: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=f"df-{self.name}-"))
+        claim(self.dir)
         self.port = port or free_port()
         self.port_chosen = port is None
         """The harness picked the port, so a first start may move it; a caller's port stays."""
@@ -113,6 +182,7 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it."""
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        note_launched(self.dir, self.proc.pid)
 
     def start(self) -> Self:
         # A restart (an outage's end) keeps its port: proxies and sinks point at it.

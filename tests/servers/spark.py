@@ -18,6 +18,7 @@ from pathlib import Path
 import pyspark
 
 from tests.serve_proc import free_port
+from tests.servers.base import claim, note_launched
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -25,6 +26,7 @@ SPARK_HOME = Path(pyspark.__file__).parent
 class SparkCluster:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="df-spark-"))
+        claim(self.dir)  # a run killed leaves the daemons to the next one's forget_orphans
         self.port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -50,6 +52,7 @@ class SparkCluster:
             start_new_session=True,
         )
         self.procs.append(proc)
+        note_launched(self.dir, proc.pid)
         return proc
 
     def start(self) -> SparkCluster:
