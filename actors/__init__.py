@@ -18,7 +18,7 @@ from actors.errors import ActorError, ActorStopped, AskTimeout
 from actors.message import Ask, message
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
-from actors.threads import Begun, BlockingRunner
+from actors.threads import Begun, BlockingRunner, let_go
 
 __all__ = [
     "Actor",
@@ -31,5 +31,6 @@ __all__ = [
     "Begun",
     "BlockingRunner",
     "NodeSnapshot",
+    "let_go",
     "message",
 ]

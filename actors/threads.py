@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -36,12 +37,76 @@ class BlockingRunner:
         if abandon_on_cancel:
             async with self.limiter:
                 return await Begun(fn, *args).result()
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        # The call goes in a box the worker thread empties, and its result comes back in one
+        # this side empties: an idle anyio worker keeps its last call's arguments, result and
+        # exception until it runs another, which may be long after (a Kafka sink's producer
+        # handed over to be discarded lived on in one, its threads and sockets running).
+        call: list[Any] = [fn, args]
+        try:
+            done = await anyio.to_thread.run_sync(_taken, call, limiter=self.limiter)
+        except BaseException as exc:
+            let_go(exc)
+            raise
+        return cast(T, done.pop())
 
     @property
     def busy(self) -> int:
         """Threads in use now."""
         return int(self.limiter.borrowed_tokens)
+
+
+def _taken(call: list[Any]) -> list[Any]:
+    """``call``'s function called with its arguments, taken out of it first (:class:`BlockingRunner`)."""
+    fn, args = call
+    call.clear()
+    return [fn(*args)]
+
+
+def let_go(exc: BaseException) -> None:
+    """Clear the locals of the frames of plain functions in ``exc``'s traceback (and in those
+    of the exceptions it was raised from), so that what they held goes now, not whenever
+    ``exc`` goes: for an exception caught where those frames held a client worth closing.
+
+    ``serve`` runs the cyclic collector seldom (``deltaforge/gctune.py``), and an exception is
+    easily in a cycle (a future that holds it, held by a frame of its traceback), or kept
+    (anyio's idle worker thread keeps the last one it caught until it runs another call). A
+    Kafka producer given up in an outage kept its librdkafka threads, pipes and sockets,
+    reconnecting, meanwhile: one more after each outage (chaos ``outage_cycles``).
+    :class:`BlockingRunner` and :class:`Begun` do it to what their calls raise.
+
+    A plain function's frame in a traceback has finished, or still runs and refuses (the
+    catching frame, a worker thread's loop: left as it is). A generator's or a coroutine's is
+    left: one that caught an exception and went on may be suspended, and clearing it would
+    close it. A traceback keeps its file names and line numbers, all a log shows.
+
+        >>> def fails(held: object) -> None:
+        ...     raise RuntimeError("no")
+        >>> try:
+        ...     fails(object())
+        ... except RuntimeError as exc:
+        ...     let_go(exc)
+        ...     print(exc.__traceback__.tb_next.tb_frame.f_locals)
+        {}
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+                with contextlib.suppress(RuntimeError):  # still running
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
+        stack += [e.__cause__, e.__context__]
+
+
+_SUSPENDABLE = (
+    inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+)
 
 
 class Begun(Generic[T]):
@@ -86,6 +151,13 @@ class Begun(Generic[T]):
         await self._finished.wait()
         outcome = self._outcome
         if isinstance(outcome, BaseException):
-            raise outcome
+            # Held by neither this Begun nor this frame once raised: its traceback holds _run's
+            # frame and this one, and each held it, a cycle (see let_go).
+            self._outcome = None
+            let_go(outcome)
+            try:
+                raise outcome
+            finally:
+                del outcome
         assert outcome is not None
         return outcome[0]

@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec  # not re-exported for type checkers
 
+from actors import let_go
 from deltaforge.sinks import durability
 from deltaforge.sinks.acknowledged import AckedEnds
 from deltaforge.sinks.durability import TOPICS_READ
@@ -81,6 +82,9 @@ class PartitionEnds:
                 self.refused = True  # a user that may produce but not describe: no check, said once
                 durability.unknown(self.sink, "KafkaSink", f"partition ends not readable: {name}")
             self.disturbed = True
+            # Its frames hold the client and the futures that hold it: a cycle the collector
+            # frees late, the client's threads and sockets running on meanwhile (let_go).
+            let_go(exc)
             # The next reading on a new client: one whose connection went silent for good (a
             # vanished host, a NAT that forgot it) answers nothing until librdkafka gives the
             # connection up (socket.timeout.ms, a minute), and each batch waited for it meanwhile.
