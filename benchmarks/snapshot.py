@@ -45,20 +45,30 @@ def sink_doc(out: Path) -> list[dict[str, Any]]:
     return [{"type": "file", "config": {"id": "f", "path": str(out)}}]
 
 
+async def postgres_items(pg: Postgres, rows: int) -> asyncpg.Connection:
+    """``items`` filled with ``rows`` rows; a connection with the snapshot's session settings."""
+    conn = await asyncpg.connect(pg.dsn())
+    await conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint, payload text)")
+    await conn.execute(
+        "INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, $1::int) g", rows
+    )
+    await conn.execute("ANALYZE items")
+    await conn.close()
+    return await asyncpg.connect(pg.dsn(), server_settings=SESSION)
+
+
+async def bare_select(conn: asyncpg.Connection) -> float:
+    """Rows/s of one ``SELECT *`` of ``items`` fetched into Python, as the pipeline runs (the module)."""
+    gctune.tune()
+    t0 = time.perf_counter()
+    got = len(await conn.fetch("SELECT * FROM items"))
+    return got / (time.perf_counter() - t0)
+
+
 async def postgres(rows: int, chunk: int, out: Path) -> tuple[float, float]:
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint, payload text)")
-        await conn.execute(
-            "INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, $1::int) g", rows
-        )
-        await conn.execute("ANALYZE items")
-        await conn.close()
-        conn = await asyncpg.connect(pg.dsn(), server_settings=SESSION)
-        gctune.tune()  # as the pipeline runs (the module)
-        t0 = time.perf_counter()
-        got = len(await conn.fetch("SELECT * FROM items"))
-        bare = got / (time.perf_counter() - t0)
+        conn = await postgres_items(pg, rows)
+        bare = await bare_select(conn)
         await conn.close()
         source = {"id": "b", "dsn": pg.dsn(), "slot": "bench", "publication": "bench", "tables": ["public.items"],
                   "snapshot": {"mode": "initial", "chunk_size": chunk}}  # fmt: skip
@@ -99,14 +109,7 @@ async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
     the envelope's fixed bytes around the row's JSON and its event id, as the file sink's template
     makes them (deltaforge/envelopes.py). Three rounds, each after a bare SELECT: (bare, floor)."""
     with Postgres() as pg:
-        conn = await asyncpg.connect(pg.dsn())
-        await conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v bigint, payload text)")
-        await conn.execute(
-            "INSERT INTO items SELECT g, g, repeat('x', 40) FROM generate_series(1, $1::int) g", rows
-        )
-        await conn.execute("ANALYZE items")
-        await conn.close()
-        conn = await asyncpg.connect(pg.dsn(), server_settings=SESSION)
+        conn = await postgres_items(pg, rows)
         head, mid, key = (
             b'{"op":"r","before":null,"after":',
             b',"source":{"connector":"postgres","db":"bench","schema":"public","table":"items",'
@@ -114,11 +117,8 @@ async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
             b'","idempotency_key":"default|bench.items|snapshot:1|',
         )
         tail, dumps, out = b'","ts_ms":1}\n', orjson.dumps, []
-        gctune.tune()  # as the pipeline runs (the module)
         for _ in range(3):
-            t0 = time.perf_counter()
-            got = len(await conn.fetch("SELECT * FROM items"))
-            bare = got / (time.perf_counter() - t0)
+            bare = await bare_select(conn)
             t0, last = time.perf_counter(), 0
             while records := await conn.fetch(
                 "SELECT * FROM items WHERE id > $1 ORDER BY id LIMIT $2", last, chunk

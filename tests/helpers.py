@@ -207,3 +207,14 @@ def a_cancelled_wait_lets_the_process_exit(setup: str, awaited: str) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=root
     )
     assert (done.returncode, done.stdout) == (0, "returned\n"), done.stderr
+
+
+def librdkafka_clients(pid: int) -> int:
+    """librdkafka clients alive in process ``pid``: each runs one thread named ``rdk:main``."""
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:
+            continue  # ended meanwhile
+    return names.count("rdk:main")

@@ -7,9 +7,9 @@ pipes and sockets, reconnecting to the broker, one more after each outage, until
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +18,7 @@ from deltaforge.config import parse_pipeline
 from deltaforge.sinks.base import RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
 from deltaforge.sinks.kafka_ends import READ_EVERY_S, PartitionEnds
+from tests.helpers import librdkafka_clients
 from tests.kit import make_event
 from tests.serve_proc import free_port
 from tests.servers.proxy import TcpProxy
@@ -75,14 +76,7 @@ async def test_a_begun_call_that_failed_lets_go_of_what_its_frames_held() -> Non
 
 
 def rdkafka_clients() -> int:
-    """librdkafka clients alive in this process: each has one thread named ``rdk:main``."""
-    names = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            names.append((task / "comm").read_text().strip())
-        except OSError:
-            continue  # ended meanwhile
-    return names.count("rdk:main")
+    return librdkafka_clients(os.getpid())
 
 
 async def test_a_kafka_producer_given_up_in_an_outage_goes_with_its_threads() -> None:

@@ -8,12 +8,12 @@ reconnecting) until the cyclic collector came, one or two more after each outage
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import psutil
 
 from chaos.runner import RunContext
 from chaos.scenarios.rig import Rig, postgres_rig, wait_for
+from tests.helpers import librdkafka_clients
 
 SLACK = 2
 """Open files and threads that come and go (a connection being made, a worker thread idling)."""
@@ -24,16 +24,10 @@ def resources(pid: int) -> dict[str, int]:
     (each runs one thread named ``rdk:main``)."""
     top = psutil.Process(pid)
     procs = [top, *top.children(recursive=True)]
-    names = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            names.append((task / "comm").read_text().strip())
-        except OSError:
-            continue  # ended meanwhile
     return {
         "files": sum(p.num_fds() for p in procs),
         "threads": sum(p.num_threads() for p in procs),
-        "librdkafka clients": names.count("rdk:main"),
+        "librdkafka clients": librdkafka_clients(pid),
         "rss_mb": round(sum(p.memory_info().rss for p in procs) / 2**20),
     }
 
