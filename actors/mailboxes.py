@@ -22,7 +22,7 @@ class Mailbox:
 
     ``put`` waits while the queue is full; that wait is how a slow actor slows the
     actors that feed it. Closing the mailbox wakes every waiting sender with
-    :class:`anyio.BrokenResourceError`.
+    :class:`anyio.BrokenResourceError`, and every task waiting in :meth:`wait_idle`.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -32,6 +32,8 @@ class Mailbox:
         self._send: MemoryObjectSendStream[Envelope]
         self._recv: MemoryObjectReceiveStream[Envelope]
         self._send, self._recv = anyio.create_memory_object_stream[Envelope](capacity)
+        self._idle: anyio.Event | None = None
+        self._getting = False  # the actor waits in get()
 
     async def put(self, envelope: Envelope) -> None:
         await self._send.send(envelope)
@@ -41,7 +43,14 @@ class Mailbox:
         self._send.send_nowait(envelope)
 
     async def get(self) -> Envelope:
-        return await self._recv.receive()
+        self._getting = True
+        if self._idle is not None and self.depth == 0:
+            self._idle.set()
+            self._idle = None
+        try:
+            return await self._recv.receive()
+        finally:
+            self._getting = False
 
     def get_nowait(self) -> Envelope:
         return self._recv.receive_nowait()
@@ -49,6 +58,21 @@ class Mailbox:
     @property
     def depth(self) -> int:
         return self._send.statistics().current_buffer_used
+
+    @property
+    def busy(self) -> bool:
+        """The actor is not waiting for a message (it handles one, or has not started), or some
+        are queued."""
+        return self.depth > 0 or not self._getting
+
+    async def wait_idle(self) -> None:
+        """Return once the actor waits for a message with none queued (at once if it does now),
+        or the mailbox is closed."""
+        if not self.busy:
+            return
+        if self._idle is None:
+            self._idle = anyio.Event()
+        await self._idle.wait()
 
     @property
     def waiting_senders(self) -> int:
@@ -65,4 +89,7 @@ class Mailbox:
                 break
         self._recv.close()
         self._send.close()
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
         return left

@@ -47,6 +47,23 @@ class ActorRef(Generic[A]):
         mb = self._cell.mailbox
         return mb.waiting_senders if mb is not None else 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether the actor is handling a message, or has some queued (False when it is not
+        running: nothing will come of waiting for it)."""
+        mb = self._cell.mailbox
+        return mb is not None and mb.busy
+
+    async def wait_idle(self) -> None:
+        """Return once the actor waits for a message with none queued: at once if it does now or
+        is not running, else when it has handled what it holds (or stops).
+
+        For a sender that would rather grow its next message than queue it while the actor is
+        busy (the accumulator: a batch grows while the sinks deliver the one before it)."""
+        mb = self._cell.mailbox
+        if mb is not None:
+            await mb.wait_idle()
+
     async def tell(self, message: Any) -> None:
         """Enqueue ``message``; wait while the mailbox is full (backpressure)."""
         await self._put(Envelope(message))

@@ -109,6 +109,55 @@ async def test_tell_blocks_while_mailbox_full_and_resumes_when_drained() -> None
     await asyncio.gather(task, p, return_exceptions=True)
 
 
+@pytest.mark.anyio
+async def test_wait_idle_returns_once_the_actor_waits_for_work_or_stops() -> None:
+    gate = anyio.Event()
+    seen: list[int] = []
+    cell = ActorCell("gated", lambda: Gated(gate, seen))
+    woke: list[tuple[str, int, bool]] = []
+
+    async def waiter(name: str, of: ActorCell[Gated] = cell) -> None:
+        await of.ref.wait_idle()
+        woke.append((name, len(seen), of.ref.busy))
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(cell.run)
+        await anyio.wait_all_tasks_blocked()
+        assert not cell.ref.busy
+        await cell.ref.wait_idle()  # waiting for work now: at once
+        for i in range(3):
+            await cell.ref.tell(Work(i))  # one handled (held at the gate), two queued
+        assert cell.ref.busy
+        tg.start_soon(waiter, "first")
+        tg.start_soon(waiter, "second")
+        await anyio.wait_all_tasks_blocked()
+        assert woke == []
+        gate.set()
+        await anyio.wait_all_tasks_blocked()
+        # Not when the last was taken: once all three were handled and it waits again
+        assert woke == [("first", 3, False), ("second", 3, False)]
+        tg.cancel_scope.cancel()
+
+    # An actor that stops busy: its mailbox is closed, and the waiter woken
+    stopping = ActorCell("gated", lambda: Gated(anyio.Event(), []))
+    async with anyio.create_task_group() as tg:
+        running = anyio.CancelScope()
+
+        async def run() -> None:
+            with running:
+                await stopping.run()
+
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        await stopping.ref.tell(Work(0))
+        tg.start_soon(waiter, "stopped", stopping)
+        await anyio.wait_all_tasks_blocked()
+        assert len(woke) == 2
+        running.cancel()
+        await anyio.wait_all_tasks_blocked()
+    assert woke[2] == ("stopped", 3, False)
+
+
 class SlowCounter(Actor):
     mailbox_size = 64
 

@@ -86,6 +86,70 @@ async def test_a_batch_grows_while_more_is_waiting_and_goes_once_caught_up() -> 
     assert got == [list(range(1, 26)), list(range(26, 38))]  # cut at the limit, then the rest at once
 
 
+class GatedBatches(Batches):
+    """A coordinator busy with its first batch until ``gate`` is set; one batch may wait in its
+    mailbox (``max_inflight`` 1)."""
+
+    mailbox_size = 1
+
+    def __init__(self, got: list[list[int]], gate: anyio.Event) -> None:
+        super().__init__(got)
+        self.gate = gate
+
+    async def receive(self, message: Any) -> Any:
+        await super().receive(message)
+        await self.gate.wait()
+
+
+async def feed_busy(
+    chunks: list[int], max_events: int, before_freeing: list[list[int]] | None = None
+) -> list[list[int]]:
+    """Tell the Accumulator caught-up chunks of these sizes while a :class:`GatedBatches` is busy
+    with the first batch (each chunk's tell in a task of its own: a full mailbox holds it);
+    then free it. The batches handed on once every task is blocked. ``before_freeing``, if
+    given, is filled with the batches handed on while it was still busy."""
+    got: list[list[int]] = []
+    gate = anyio.Event()
+    ctx = PipelineContext(
+        config(batch={"max_events": max_events, "max_ms": HOUR_MS}),
+        MemoryCheckpointStore(),
+        SyntheticSource(0),
+        {},
+    )
+    busy = ActorCell("batches", lambda: GatedBatches(got, gate))
+    acc = ActorCell("acc", lambda: Accumulator(ctx, busy.ref))  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(busy.run)
+        await tg.start(acc.run)
+        seq = 1
+        for size in chunks:
+            tg.start_soon(acc.ref.tell, EventsRead(chunk(seq, size), 0, True))
+            seq += size
+            await anyio.wait_all_tasks_blocked()
+        if before_freeing is not None:
+            before_freeing.extend(got)
+        gate.set()
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    return got
+
+
+@pytest.mark.anyio
+async def test_a_batch_grows_while_the_sinks_deliver_the_one_before_and_goes_once_they_are_free() -> None:
+    """Caught-up chunks while the sinks are busy with the first batch make one batch, which goes
+    on the moment they are free (``max_ms`` is an hour: no timer can stand in)."""
+    while_busy: list[list[int]] = []
+    got = await feed_busy([3, 3, 4, 2], max_events=25, before_freeing=while_busy)
+    assert while_busy == [[1, 2, 3]]  # being delivered; nothing queued behind it
+    assert got == [[1, 2, 3], list(range(4, 13))]
+
+
+@pytest.mark.anyio
+async def test_max_events_still_cuts_while_the_batch_before_waits() -> None:
+    """Held for the sinks, a batch still stops at ``max_events`` (and queues, as before)."""
+    assert await feed_busy([2, 2, 3, 3, 2], max_events=5) == [[1, 2], [3, 4, 5, 6, 7], [8, 9, 10, 11, 12]]
+
+
 # -- through real sources: with max_ms an hour, each committed row still arrives ----------------
 
 
