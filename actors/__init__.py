@@ -18,7 +18,7 @@ from actors.errors import ActorError, ActorStopped, AskTimeout
 from actors.message import Ask, message
 from actors.ref import ActorRef
 from actors.snapshot import NodeSnapshot
-from actors.threads import Begun, BlockingRunner, let_go
+from actors.threads import Begun, BlockingRunner, in_thread, let_go
 
 __all__ = [
     "Actor",
@@ -31,6 +31,7 @@ __all__ = [
     "Begun",
     "BlockingRunner",
     "NodeSnapshot",
+    "in_thread",
     "let_go",
     "message",
 ]

@@ -37,22 +37,36 @@ class BlockingRunner:
         if abandon_on_cancel:
             async with self.limiter:
                 return await Begun(fn, *args).result()
-        # The call goes in a box the worker thread empties, and its result comes back in one
-        # this side empties: an idle anyio worker keeps its last call's arguments, result and
-        # exception until it runs another, which may be long after (a Kafka sink's producer
-        # handed over to be discarded lived on in one, its threads and sockets running).
-        call: list[Any] = [fn, args]
-        try:
-            done = await anyio.to_thread.run_sync(_taken, call, limiter=self.limiter)
-        except BaseException as exc:
-            let_go(exc)
-            raise
-        return cast(T, done.pop())
+        return await in_thread(fn, *args, limiter=self.limiter)
 
     @property
     def busy(self) -> int:
         """Threads in use now."""
         return int(self.limiter.borrowed_tokens)
+
+
+async def in_thread(fn: Callable[..., T], *args: object, limiter: anyio.CapacityLimiter | None = None) -> T:
+    """``fn(*args)`` in one of anyio's worker threads (``anyio.to_thread.run_sync``), keeping
+    nothing there once it returns: for every blocking call that is not an actor's own
+    (:class:`BlockingRunner`), such as a file written or a checkpoint saved.
+
+    The call goes in a box the worker thread empties, and its result comes back in one this
+    side empties: an idle anyio worker keeps its last call's arguments, result and exception
+    until it runs another, which may be long after (a Kafka sink's producer handed over to be
+    discarded lived on in one, its threads and sockets running; a file sink's last batch, its
+    bytes). What it raises lets go of its frames (:func:`let_go`).
+
+        >>> import anyio
+        >>> anyio.run(in_thread, sum, [1, 2, 3])
+        6
+    """
+    call: list[Any] = [fn, args]
+    try:
+        done = await anyio.to_thread.run_sync(_taken, call, limiter=limiter)
+    except BaseException as exc:
+        let_go(exc)
+        raise
+    return cast(T, done.pop())
 
 
 def _taken(call: list[Any]) -> list[Any]:

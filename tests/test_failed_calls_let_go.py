@@ -9,11 +9,12 @@ from __future__ import annotations
 import gc
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from actors import Begun, BlockingRunner
+from actors import Begun, BlockingRunner, in_thread
 from deltaforge.config import parse_pipeline
 from deltaforge.sinks.base import RetryableSinkError
 from deltaforge.sinks.kafka import KafkaSink
@@ -57,14 +58,31 @@ def made_from(arg: Held) -> Held:
     return Held()
 
 
-async def test_a_finished_call_keeps_neither_its_arguments_nor_its_result() -> None:
+@pytest.mark.parametrize("call", [BlockingRunner(1).run, in_thread], ids=["BlockingRunner", "in_thread"])
+async def test_a_finished_call_keeps_neither_its_arguments_nor_its_result(
+    call: Callable[..., Awaitable[Held]],
+) -> None:
     """anyio's idle worker thread keeps its last call's arguments and result until its next call:
     a producer handed over to be discarded, a batch delivered, lived on in one."""
     arg = Held()
-    result = await BlockingRunner(1).run(made_from, arg)
+    result = await call(made_from, arg)
     kept = [weakref.ref(arg), weakref.ref(result)]
     del arg, result
     assert [k() for k in kept] == [None, None]
+
+
+def test_every_blocking_call_of_deltaforge_goes_through_actors_threads() -> None:
+    """Not ``anyio.to_thread.run_sync`` itself: its idle worker would keep what the call held
+    (a file sink's last batch; a failed call's frames)."""
+    root = Path(__file__).resolve().parent.parent
+    direct = [
+        f"{path.relative_to(root)}:{n}"
+        for folder in ("deltaforge", "supervision")
+        for path in sorted((root / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "to_thread.run_sync" in line
+    ]
+    assert direct == []
 
 
 async def test_a_begun_call_that_failed_lets_go_of_what_its_frames_held() -> None:

@@ -11,9 +11,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
 
+from actors import in_thread
 from deltaforge.state.checkpoints import _atomic_write
 
 
@@ -42,4 +42,4 @@ class PipelineRegistry:
         # One rewrite at a time, of the documents as they are when its turn comes: side by side,
         # two rewrites could land in the other order and drop a pipeline already created.
         async with self._saving:
-            await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(self.docs))
+            await in_thread(_atomic_write, self.path, orjson.dumps(self.docs))

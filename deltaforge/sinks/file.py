@@ -8,9 +8,9 @@ from io import FileIO
 from pathlib import Path
 from typing import Literal
 
-import anyio.to_thread
 from pydantic import Field
 
+from actors import in_thread
 from deltaforge.configmodel import Bool, SinkConfig, SinkSettings, Text
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
@@ -47,7 +47,7 @@ class FileSink(Sink[FileSinkConfig]):
         a path that names a folder stops the pipeline, saying so. Either crashed the worker, and
         the pipeline failed after its restarts, ``/health`` ok meanwhile."""
         try:
-            await anyio.to_thread.run_sync(self._open)
+            await in_thread(self._open)
         except IsADirectoryError:  # the config names a folder: no wait makes it a file
             raise NonRetryableSinkError(
                 f"file sink {self.id!r}: {self.path} is a folder; path names the file to write"
@@ -67,7 +67,7 @@ class FileSink(Sink[FileSinkConfig]):
     async def deliver(self, events: list[Event], position: Position | None = None) -> None:
         data = encode_lines(events, self.config.envelope)
         try:
-            await anyio.to_thread.run_sync(self._write, data)
+            await in_thread(self._write, data)
         except OSError as exc:
             raise RetryableSinkError(f"file sink {self.id!r}: cannot write {self.path}: {exc}") from exc
 
@@ -111,7 +111,7 @@ class FileSink(Sink[FileSinkConfig]):
     async def close(self) -> None:
         if self._file is not None:
             f, self._file = self._file, None
-            await anyio.to_thread.run_sync(f.close)
+            await in_thread(f.close)
 
 
 def _drop_pages(fd: int, start: int) -> None:

@@ -6,9 +6,9 @@ import os
 import sys
 from typing import Literal
 
-import anyio.to_thread
 from pydantic import Field
 
+from actors import in_thread
 from deltaforge.configmodel import SinkConfig, SinkSettings
 from deltaforge.envelopes import encode_lines
 from deltaforge.events import Event
@@ -50,7 +50,7 @@ class StdoutSink(Sink[StdoutSinkConfig]):
         else:
             data = encode_lines(events, self.config.envelope)
         try:
-            await anyio.to_thread.run_sync(self._write, data)
+            await in_thread(self._write, data)
         except BrokenPipeError:
             _stdout_to_devnull()
             raise NonRetryableSinkError(

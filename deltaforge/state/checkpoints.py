@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
 
+from actors import in_thread
 from deltaforge.position import PositionDoc
 from deltaforge.state.deadletters import DeadLetterStore, MemoryDeadLetters
 
@@ -228,7 +228,7 @@ class FileCheckpointStore(MemoryCheckpointStore):
         }
         dead = {"entries": self._dead.entries, "next_seq": self._dead.next_seq}
         doc = {"checkpoints": checkpoints, "schemas": self._schemas, "dead_letters": dead}
-        await anyio.to_thread.run_sync(_atomic_write, self.path, orjson.dumps(doc))
+        await in_thread(_atomic_write, self.path, orjson.dumps(doc))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
