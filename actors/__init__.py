@@ -7,6 +7,9 @@ mailbox. Other code talks to it only through an :class:`ActorRef`:
   That wait *is* the backpressure of every pipeline built on this runtime.
 * ``await ref.ask(msg, timeout=...)`` enqueues and waits for the value ``receive``
   returns (or the exception it raised).
+* ``ref.busy`` / ``await ref.wait_idle()`` say whether the actor is handling a message
+  (or has some queued) and wait until it waits for work again: a sender that would rather
+  grow its next message than queue it behind the one being handled.
 
 Actors are run by :class:`ActorCell`, which is also a supervision child: every start
 builds a fresh actor instance from its factory, so a restart begins from clean state.
