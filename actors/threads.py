@@ -70,7 +70,7 @@ async def in_thread(fn: Callable[..., T], *args: object, limiter: anyio.Capacity
 
 
 def _taken(call: list[Any]) -> list[Any]:
-    """``call``'s function called with its arguments, taken out of it first (:class:`BlockingRunner`)."""
+    """``call``'s function called with its arguments, taken out of it first (:func:`in_thread`)."""
     fn, args = call
     call.clear()
     return [fn(*args)]
