@@ -3,6 +3,7 @@ more is waiting (issue 18). ``max_ms`` is an hour here, so no timed flush can st
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,51 @@ async def test_turso_rows_arrive_one_by_one_with_max_ms_an_hour(tmp_path: Path) 
         conn.commit()
 
     await one_row_at_a_time(turso_source(path), write, tmp_path, always)
+
+
+# -- through a real source: a backlog is not caught up until it is read ---------------------------
+
+
+@pytest.mark.anyio
+async def test_the_postgres_source_is_not_caught_up_while_its_server_has_sent_more(
+    postgres: Postgres,
+) -> None:
+    """Forty transactions of 500 rows wait in the slot when the source opens, and it is read as
+    fast as it hands on. Its decoder child reads about one transaction per read (libpq's buffer)
+    and is the slower of the two, so what it has handed on is mostly all read, yet the server has
+    sent more: the source must not say "caught up" until the backlog is read, or every batch is
+    one transaction (an ``exactly_once`` Kafka transaction each). Once read, it says so."""
+    db = await pg_fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    src = pg_source(postgres, db)
+    try:
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await src.open(None)  # the slot, from now
+        await src.close()
+        for start in range(0, 20_000, 500):
+            await conn.execute(
+                "INSERT INTO t SELECT g, 'row-' || g FROM generate_series($1::int, $2::int) g",
+                start + 1, start + 500,
+            )  # fmt: skip
+        src = pg_source(postgres, db)
+        await src.open(None)
+        said: list[bool] = []  # caught_up() after each read that handed on rows, but the last
+        ids: list[int] = []
+        while len(ids) < 20_000:
+            got = [e.after["id"] for e in await src.read() if e.op == "c" and e.after is not None]
+            ids.extend(got)
+            if got and len(ids) < 20_000:
+                said.append(src.caught_up())
+        assert ids == list(range(1, 20_001))
+        # One or two reads may find the server still decoding the next transaction (a slow
+        # moment of its walsender): a batch cut early, not wrong. Saying "caught up" whenever
+        # everything the child had handed on was read made it most of them.
+        assert sum(said) <= 3, f"caught up after {sum(said)} of {len(said)} reads with more to come"
+        ended = time.monotonic() + 10
+        while not src.caught_up():  # the last transaction's frame said nothing more was sent
+            assert time.monotonic() < ended, "not caught up once the backlog was read"
+            assert [e for e in await src.read() if e.op == "c"] == []
+    finally:
+        await src.close()
+        await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")  # the session's slots are few
+        await conn.close()

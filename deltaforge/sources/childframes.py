@@ -19,6 +19,11 @@ its stream does: a process stopped (SIGSTOP, a cgroup freezer) or hung says noth
 that waits on a quiet server still says this."""
 
 
+AHEAD = "ahead"
+"""``(AHEAD, more)``: a decoder child says whether its server had already sent more when it wrote
+the frame that follows (``ChildDecoder.caught_up``). Written only when it changes."""
+
+
 class FrameDamaged(Exception):
     """A frame's bytes changed between the two processes: it is refused, never unpickled.
 

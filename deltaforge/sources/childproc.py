@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from deltaforge.logrepeats import log_library_line
-from deltaforge.sources.childframes import ALIVE, read_frame, write_frame
+from deltaforge.sources.childframes import AHEAD, ALIVE, read_frame, write_frame
 
 if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
     from deltaforge.events import Event
@@ -220,6 +220,8 @@ class ChildDecoder:
         """Past this without a frame (and not held by a full queue) the child is taken for stopped."""
         self._heard = 0.0
         self._putting = False
+        self.ahead = False
+        """The child's last :data:`AHEAD`: its server had already sent more than it has written."""
         self.queue: queue.Queue[list[Event] | BaseException] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -299,8 +301,9 @@ class ChildDecoder:
         return out
 
     def caught_up(self) -> bool:
-        """Nothing decoded is waiting: the last chunk took everything the child had sent."""
-        return self.queue.empty()
+        """Nothing decoded is waiting: the last chunk took everything the child had sent, and the
+        child did not say that its server had sent more already (an :data:`AHEAD` frame)."""
+        return self.queue.empty() and not self.ahead
 
     def _stopped(self) -> BaseException | None:
         """The child said nothing, not even :data:`ALIVE`, for :attr:`silent_s` while the pump
@@ -341,6 +344,12 @@ class ChildDecoder:
                 frame = read_frame(proc.stdout)
                 self._heard = time.monotonic()
                 if frame == ALIVE:
+                    continue
+                if frame[0] == AHEAD:
+                    # Said before the frame it is about: its events are queued next. One that says
+                    # "no more" with no frame after it (what followed held nothing of ours) leaves
+                    # a batch held until max_ms, as a quiet source always did.
+                    self.ahead = bool(frame[1])
                     continue
                 events = self.handle(frame)
                 if events:

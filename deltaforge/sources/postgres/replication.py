@@ -140,6 +140,15 @@ class LogicalStream:
             self.status(reply=True)  # the keepalive it asks for shows the connection alive
         return out
 
+    def arrived(self, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` messages that have already arrived, without waiting. An error met is
+        kept for the next :meth:`read`: what the caller holds from before it goes first."""
+        try:
+            return self.read(limit, 0.0)
+        except StreamError as exc:
+            self._ended = exc
+            return []
+
     def _check_silence(self) -> None:
         asked = self._asked_at
         if asked is not None and self.silence_s > 0 and time.monotonic() - asked > self.silence_s:
