@@ -248,15 +248,49 @@ async def test_turso_rows_arrive_one_by_one_with_max_ms_an_hour(tmp_path: Path) 
 # -- through a real source: a backlog is not caught up until it is read ---------------------------
 
 
+def slow_pump(src: Any) -> None:
+    """``src``'s decoder frames turned into events by a pump that takes 5 ms a frame: ``serve``'s
+    side is the slower, as in a drain to Kafka, where the child waits on the pipe and its
+    server's stream waits in the socket. Each frame's events are handed on as soon as they are
+    made and read at once, so what was handed on is all read: only the child can say that more
+    is coming."""
+    handle = src._handle
+
+    def slowly(frame: tuple[Any, ...]) -> Any:
+        time.sleep(0.005)  # the work of a slower serve, in the pump's thread: not a wait for anything
+        return handle(frame)
+
+    src._handle = slowly
+
+
+async def read_backlog_watching_caught_up(src: Source, rows: int) -> None:
+    """Read ``rows`` rows (ids 1..rows) as fast as ``src`` hands them on: it must not say "caught
+    up" until the backlog is read, or every batch is one frame (an ``exactly_once`` Kafka
+    transaction each). Once it is read, it says so."""
+    said: list[bool] = []  # caught_up() after each read that handed on rows, but the last
+    ids: list[int] = []
+    while len(ids) < rows:
+        got = [e.after["id"] for e in await src.read() if e.op == "c" and e.after is not None]
+        ids.extend(got)
+        if got and len(ids) < rows:
+            said.append(src.caught_up())
+    assert ids == list(range(1, rows + 1))
+    # One or two reads may find the server not yet ready with the next transaction (the first,
+    # or a slow moment of its own): a batch cut early, not wrong. Saying "caught up" whenever
+    # everything the child had handed on was read made it all of them.
+    assert sum(said) <= 3, f"caught up after {sum(said)} of {len(said)} reads with more to come"
+    ended = time.monotonic() + 10
+    while not src.caught_up():  # the last frame said nothing more was sent
+        assert time.monotonic() < ended, "not caught up once the backlog was read"
+        assert [e for e in await src.read() if e.op == "c"] == []
+
+
 @pytest.mark.anyio
 async def test_the_postgres_source_is_not_caught_up_while_its_server_has_sent_more(
     postgres: Postgres,
 ) -> None:
-    """Forty transactions of 500 rows wait in the slot when the source opens, and it is read as
-    fast as it hands on. Its decoder child reads about one transaction per read (libpq's buffer)
-    and is the slower of the two, so what it has handed on is mostly all read, yet the server has
-    sent more: the source must not say "caught up" until the backlog is read, or every batch is
-    one transaction (an ``exactly_once`` Kafka transaction each). Once read, it says so."""
+    """Forty transactions of 500 rows wait in the slot when the source opens; its decoder child
+    reads about one of them per read (libpq's buffer), its pump slowed (:func:`slow_pump`)."""
     db = await pg_fresh_db(postgres)
     conn = await asyncpg.connect(postgres.dsn(db))
     src = pg_source(postgres, db)
@@ -270,24 +304,31 @@ async def test_the_postgres_source_is_not_caught_up_while_its_server_has_sent_mo
                 start + 1, start + 500,
             )  # fmt: skip
         src = pg_source(postgres, db)
+        slow_pump(src)
         await src.open(None)
-        said: list[bool] = []  # caught_up() after each read that handed on rows, but the last
-        ids: list[int] = []
-        while len(ids) < 20_000:
-            got = [e.after["id"] for e in await src.read() if e.op == "c" and e.after is not None]
-            ids.extend(got)
-            if got and len(ids) < 20_000:
-                said.append(src.caught_up())
-        assert ids == list(range(1, 20_001))
-        # One or two reads may find the server still decoding the next transaction (a slow
-        # moment of its walsender): a batch cut early, not wrong. Saying "caught up" whenever
-        # everything the child had handed on was read made it most of them.
-        assert sum(said) <= 3, f"caught up after {sum(said)} of {len(said)} reads with more to come"
-        ended = time.monotonic() + 10
-        while not src.caught_up():  # the last transaction's frame said nothing more was sent
-            assert time.monotonic() < ended, "not caught up once the backlog was read"
-            assert [e for e in await src.read() if e.op == "c"] == []
+        await read_backlog_watching_caught_up(src, 20_000)
     finally:
         await src.close()
         await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")  # the session's slots are few
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_the_mariadb_source_is_not_caught_up_while_its_server_has_sent_more(mariadb: MariaDB) -> None:
+    """Forty transactions of 500 rows in the binlog when the source opens; its decoder child
+    hands on frames of up to ``read_chunk`` rows (500 here), its pump slowed (:func:`slow_pump`)."""
+    db = my_fresh_db(mariadb)
+    with mariadb.root() as c, c.cursor() as cur:
+        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v TEXT)")
+        for start in range(0, 20_000, 500):
+            cur.execute(
+                f"INSERT INTO {db}.t VALUES "
+                + ", ".join(f"({i}, 'row-{i}')" for i in range(start + 1, start + 501))
+            )
+    src = my_source(mariadb, [f"{db}.t"], read_chunk=500)
+    slow_pump(src)
+    await src.open(None)  # from the oldest binlog kept
+    try:
+        await read_backlog_watching_caught_up(src, 20_000)
+    finally:
+        await src.close()

@@ -24,6 +24,19 @@ AHEAD = "ahead"
 the frame that follows (``ChildDecoder.caught_up``). Written only when it changes."""
 
 
+class Ahead:
+    """In a decoder child: what it last said with :data:`AHEAD`, said again only when it changes."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.more = False
+
+    def say(self, more: bool) -> None:
+        if more != self.more:
+            self.more = more
+            write_frame(self.out, (AHEAD, more))
+
+
 class FrameDamaged(Exception):
     """A frame's bytes changed between the two processes: it is refused, never unpickled.
 

@@ -3,6 +3,8 @@
 
 * ``("txs", [(gtid, state, file, end_pos, start_pos, [(op, schema, table, pos, row, ts, before, after), ...]), ...])``
   where ``state`` is the GTID position after the transaction (MariaDB: every domain's last GTID)
+* ``("ahead", more)``: when it changes, before the ``txs`` frame it is about (if any): whether
+  the server had already sent more when it was written (``childframes.AHEAD``)
 * ``("schema", table, columns, position, key)``: ``key`` the primary-key columns in the key's order
 * ``("partial", table, "file:pos", columns)``: the first rows event of ``table`` with a partial
   row image this run (its left-out values are marked, see ``rowvalues.fill_not_logged``)
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from deltaforge.sources.childframes import write_frame
+from deltaforge.sources.childframes import Ahead, write_frame
 from deltaforge.sources.childproc import child_setup, log_crash
 from deltaforge.sources.mysql.binlog import (
     Captured,
@@ -145,6 +147,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
     last_mark = time.monotonic()
     since = time.monotonic()
     chunk = int(cfg["chunk"])
+    said = Ahead(out)
 
     def halting(exc: Exception) -> Exception:
         """``exc``, after the whole transactions read before it: they are delivered and
@@ -164,6 +167,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         if isinstance(ev, skipped):
             continue
         if isinstance(ev, HeartbeatLogEvent):
+            said.say(False)  # the server had nothing more to send
             if pending:
                 send(pending)
                 pending, pending_rows = [], 0
@@ -286,6 +290,8 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         # rows: a heartbeat), so checkpoints move while the captured tables are idle; otherwise
         # they would stay in an old binlog until it expires.
         if not tx and now - last_mark < IDLE_MARK_S:
+            if said.more and drained(reader):
+                said.say(False)  # said before this transaction of other tables, which ended it all
             continue
         last_mark = now
         if not pending:
@@ -293,7 +299,12 @@ def stream(cfg: DecoderSettings, out: IO[bytes]) -> None:
         pending.append((tx_gtid, full, file, int(ev.packet.log_pos), began, tx))
         pending_rows += len(tx)
         tx = []
-        if pending_rows >= chunk or time.monotonic() - since >= FLUSH_S or drained(reader):
+        quiet = drained(reader)
+        if quiet or pending_rows >= chunk or time.monotonic() - since >= FLUSH_S:
+            # Whether the server has sent more already goes before the frame: the reader is
+            # caught up only when it has not, so a backlog's batches fill to max_events instead
+            # of one a frame (docs/performance.md).
+            said.say(not quiet)
             send(pending)
             pending, pending_rows = [], 0
 

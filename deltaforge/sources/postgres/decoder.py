@@ -9,7 +9,7 @@ Frames it writes:
   commit LSN and time of the last transaction the stream sent before it, whatever it held, or
   None when none was sent since the stream started and the parent did not say which was;
 * ``("ahead", more)`` — when it changes, before the ``txs`` frame it is about (if any): whether the stream had
-  already sent more when it was written (more follows at once; ``childproc.AHEAD``);
+  already sent more when it was written (more follows at once; ``childframes.AHEAD``);
 * ``("keyless", table, primary_key, identity)`` — the table's replica identity is an index that
   leaves out some of its primary key: its deletes cannot carry the key;
 * ``("error", kind, message)`` with kind ``position_lost``, ``decode``, ``unavailable`` or
@@ -33,7 +33,7 @@ from typing import IO, Any, TypedDict
 
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
-from deltaforge.sources.childframes import AHEAD, read_frame, write_frame
+from deltaforge.sources.childframes import Ahead, read_frame, write_frame
 from deltaforge.sources.childproc import child_setup, log_crash
 from deltaforge.sources.postgres.catalog import Catalog
 from deltaforge.sources.postgres.frames import frame_sender
@@ -262,7 +262,7 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
     send = frame_sender(cfg["envelopes"], out)
     last_heartbeat = asked_at = time.monotonic()
     ahead: list[tuple[int, bytes]] = []
-    said_ahead = False
+    said = Ahead(out)
     while not confirmations.closed:
         repl.confirm(confirmations.lsn)
         rows, ahead = ahead or repl.read(chunk, cfg["idle_s"]), []
@@ -281,15 +281,13 @@ def stream(cfg: DecoderSettings, out: IO[bytes], confirmations: Confirmations) -
         for table, cols, at in tx.schemas:
             write_frame(out, ("schema", table, cols, at))
         tx.schemas.clear()
-        if txs or said_ahead:
+        if txs or said.more:
             # One read ends where libpq's buffer does, about a transaction of a backlog: what has
             # arrived meanwhile is taken now, and the frame says whether more follows at once.
             # Only when none does is the reader caught up, so a backlog's batches fill to
             # max_events instead of one a frame (docs/performance.md).
             ahead = repl.arrived(chunk)
-            if bool(ahead) != said_ahead:
-                said_ahead = bool(ahead)
-                write_frame(out, (AHEAD, said_ahead))
+            said.say(bool(ahead))
         if txs:
             send(txs)
         if rows or ahead or tx.in_transaction:
