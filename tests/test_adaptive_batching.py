@@ -87,6 +87,12 @@ async def test_a_batch_grows_while_more_is_waiting_and_goes_once_caught_up() -> 
     assert got == [list(range(1, 26)), list(range(26, 38))]  # cut at the limit, then the rest at once
 
 
+@pytest.mark.anyio
+async def test_a_held_batch_goes_once_told_the_source_is_caught_up_without_events() -> None:
+    """The source said more was coming, and none of it was events (see the PostgreSQL test below)."""
+    assert await feed([(10, False), (0, True)]) == [list(range(1, 11))]
+
+
 class GatedBatches(Batches):
     """A coordinator busy with its first batch until ``gate`` is set; one batch may wait in its
     mailbox (``max_inflight`` 1)."""
@@ -154,14 +160,8 @@ async def test_max_events_still_cuts_while_the_batch_before_waits() -> None:
 # -- through real sources: with max_ms an hour, each committed row still arrives ----------------
 
 
-async def one_row_at_a_time(
-    source: Source,
-    write: Callable[[int], Awaitable[None]],
-    tmp: Path,
-    capturing: Callable[[], Awaitable[bool]],
-) -> None:
-    """A pipeline from ``source`` to a file with ``max_ms`` an hour: three rows written one by
-    one each reach the file before the next is written: the source said it was caught up."""
+def to_a_file(source: Source, tmp: Path) -> tuple[PipelineRunner, Path]:
+    """A pipeline from ``source`` to a file ``events.jsonl`` in ``tmp``, ``max_ms`` an hour."""
     out = tmp / "events.jsonl"
     doc = {
         "apiVersion": "deltaforge/v1",
@@ -173,7 +173,18 @@ async def one_row_at_a_time(
             "batch": {"max_events": 10_000, "max_ms": HOUR_MS},
         },
     }
-    runner = PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), source=source)
+    return PipelineRunner(parse_pipeline(doc, env={}), store=MemoryCheckpointStore(), source=source), out
+
+
+async def one_row_at_a_time(
+    source: Source,
+    write: Callable[[int], Awaitable[None]],
+    tmp: Path,
+    capturing: Callable[[], Awaitable[bool]],
+) -> None:
+    """A pipeline from ``source`` to a file with ``max_ms`` an hour: three rows written one by
+    one each reach the file before the next is written: the source said it was caught up."""
+    runner, out = to_a_file(source, tmp)
     async with anyio.create_task_group() as tg:
         tg.start_soon(runner.run)
         await wait_until(lambda: runner.state == "running", timeout=30, what="pipeline running")
@@ -332,3 +343,34 @@ async def test_the_mariadb_source_is_not_caught_up_while_its_server_has_sent_mor
         await read_backlog_watching_caught_up(src, 20_000)
     finally:
         await src.close()
+
+
+@pytest.mark.anyio
+async def test_a_batch_held_for_more_goes_once_what_followed_held_nothing_of_ours(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The backlog: 3,000 rows in one transaction, then one of another application's logical
+    messages (5,000 of them, several reads). The decoder child says more is coming as it hands
+    the rows on, then reads only what is not ours: nothing to hand on but that nothing more is
+    coming. With ``max_ms`` and the heartbeat an hour, the rows reach the file only if the
+    reader hears that."""
+    db = await pg_fresh_db(postgres)
+    conn = await asyncpg.connect(postgres.dsn(db))
+    src = pg_source(postgres, db, heartbeat_ms=HOUR_MS)
+    try:
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        await src.open(None)  # the slot, from now
+        await src.close()
+        await conn.execute("INSERT INTO t SELECT g, 'row-' || g FROM generate_series(1, 3000) g")
+        await conn.execute(
+            "SELECT count(pg_logical_emit_message(true, 'another-app', 'x')) FROM generate_series(1, 5000)"
+        )
+        runner, out = to_a_file(pg_source(postgres, db, heartbeat_ms=HOUR_MS), tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            await wait_until(lambda: len(rows_of(out)) == 3000, timeout=30, what="the rows in the file")
+            assert [r["after"]["id"] for r in rows_of(out)] == list(range(1, 3001))
+            await runner.drain()
+    finally:
+        await conn.execute("SELECT pg_drop_replication_slot($1)", f"s_{db}")  # the session's slots are few
+        await conn.close()

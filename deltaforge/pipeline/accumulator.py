@@ -73,7 +73,7 @@ class Accumulator(Actor):
                 # will be read again, and keeping it would put those events twice, out of order.
                 self.epoch = message.epoch
                 self.buffer = []
-            if not self.buffer:
+            if not self.buffer and message.events:
                 self.first_at = time.monotonic()
             self.buffer.extend(message.events)
             # Adaptive batching: a batch grows only while more is waiting, in the source or in

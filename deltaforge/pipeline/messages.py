@@ -59,7 +59,8 @@ class ReleaseHeld(Ask[bool]):
 @message
 class EventsRead:
     """A chunk of events from the source, in order, from reading ``epoch``; ``caught_up``: the
-    source had nothing more ready when it was read (hand a partial batch on now)."""
+    source had nothing more ready when it was read (hand a partial batch on now). With no
+    events, only that: the source said more was coming, and none of it was events."""
 
     events: list[Event]
     epoch: int = 0

@@ -81,6 +81,7 @@ class SourceReader(Actor):
         self._read_queued = False  # a ReadNext of ours waits in the mailbox
         self.confirmed: Position | None = None
         self.epoch = 0
+        self.told_caught_up = True  # what the Accumulator was told last of the source
         self.snapshots = SnapshotDriver(ctx, self.log)
 
     async def on_start(self) -> None:
@@ -307,7 +308,14 @@ class SourceReader(Actor):
                 if last.op != "h":
                     observe_lag(self.timers.pipeline, source.id, f"{last.source.db}.{last.source.table}",
                                 last.source.ts_ms)  # fmt: skip
-                await self.accumulator.tell(EventsRead(events, self.epoch, self.snapshots.caught_up()))
+                self.told_caught_up = self.snapshots.caught_up()
+                await self.accumulator.tell(EventsRead(events, self.epoch, self.told_caught_up))
+            elif not self.told_caught_up and self.snapshots.caught_up():
+                # More was said to be coming and none of it was ours (PostgreSQL: a transaction of
+                # another application's logical messages): the batch held for it goes now, not
+                # at max_ms or with the next heartbeat.
+                self.told_caught_up = True
+                await self.accumulator.tell(EventsRead([], self.epoch, True))
             else:
                 await anyio.sleep(self.ctx.source.idle_wait)  # polling pace, not a retry: real time
             return None

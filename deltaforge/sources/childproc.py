@@ -347,8 +347,8 @@ class ChildDecoder:
                     continue
                 if frame[0] == AHEAD:
                     # Said before the frame it is about: its events are queued next. One that says
-                    # "no more" with no frame after it (what followed held nothing of ours) leaves
-                    # a batch held until max_ms, as a quiet source always did.
+                    # "no more" with no frame after it (what followed held nothing of ours) is
+                    # found by the reader's next read, which hands the held batch on (reader.py).
                     self.ahead = bool(frame[1])
                     continue
                 events = self.handle(frame)
