@@ -103,11 +103,13 @@ async def mariadb(rows: int, chunk: int, out: Path) -> tuple[float, float]:
         return bare, pipe
 
 
-async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
+async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float, float]]:
     """What no per-row design beats: the table read in the snapshot's keyset chunks and each row
     made into a native JSON line with nothing else (no events, batches, checkpoints or writes):
     the envelope's fixed bytes around the row's JSON and its event id, as the file sink's template
-    makes them (deltaforge/envelopes.py). Three rounds, each after a bare SELECT: (bare, floor)."""
+    makes them (deltaforge/envelopes.py). And the rows' JSON made by the server instead: each
+    chunk's ``row_to_json`` texts joined into one, split into lines here. Three rounds, each after
+    a bare SELECT: (bare, floor, server-made JSON)."""
     with Postgres() as pg:
         conn = await postgres_items(pg, rows)
         head, mid, key = (
@@ -129,9 +131,20 @@ async def postgres_floor(rows: int, chunk: int) -> list[tuple[float, float]]:
                     lines.append(b"".join((head, dumps(dict(r.items())), mid, i, key, i, tail)))
                 b"".join(lines)
                 last = records[-1][0]
-            out.append((bare, rows / (time.perf_counter() - t0)))
+            floor = rows / (time.perf_counter() - t0)
+            t0, last = time.perf_counter(), 0
+            while (got := await conn.fetchrow(SERVER_JSON, last, chunk))[0] is not None:
+                got[0].split("\n")
+                last = got[1]
+            out.append((bare, floor, rows / (time.perf_counter() - t0)))
         await conn.close()
         return out
+
+
+SERVER_JSON = (
+    "SELECT string_agg(row_to_json(t)::text, E'\\n' ORDER BY id), max(id) "
+    "FROM (SELECT * FROM items WHERE id > $1 ORDER BY id LIMIT $2) t"
+)
 
 
 def _doc(kind: str, source: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -158,9 +171,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.floor:
-        for bare, floor in asyncio.run(postgres_floor(args.rows, args.chunk)):
+        for bare, floor, server in asyncio.run(postgres_floor(args.rows, args.chunk)):
             print(
                 f"postgres floor {floor:>9,.0f} rows/s | bare SELECT {bare:>9,.0f} rows/s | ratio {floor / bare:.0%}"
+                f" | JSON made by the server {server:>9,.0f} rows/s, {server / bare:.0%}"
             )
         return
     runs = {"postgres": postgres, "mariadb": mariadb}
