@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir",
         type=Path,
         default=None,
-        help="keep each scenario's logs here (a scenario's folder is emptied when it starts)",
+        help="keep each scenario's logs here (a scenario's folder is emptied when it starts); "
+        "without it only the folders of failed scenarios are kept, in a temporary folder",
     )
     args = parser.parse_args(argv)
     if args.command == "proxy":
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [BY_NAME[n] for n in names]
     from chaos.harness import ProxyServer
     from chaos.report import show, write_json
-    from chaos.runner import run_one
+    from chaos.runner import run_one, tidy
     from tests.servers import base, netns
 
     netns.forget_orphans()  # host_vanishes' links left by a run that was killed
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {results[-1].status} in {results[-1].seconds}s", flush=True)
     finally:
         proxies.close()
+    if args.workdir is None:
+        tidy(root, results)
     show(results)
     if args.report:
         write_json(results, args.report, args.seed)

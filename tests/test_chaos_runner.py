@@ -8,7 +8,7 @@ from pathlib import Path
 import chaos.scenarios
 from chaos.harness import checks, lost_changes, order_violations
 from chaos.proxy.toxics import TYPES
-from chaos.runner import scenario_dir
+from chaos.runner import Result, scenario_dir, tidy
 from chaos.scenarios import SCENARIOS
 
 COMMITTED = [("c", 1, 1), ("c", 2, 1), ("u", 1, 2), ("d", 2, 1), ("u", 1, 3)]
@@ -99,3 +99,24 @@ def test_a_scenario_runs_in_a_folder_emptied_of_what_an_earlier_run_left(tmp_pat
     assert again == tmp_path / "crash_recovery"
     assert again.is_dir() and not any(again.iterdir())
     assert (tmp_path / "sink_outage" / "log.jsonl").exists()  # another scenario's folder is left alone
+
+
+def scenario_ran(root: Path, name: str, status: str) -> Result:
+    folder = scenario_dir(root, name)
+    (folder / "events.jsonl").write_text("{}\n")
+    return Result(name, status, 1.0, {}, logs=str(folder))
+
+
+def test_a_run_without_workdir_keeps_only_the_folders_of_failed_scenarios(tmp_path: Path) -> None:
+    root = tmp_path / "deltaforge-chaos-x"
+    results = [scenario_ran(root, "slow_sink", "passed"), scenario_ran(root, "half_open", "failed")]
+    tidy(root, results)
+    assert sorted(p.name for p in root.iterdir()) == ["half_open"]
+    assert (root / "half_open" / "events.jsonl").exists()
+    assert [r.logs for r in results] == ["", str(root / "half_open")]
+
+
+def test_a_run_without_workdir_where_nothing_failed_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "deltaforge-chaos-x"
+    tidy(root, [scenario_ran(root, "slow_sink", "passed"), scenario_ran(root, "half_open", "passed")])
+    assert not root.exists()
