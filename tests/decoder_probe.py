@@ -15,7 +15,7 @@ import sys
 import threading
 
 from deltaforge.sources.childframes import write_frame
-from deltaforge.sources.childproc import child_setup
+from deltaforge.sources.childside import child_setup
 
 
 def main() -> None:

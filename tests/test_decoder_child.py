@@ -197,6 +197,38 @@ def test_a_frame_damaged_in_transit_is_refused_not_unpickled() -> None:
         childframes.read_frame(io.BytesIO(damaged))
 
 
+def test_a_decoder_is_not_taken_for_stopped_when_this_process_was_the_one_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``serve`` itself SIGSTOPped past the silence bound (a paused VM) and resumed: its pump's
+    pending read returns the pipe's bytes at once, and may wait for the GIL to say so while the
+    reader looks for silence, finding the last frame old and the pipe empty. Staged here just
+    after the pump has read an :data:`ALIVE` (the pipe empty for about a second): the last frame
+    and the last look both twice the bound ago. Not stopped (before: named stopped, and
+    ``serve`` restarted its source in the chaos scenario ``serve_paused``); a silence after it
+    is still named."""
+    monkeypatch.setattr(childproc, "SILENT_SLACK_S", 3.0)
+    decoder = ChildDecoder("probe source 'p'", PROBE, lambda f: None, silence_s=0)
+    decoder.start({"then": "idle"})
+    try:
+        assert decoder.next_chunk(10) == []
+        heard = decoder._heard
+        deadline = time.monotonic() + 10
+        while decoder._heard == heard:  # the next ALIVE, read by the pump
+            assert time.monotonic() < deadline, "no ALIVE from the child"
+            time.sleep(0.001)
+        decoder._heard = decoder._looked = time.monotonic() - 2 * decoder.silent_s
+        assert decoder._stopped() is None
+        assert decoder._proc is not None
+        os.kill(decoder._proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while (got := decoder.next_chunk(10)) == []:
+            assert time.monotonic() < deadline, "the stopped decoder was never named"
+        assert isinstance(got, SourceError), got
+    finally:
+        decoder.stop()
+
+
 def test_a_stopped_decoder_is_named_and_an_idle_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decoder process stopped (SIGSTOP, a cgroup freezer) or hung says nothing, and its source
     read nothing for ever with ``/health`` ok: no different, from the parent, from a stream on a

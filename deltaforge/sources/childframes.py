@@ -14,7 +14,7 @@ FRAME = struct.Struct("<II")
 
 
 ALIVE = ("alive",)
-"""The frame a decoder process writes every ``childproc.ALIVE_S`` from a thread of its own, whatever
+"""The frame a decoder process writes every ``childside.ALIVE_S`` from a thread of its own, whatever
 its stream does: a process stopped (SIGSTOP, a cgroup freezer) or hung says nothing, while one
 that waits on a quiet server still says this."""
 
@@ -48,7 +48,7 @@ class FrameDamaged(Exception):
 
 _WRITING = threading.Lock()
 """One frame written at a time: a child writes from two threads (its stream's and
-``childproc._say_alive``), and a buffered writer does not keep a large write whole against another
+``childside._say_alive``), and a buffered writer does not keep a large write whole against another
 thread's (seen: frames of 175 kB refused as damaged while the alive frames were written beside them,
 two runs in three; none in three runs since this lock)."""
 

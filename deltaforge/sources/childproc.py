@@ -11,6 +11,8 @@ The child dies with its parent (``PR_SET_PDEATHSIG``), so a SIGKILLed service
 leaves no decoder behind. What the child logs (its libraries' warnings, a crash's
 traceback) goes as one JSON object per line on its stderr; the parent logs each as its own
 event, so it reaches ``deltaforge logs`` and the log file, not bare text on a terminal.
+This module is the parent's side; the child's (its setup, its log lines, its alive beat) is
+``childside.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import fcntl
-import importlib
 import json
-import logging
 import queue
 import select
 import signal
@@ -37,75 +37,12 @@ from deltaforge.sources.childframes import AHEAD, ALIVE, read_frame, write_frame
 if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
     from deltaforge.events import Event
 
-ALIVE_S = 1.0
 SILENT_SLACK_S = 10.0
 """How much longer than its stream's own silence bound a decoder process may say nothing before
 it is taken for stopped (its main thread blocks at most that bound; this covers scheduling)."""
-
-
-class _JsonLines(logging.Handler):
-    """In the child: each log record as one JSON line on stderr, for the parent to relay."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = record.getMessage()
-        except (TypeError, ValueError):  # a library's bad format string must not lose the line
-            message = str(record.msg)
-        # python-mysql-replication writes its warnings over several indented lines
-        doc = {"level": record.levelname.lower(), "logger": record.name, "message": " ".join(message.split())}
-        if record.exc_info:
-            doc["exception"] = logging.Formatter().formatException(record.exc_info)
-        try:
-            sys.stderr.write(json.dumps(doc) + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass  # the parent has gone
-
-
-def log_crash(exc: BaseException) -> None:
-    """In the child: an error nothing expected, with its traceback, to the parent's log (the
-    error frame that follows carries only its message)."""
-    logging.getLogger("deltaforge.decoder").error("%s: %s", type(exc).__name__, exc, exc_info=exc)
-
-
-def child_setup(warm: tuple[str, ...] = ()) -> tuple[Any, IO[bytes]]:
-    """In the child: die with the parent, log as JSON lines to stderr, tune the GC, import the
-    ``warm`` modules (while the parent may still be preparing the settings), read the settings;
-    returns (cfg, out).
-
-    ``cfg`` is what the parent passed to :class:`ChildDecoder` (each decoder types it).
-    Later frames from the parent are read from ``sys.stdin.buffer`` with :func:`read_frame`."""
-    from deltaforge import gctune
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    # Ctrl-C in a terminal signals the whole process group, and so does the terminal closing
-    # (SIGHUP): the parent decides when a decoder ends (it drains first, then kills it), not a
-    # KeyboardInterrupt in the middle of a frame, nor SIGHUP's default end before the drain.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.getLogger().addHandler(_JsonLines(logging.WARNING))
-    sys.excepthook = lambda kind, exc, tb: log_crash(exc)
-    gctune.tune()
-    for module in warm:
-        importlib.import_module(module)
-    cfg, out = read_frame(sys.stdin.buffer), sys.stdout.buffer
-    threading.Thread(target=_say_alive, args=(out,), name="alive", daemon=True).start()
-    return cfg, out
-
-
-def _say_alive(out: IO[bytes]) -> None:
-    """In the child: ``ALIVE`` every :data:`ALIVE_S` until the parent has gone (beside the
-    stream's own frames: ``write_frame``'s lock keeps each whole)."""
-    while True:
-        time.sleep(ALIVE_S)
-        try:
-            write_frame(out, ALIVE)
-        except (OSError, ValueError):
-            return
+UNWATCHED_S = 5.0
+"""A look for the child's silence this long after the one before finds this process paused
+(a VM, a laptop's lid, SIGSTOP) or its reader held: the child's silence is counted from then."""
 
 
 Handler = Callable[[tuple[Any, ...]], "list[Event] | None"]
@@ -219,6 +156,8 @@ class ChildDecoder:
         self.silent_s = silence_s + SILENT_SLACK_S
         """Past this without a frame (and not held by a full queue) the child is taken for stopped."""
         self._heard = 0.0
+        self._looked = 0.0
+        """When :meth:`_stopped` last looked."""
         self._putting = False
         self.ahead = False
         """The child's last :data:`AHEAD`: its server had already sent more than it has written."""
@@ -309,12 +248,20 @@ class ChildDecoder:
         """The child said nothing, not even :data:`ALIVE`, for :attr:`silent_s` while the pump
         was free to read it: stopped (SIGSTOP, a cgroup freezer) or hung, the stream standing
         still with ``/health`` ok. An error for the source's reader, whose restart ends it and
-        starts another. Bytes waiting in the pipe mean it spoke and the pump is behind (this
-        whole process was paused): not stopped."""
+        starts another. Bytes waiting in the pipe mean it spoke and the pump is behind: not
+        stopped. Nor after a look :data:`UNWATCHED_S` after the one before: this whole process
+        was paused, and as it resumes the pump's read may have taken the pipe's bytes while it
+        waits for the GIL to say so (a SIGSTOPped ``serve`` took its live child for stopped).
+        Its silence is counted from that look."""
+        now = time.monotonic()
+        looked, self._looked = self._looked, now
         proc = self._proc
         if proc is None or proc.stdout is None or self._thread is None or self._putting:
             return None
-        if time.monotonic() - self._heard <= self.silent_s or select.select([proc.stdout], [], [], 0)[0]:
+        if now - looked > UNWATCHED_S:
+            self._heard = max(self._heard, now)
+            return None
+        if now - self._heard <= self.silent_s or select.select([proc.stdout], [], [], 0)[0]:
             return None
         from deltaforge.sources.base import SourceError
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from deltaforge.sources.childframes import Ahead, write_frame
-from deltaforge.sources.childproc import child_setup, log_crash
+from deltaforge.sources.childside import child_setup, log_crash
 from deltaforge.sources.mysql.binlog import (
     Captured,
     ChecksumsPerFile,

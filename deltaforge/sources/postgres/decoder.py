@@ -34,7 +34,7 @@ from typing import IO, Any, TypedDict
 from deltaforge.position import PositionDoc
 from deltaforge.snapshot.window import WATERMARK_PREFIX
 from deltaforge.sources.childframes import Ahead, read_frame, write_frame
-from deltaforge.sources.childproc import child_setup, log_crash
+from deltaforge.sources.childside import child_setup, log_crash
 from deltaforge.sources.postgres.catalog import Catalog
 from deltaforge.sources.postgres.frames import frame_sender
 from deltaforge.sources.postgres.holder import busy, walsender
