@@ -33,6 +33,7 @@ MODULES = [
     "deltaforge.api.listen",
     "deltaforge.pipeline.runlock",
     "deltaforge.pipeline.rereading",
+    "deltaforge.pipeline.runningtimer",
     "deltaforge.sinks.redis_memory",
 ]
 

@@ -77,7 +77,7 @@ SCENARIOS: list[Scenario] = [
              "degraded (transform) meanwhile; lost 0, order 0; recovers by itself", spark_stalled.run,
              toxics=("stop",)),
     Scenario("serve_paused", "serve itself SIGSTOPped 70 s under writes (a paused VM), past the PostgreSQL source's wal_sender_timeout",
-             "reopens by itself; no clean-up fails; its live decoder not taken for stopped; lost 0, order 0; Redis duplicates 0", serve_paused.run,
+             "reopens by itself; no clean-up fails; its live decoder not taken for stopped, no sink taken for unanswered; lost 0, order 0; Redis duplicates 0", serve_paused.run,
              toxics=("stop",)),
     Scenario("source_frozen", "the source's server (MariaDB or PostgreSQL, by the seed) SIGSTOPped under writes, serve stopped meanwhile",
              "the stop drains and ends within 15 s; restarted once the server is back: lost 0, order 0", source_frozen.run,

@@ -43,4 +43,7 @@ def run(ctx: RunContext) -> None:
         # Its decoder child ran on meanwhile: serve was the one paused (a live child taken for
         # stopped restarted the source in the full run of 7 Dec, seed 3401: childproc.UNWATCHED_S).
         ctx.expect("decoder taken for stopped", log.count("said nothing for"), 0)
+        # Nor was a sink, the store or Spark unanswered: the watches count serve's running time
+        # (seed 3402 listed Kafka "delivery unanswered for 30 s" for 4 ms; runningtimer.py).
+        ctx.expect("watches set off by the pause", log.count("unanswered for"), 0)
         rig.verify()

@@ -24,6 +24,7 @@ from deltaforge.pipeline.messages import (
     ReplayDeadLetters,
 )
 from deltaforge.pipeline.policy import needed
+from deltaforge.pipeline.runningtimer import RunningTimer
 from deltaforge.position import Position, advance, not_held
 from deltaforge.sinks.base import NonRetryableSinkError, PoisonEvent, RetryableSinkError, Sink, SinkError
 from deltaforge.state.checkpoints import set_back_key
@@ -83,7 +84,7 @@ class DeliveryWorker(Actor):
         # first batch fails instead, and the coordinator retries it). One whose client connects
         # in the background starts to now (prepare never waits).
         self._loop = asyncio.get_running_loop()
-        self._watch: asyncio.TimerHandle | None = None
+        self._watch: RunningTimer | None = None
         """The watch of the delivery under way (see :meth:`_watched`), cancelled once it returns."""
         self.sink.unreachable = self._heard_unreachable
         await self.sink.prepare()
@@ -214,7 +215,7 @@ class DeliveryWorker(Actor):
         CancelledError, traceback and frames in a reference cycle each time, which only the cyclic
         collector frees, in pauses of 13-37 ms every few seconds at 5k rows/s."""
         # Real time: a fake clock's sleeps are the tests' backoffs.
-        self._watch = timer = self._loop.call_later(UNANSWERED_S, self._unanswered)
+        self._watch = timer = RunningTimer(self._loop, UNANSWERED_S, self._unanswered)
         try:
             try:
                 await self._deliver(events, end)

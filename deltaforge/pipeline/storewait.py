@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from deltaforge.pipeline.context import PipelineContext
+from deltaforge.pipeline.runningtimer import RunningTimer
 from supervision import Backoff
 
 WAITED_FOR = (sqlite3.OperationalError, OSError)
@@ -56,7 +57,8 @@ class PatientWrites:
 
     async def __call__(self, write: Callable[[], Awaitable[T]]) -> T:
         availability, attempt, me = self.ctx.availability, 0, object()  # one caller among the writers
-        timer = asyncio.get_running_loop().call_later(
+        timer = RunningTimer(
+            asyncio.get_running_loop(),
             UNANSWERED_S,
             lambda: availability.down(
                 OUTAGE, f"a write unanswered for {UNANSWERED_S:g} s (still trying)", me

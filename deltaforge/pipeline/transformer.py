@@ -12,6 +12,7 @@ from actors import Actor, ActorRef
 from deltaforge.metrics import StageTimers
 from deltaforge.pipeline.context import PipelineContext
 from deltaforge.pipeline.messages import Barrier, Batch, DeliverBatch, JobDone
+from deltaforge.pipeline.runningtimer import RunningTimer
 from deltaforge.transform.plan import Plan, ProcessorError, Transformed
 from deltaforge.transform.rowtypes import table_schema
 from deltaforge.transform.session import SparkRuntime, SparkUnavailable, runtime_for
@@ -157,7 +158,7 @@ class SparkTransformer(Actor):
             self.waiting_events -= size
             events = group[0].events if len(group) == 1 else [e for b in group for e in b.events]
             job = loop.run_in_executor(self.runtime.pool, self.plan.run, self.runtime, events)
-            timer = loop.call_later(UNANSWERED_S, self._unanswered, job)
+            timer = RunningTimer(loop, UNANSWERED_S, self._unanswered, job)
             job.add_done_callback(functools.partial(self._answered, timer=timer))
             job.add_done_callback(self._wake)
             self.running.append((group, job))
@@ -172,7 +173,7 @@ class SparkTransformer(Actor):
         reason = f"a Spark job unanswered for {UNANSWERED_S:g} s (is the JVM stopped, or out of memory?)"
         self.ctx.availability.down("transform", reason)
 
-    def _answered(self, job: asyncio.Future[Transformed], *, timer: asyncio.TimerHandle) -> None:
+    def _answered(self, job: asyncio.Future[Transformed], *, timer: RunningTimer) -> None:
         timer.cancel()
         if job in self.unanswered:
             self.unanswered.discard(job)
