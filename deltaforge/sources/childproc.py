@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 from deltaforge.logrepeats import log_library_line
 from deltaforge.sources.childframes import AHEAD, ALIVE, read_frame, write_frame
 
-if TYPE_CHECKING:  # the child imports this module too, and should start fast: nothing heavy at import
+if TYPE_CHECKING:  # serve imports this module first of all (earlystart.py): nothing heavy at import
     from deltaforge.events import Event
 
 SILENT_SLACK_S = 10.0
