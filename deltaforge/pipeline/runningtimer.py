@@ -6,9 +6,8 @@ serve_paused listed its Kafka sink ``delivery unanswered for 30 s`` for 4 ms."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 STEP_S = 1.0
 """How often the timer looks at the clock."""
@@ -16,24 +15,36 @@ STALL_S = 5.0
 """A look this late finds the process paused: that step counts as its own length only."""
 
 
+class Handle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Loop(Protocol):
+    """What the timer uses of an event loop (a test's fake clock is one)."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Handle: ...
+
+
 class RunningTimer:
     """Calls ``fn(*args)`` once ``delay`` seconds of running have passed, unless cancelled.
 
     >>> import asyncio
-    >>> async def main() -> list[str]:
-    ...     said: list[str] = []
-    ...     RunningTimer(asyncio.get_running_loop(), 0.01, said.append, "due")
-    ...     await asyncio.sleep(0.05)
-    ...     return said
+    >>> async def main() -> bool:
+    ...     due = asyncio.Event()
+    ...     RunningTimer(asyncio.get_running_loop(), 0.01, due.set)
+    ...     await due.wait()
+    ...     return due.is_set()
     >>> asyncio.run(main())
-    ['due']
+    True
     """
 
     __slots__ = ("_args", "_armed_at", "_cancelled", "_fn", "_handle", "_left", "_loop", "_stall", "_step")
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        loop: Loop,
         delay: float,
         fn: Callable[..., Any],
         *args: Any,
@@ -43,7 +54,7 @@ class RunningTimer:
         self._loop, self._left, self._fn, self._args = loop, delay, fn, args
         self._step, self._stall = step, stall
         self._cancelled = False
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: Handle | None = None
         self._arm()
 
     def _arm(self) -> None:
